@@ -1,0 +1,3 @@
+from specli.cli import main
+
+main()

@@ -1,0 +1,352 @@
+"""The only module that imports llama_cpp: load a GGUF, tokenize, decode a batch, rewind.
+
+Everything here is the low-level C API of llama.cpp through llama-cpp-python's ctypes
+bindings. Logits come back as numpy views of llama.cpp's own buffer (no copies): a view
+is valid until the next decode on the same model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as llama
+
+from specli.errors import ModelFileError, PromptError, VocabMismatchError
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
+# The rules llama.cpp's common/speculative.cpp applies before pairing a draft and a target.
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+VOCAB_CHECK_START_TOKEN_ID = 5
+
+
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+_SILENT_LOG = llama.llama_log_callback(_silent_log)
+_backend_ready = False
+
+
+def init_backend(verbose: bool = False) -> None:
+    """Start llama.cpp once per process; its log lines go to stderr only when verbose."""
+    global _backend_ready
+    llama.llama_log_set(None if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+    if not _backend_ready:
+        llama.llama_backend_init()
+        _backend_ready = True
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama.llama_supports_gpu_offload())
+
+
+def library_versions() -> dict[str, str]:
+    info = llama.llama_print_system_info()
+    return {
+        "llama_cpp_python": getattr(llama, "__version__", "unknown"),
+        "system_info": info.decode("utf-8", "replace").strip() if info else "",
+    }
+
+
+def check_gguf_file(path: Path) -> None:
+    """Refuse, with a precise message, anything llama.cpp should not be asked to load."""
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}", "check the path, or use -m PAIR for a registry pair")
+    if path.is_dir():
+        raise ModelFileError(f"model path is a directory, not a GGUF file: {path}", "point at the .gguf file inside it")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as error:
+        raise ModelFileError(f"cannot read model file {path}: {error.strerror}") from error
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How a model is placed: GPU layers (-1: all), context and batch sizes, CPU threads."""
+
+    gpu_layers: int = -1
+    ctx_size: int = 4096
+    batch_size: int = 512
+    threads: int | None = None
+    repack: bool = True  # llama.cpp's weight repacking (faster CPU kernels; batch-dependent rounding)
+
+
+class Model:
+    """One GGUF model with one llama.cpp context and a single sequence (id 0)."""
+
+    def __init__(self, path: Path | str, settings: LoadSettings = LoadSettings(), *, verbose: bool = False) -> None:
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        init_backend(verbose)
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        model_params = llama.llama_model_default_params()
+        model_params.n_gpu_layers = settings.gpu_layers
+        model_params.use_extra_bufts = settings.repack
+        self._model = llama.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self._model:
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path}",
+                "the file may be truncated, corrupted or of an architecture this llama.cpp does not know; "
+                "rerun with --verbose for llama.cpp's reason",
+            )
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(llama.llama_model_n_ctx_train(self._model))
+        ctx_params = llama.llama_context_default_params()
+        ctx_params.n_ctx = min(settings.ctx_size, self.n_ctx_train) if self.n_ctx_train > 0 else settings.ctx_size
+        ctx_params.n_batch = settings.batch_size
+        ctx_params.n_ubatch = settings.batch_size
+        threads = settings.threads or os.cpu_count() or 1
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        ctx_params.no_perf = True
+        self._ctx = llama.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            raise ModelFileError(
+                f"llama.cpp could not create a context for {self.path} (n_ctx={ctx_params.n_ctx})",
+                "try a smaller --ctx-size",
+            )
+        self.n_ctx = int(llama.llama_n_ctx(self._ctx))
+        self.batch_size = settings.batch_size
+        self._memory = llama.llama_get_memory(self._ctx)
+        self._init_batch(settings.batch_size)
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+        self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
+
+    # --- batch and decode ---------------------------------------------------
+
+    def _init_batch(self, capacity: int) -> None:
+        self._batch = llama.llama_batch_init(capacity, 0, 1)
+        self._batch_capacity = capacity
+        batch = self._batch
+        # numpy views over the C arrays: filling a batch is a few vectorised stores.
+        self._batch_tokens = np.ctypeslib.as_array(batch.token, shape=(capacity,))
+        self._batch_pos = np.ctypeslib.as_array(batch.pos, shape=(capacity,))
+        self._batch_logits = np.ctypeslib.as_array(batch.logits, shape=(capacity,))
+        n_seq_id = np.ctypeslib.as_array(batch.n_seq_id, shape=(capacity,))
+        n_seq_id[:] = 1
+        for i in range(capacity):
+            batch.seq_id[i][0] = 0
+
+    def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray:
+        """Append tokens to the KV cache; return logits rows (one per token, or only the last).
+
+        The returned array is a view of llama.cpp's buffer, valid until the next decode.
+        """
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(self.n_ctx)
+        if all_logits and len(tokens) > self._batch_capacity:
+            raise ValueError("all_logits decode is limited to one batch")
+        start = 0
+        while start < len(tokens):
+            chunk = tokens[start : start + self._batch_capacity]
+            n = len(chunk)
+            last_chunk = start + n == len(tokens)
+            self._batch_tokens[:n] = chunk
+            self._batch_pos[:n] = np.arange(self.n_past, self.n_past + n)
+            self._batch_logits[:n] = 1 if all_logits else 0
+            if last_chunk:
+                self._batch_logits[n - 1] = 1
+            self._batch.n_tokens = n
+            status = llama.llama_decode(self._ctx, self._batch)
+            if status != 0:
+                self.rewind(self.n_past)  # drop whatever a failed decode left behind
+                raise DecodeError(status, self.path)
+            self.n_past += n
+            start += n
+        rows = len(tokens) if all_logits else 1
+        pointer = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab))
+
+    def rewind(self, n_keep: int) -> None:
+        """Forget every cached position from n_keep on (rejected draft tokens)."""
+        llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
+        self.n_past = min(self.n_past, n_keep)
+
+    # --- vocabulary ---------------------------------------------------------
+
+    @property
+    def vocab_type(self) -> int:
+        return int(llama.llama_vocab_type(self._vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(llama.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(llama.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_eos(self._vocab))
+
+    def is_end_of_generation(self, token: int) -> bool:
+        cached = self._eog_cache.get(token)
+        if cached is None:
+            cached = self._eog_cache[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return cached
+
+    def token_text(self, token: int) -> bytes:
+        return llama.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama.llama_token * capacity)()
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        if count < 0:
+            capacity = -count
+            buffer = (llama.llama_token * capacity)()
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        return list(buffer[:count])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._piece_cache.get(token)
+        if cached is None:
+            buffer = ctypes.create_string_buffer(64)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            if size < 0:
+                buffer = ctypes.create_string_buffer(-size)
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, False)
+            cached = self._piece_cache[token] = buffer.raw[:size]
+        return cached
+
+    # --- chat ---------------------------------------------------------------
+
+    def chat_template(self) -> str | None:
+        template = llama.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", "replace") if template else None
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Format messages with the model's own template, ready for the assistant's turn."""
+        template = llama.llama_model_chat_template(self._model, None)
+        if not template:
+            raise PromptError(f"{self.path.name} has no chat template", "use --no-chat to send the prompt as is")
+        chat = (llama.llama_chat_message * len(messages))()
+        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        for i, (role, content) in enumerate(encoded):
+            chat[i].role = role
+            chat[i].content = content
+        size = sum(len(r) + len(c) for r, c in encoded) * 2 + 256
+        buffer = ctypes.create_string_buffer(size)
+        written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, size)
+        if written > size:
+            buffer = ctypes.create_string_buffer(written)
+            written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, written)
+        if written >= 0:
+            return buffer.raw[:written].decode("utf-8", "replace")
+        return self._apply_jinja_template(template.decode("utf-8", "replace"), messages)
+
+    def _apply_jinja_template(self, template: str, messages: list[dict[str, str]]) -> str:
+        """Templates llama.cpp's built-in list does not recognise: render the Jinja source."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        bos = self.piece_special(self.bos)
+        eos = self.piece_special(self.eos)
+        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+        prompt = formatter(messages=messages).prompt
+        # The BOS token is added by tokenization; a template that writes it would double it.
+        return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+
+    def piece_special(self, token: int) -> str:
+        buffer = ctypes.create_string_buffer(64)
+        size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, True)
+        return buffer.raw[: max(size, 0)].decode("utf-8", "replace")
+
+    # --- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class ContextFullError(PromptError):
+    def __init__(self, n_ctx: int) -> None:
+        super().__init__(f"the context is full ({n_ctx} tokens)", "raise --ctx-size or shorten the prompt")
+        self.n_ctx = n_ctx
+
+
+class DecodeError(ModelFileError):
+    def __init__(self, status: int, path: Path) -> None:
+        super().__init__(f"llama.cpp failed to decode a batch with {path.name} (status {status})")
+        self.status = status
+
+
+def check_vocab_compatible(target: Model, draft: Model) -> None:
+    """Refuse a draft whose tokens would not mean the same thing to the target.
+
+    Same rules as llama.cpp's speculative examples: vocabulary type, BOS/EOS handling,
+    size within 128 tokens, and identical token texts from id 5 on.
+    """
+    names = f"draft {draft.path.name} and target {target.path.name}"
+    if target.vocab_type != draft.vocab_type:
+        raise VocabMismatchError(
+            f"{names} use different tokenizers "
+            f"({VOCAB_TYPES.get(draft.vocab_type, draft.vocab_type)} vs {VOCAB_TYPES.get(target.vocab_type, target.vocab_type)})",
+            "pick a draft from the same model family",
+        )
+    if target.add_bos != draft.add_bos or (target.add_bos and target.bos != draft.bos):
+        raise VocabMismatchError(
+            f"{names} disagree on the BOS token (draft {draft.bos}, add={draft.add_bos}; "
+            f"target {target.bos}, add={target.add_bos})",
+            "pick a draft from the same model family",
+        )
+    if target.add_eos != draft.add_eos or target.eos != draft.eos:
+        raise VocabMismatchError(
+            f"{names} disagree on the EOS token (draft {draft.eos}, target {target.eos})",
+            "pick a draft from the same model family",
+        )
+    if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
+        raise VocabMismatchError(
+            f"{names} have vocabularies of {draft.n_vocab} and {target.n_vocab} tokens "
+            f"(more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)",
+            "pick a draft from the same model family",
+        )
+    if target.path.resolve() == draft.path.resolve():
+        return  # the same file: identical by construction
+    for token in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
+        if target.token_text(token) != draft.token_text(token):
+            raise VocabMismatchError(
+                f"{names} differ at token id {token} "
+                f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
+                "pick a draft from the same model family",
+            )

@@ -1,0 +1,259 @@
+"""The speculative loop. A generator of small events; it never prints.
+
+One step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
+batch with logits at every position; verification keeps the longest valid prefix and
+the target writes the next token itself (the correction, or a bonus token when every
+draft token was kept); rejected positions are removed from the target's KV cache.
+With no draft the step is exactly one plain decode, so `--draft none` runs this same loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Literal, Protocol, Sequence, Union
+
+import numpy as np
+
+from specli.errors import PromptError
+from specli.proposers import Proposal, Proposer
+from specli.sampling import Distribution, SamplingSettings, argmax_rows, verify_greedy, verify_sampled, warp
+from specli.text import TextStream
+
+Source = Literal["draft", "target"]
+
+
+class TargetModel(Protocol):
+    """What the engine needs from the target (backend.Model, or a fake in tests)."""
+
+    n_ctx: int
+    n_past: int
+
+    def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray: ...
+    def rewind(self, n_keep: int) -> None: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One committed token: its id, the text it released, and who wrote it."""
+
+    id: int
+    text: str
+    source: Source
+
+
+@dataclass
+class Stats:
+    proposer: str = "none"
+    prompt_tokens: int = 0
+    tokens: int = 0
+    steps: int = 0  # target decodes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0  # generation time after prefill
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    finish_reason: str = ""
+    proposed_at: list[int] = field(default_factory=list)  # steps that drafted a position i
+    accepted_at: list[int] = field(default_factory=list)  # steps that kept position i
+    accept_lengths: list[int] = field(default_factory=list)  # histogram: steps keeping n tokens
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens kept per step that drafted anything."""
+        drafting = sum(self.accept_lengths)
+        return self.accepted / drafting if drafting else 0.0
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        if drafted == 0:
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        _grow(self.proposed_at, drafted)
+        _grow(self.accepted_at, drafted)
+        _grow(self.accept_lengths, drafted + 1)
+        for i in range(drafted):
+            self.proposed_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+        self.accept_lengths[accepted] += 1
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_second=self.tokens_per_second,
+            mean_accepted_length=self.mean_accepted_length,
+            overhead_seconds=self.overhead_seconds,
+            acceptance_by_position=self.acceptance_by_position,
+        )
+        return data
+
+
+def _grow(counts: list[int], size: int) -> None:
+    if len(counts) < size:
+        counts.extend([0] * (size - len(counts)))
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: str  # "eog" | "length" | "stop" | "context"
+    stats: Stats
+
+
+Event = Union[Token, Finished]
+
+
+class DraftLength(Protocol):
+    """Chooses K for the next step from what the run has measured."""
+
+    def next(self) -> int: ...
+    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+
+
+@dataclass
+class FixedDraftLength:
+    k: int
+
+    def next(self) -> int:
+        return self.k
+
+    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_tokens: int = 256
+    sampling: SamplingSettings = SamplingSettings()
+    stop: tuple[str, ...] = ()
+
+
+class Engine:
+    """Runs one generation. `stats` stays readable if the consumer stops early (Ctrl-C)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        proposer: Proposer,
+        draft_length: DraftLength,
+        options: GenerationOptions,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.draft_length = draft_length
+        self.options = options
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.stats = Stats(proposer=proposer.name)
+
+    def generate(self, prompt: list[int]) -> Iterator[Event]:
+        if not prompt:
+            raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
+        target, options, stats = self.target, self.options, self.stats
+        if len(prompt) >= target.n_ctx:
+            raise PromptError(
+                f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}",
+                "raise --ctx-size or shorten the prompt",
+            )
+        stats.prompt_tokens = len(prompt)
+        started = time.perf_counter()
+        target.rewind(0)
+        if len(prompt) > 1:
+            target.decode(prompt[:-1])  # every prompt token but the last goes into the KV cache
+        self.proposer.prepare(prompt)
+        stats.prefill_seconds = time.perf_counter() - started
+
+        text = TextStream(options.stop)
+        tokens = list(prompt)  # the committed sequence: prompt + output
+        last = prompt[-1]  # committed, not yet in the target's KV cache
+        started = time.perf_counter()
+        try:
+            while True:
+                remaining = options.max_tokens - stats.tokens
+                room = target.n_ctx - target.n_past - 1  # positions left after `last`
+                if remaining <= 0 or room < 0:
+                    reason = "length" if remaining <= 0 else "context"
+                    break
+                k = min(self.draft_length.next(), remaining - 1, room)
+                committed, sources = self._step(tokens, last, k)
+                last = committed[-1]
+                reason = ""
+                for token, source in zip(committed, sources):
+                    tokens.append(token)
+                    if target.is_end_of_generation(token):
+                        reason = "eog"
+                        break
+                    stats.tokens += 1
+                    released = text.push(target.piece(token))
+                    yield Token(token, released, source)
+                    if text.stopped:
+                        reason = "stop"
+                        break
+                if reason:
+                    break
+            tail = text.flush()
+            if tail:
+                yield Token(-1, tail, "target")  # held-back text with no token of its own
+        finally:
+            stats.seconds = time.perf_counter() - started
+        stats.finish_reason = reason
+        yield Finished(reason, stats)
+
+    def _step(self, tokens: list[int], last: int, k: int) -> tuple[list[int], list[Source]]:
+        """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
+        target, stats = self.target, self.stats
+        t0 = time.perf_counter()
+        proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
+        draft = proposal.tokens[:k]
+        t1 = time.perf_counter()
+        logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
+        t2 = time.perf_counter()
+        if self.options.sampling.greedy:
+            accepted, written = verify_greedy(draft, argmax_rows(logits))
+        else:
+            target_dists = _WarpedRows(logits, self.options.sampling)
+            accepted, written = verify_sampled(draft, proposal.dists, target_dists, self.rng)
+        # Keep `last` and the accepted draft tokens; the written token is the new `last`.
+        target.rewind(target.n_past - (len(draft) - accepted))
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
+        stats.record_step(len(draft), accepted)
+        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1)
+        committed = draft[:accepted] + [written]
+        sources: list[Source] = ["draft"] * accepted + ["target"]
+        return committed, sources
+
+
+class _WarpedRows(Sequence[Distribution]):
+    """Target distributions warped on demand: rows after a rejection are never touched."""
+
+    def __init__(self, logits: np.ndarray, sampling: SamplingSettings) -> None:
+        self._logits = logits
+        self._sampling = sampling
+
+    def __len__(self) -> int:
+        return self._logits.shape[0]
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return warp(self._logits[i], self._sampling)

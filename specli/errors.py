@@ -1,0 +1,45 @@
+"""Typed errors. The library raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+
+class SpecliError(Exception):
+    """An error the user can act on: a one-line message plus an optional hint."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} (hint: {self.hint})"
+
+
+class ModelFileError(SpecliError):
+    """A model path that is missing, not a file, not a GGUF, or that llama.cpp cannot load."""
+
+
+class VocabMismatchError(SpecliError):
+    """The draft model's vocabulary cannot be used to draft for the target."""
+
+
+class PromptError(SpecliError):
+    """The prompt is empty or does not fit in the context."""
+
+
+class ConfigError(SpecliError):
+    """A settings or registry file that does not validate."""
+
+
+class UnknownPairError(SpecliError):
+    """A pair name that is in no registry file."""
+
+
+class HubError(SpecliError):
+    """A download from the Hugging Face Hub failed."""
+
+
+class OfflineError(HubError):
+    """A file is needed that is not in the cache and downloads are disabled."""

@@ -1,0 +1,118 @@
+"""Consumers of engine events: colour spans on a terminal, plain text in a pipe, JSON lines.
+
+stdout carries only the result (text, or JSON lines); the legend and the stats line go
+to stderr. Colour is decided once, by the CLI, from --color, NO_COLOR and isatty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, Protocol
+
+from specli.engine import Stats, Token
+
+DRAFT_COLOUR = "\x1b[32m"  # green: drafted and accepted by the target
+TARGET_COLOUR = "\x1b[33m"  # yellow: written by the target itself
+RESET = "\x1b[0m"
+DIM = "\x1b[2m"
+
+
+def use_colour(mode: str, stream: IO[str]) -> bool:
+    """--color always|never|auto; auto: a terminal and NO_COLOR unset."""
+    if mode == "always":
+        return True
+    if mode == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+class Renderer(Protocol):
+    def start(self) -> None: ...
+    def token(self, event: Token) -> None: ...
+    def step_done(self) -> None: ...
+    def finish(self, stats: Stats, extra: dict) -> None: ...
+
+
+class TextRenderer:
+    """Generated text on stdout, in two colours when `colour`; legend and stats on stderr."""
+
+    def __init__(self, out: IO[str], err: IO[str], *, colour: bool, quiet: bool) -> None:
+        self.out, self.err = out, err
+        self.colour, self.quiet = colour, quiet
+        self._current = ""  # the colour code in force on stdout
+        self._ends_with_newline = True
+
+    def start(self) -> None:
+        if self.colour and not self.quiet:
+            self.err.write(
+                f"{DIM}legend:{RESET} {DRAFT_COLOUR}drafted and accepted{RESET}  "
+                f"{TARGET_COLOUR}written by the target{RESET}\n"
+            )
+            self.err.flush()
+
+    def token(self, event: Token) -> None:
+        if not event.text:
+            return
+        if self.colour:
+            code = DRAFT_COLOUR if event.source == "draft" else TARGET_COLOUR
+            if code != self._current:
+                self.out.write(code)
+                self._current = code
+        self.out.write(event.text)
+        self._ends_with_newline = event.text.endswith("\n")
+
+    def step_done(self) -> None:
+        self.out.flush()
+
+    def finish(self, stats: Stats, extra: dict) -> None:
+        if self._current:
+            self.out.write(RESET)
+            self._current = ""
+        if not self._ends_with_newline:
+            self.out.write("\n")
+        self.out.flush()
+        if not self.quiet:
+            self.err.write(format_stats(stats, extra) + "\n")
+            self.err.flush()
+
+
+class JsonRenderer:
+    """JSON Lines on stdout: one object per committed token, then one stats object."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def start(self) -> None:
+        pass
+
+    def token(self, event: Token) -> None:
+        record = {"type": "token", "id": event.id, "text": event.text, "source": event.source}
+        self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def step_done(self) -> None:
+        self.out.flush()
+
+    def finish(self, stats: Stats, extra: dict) -> None:
+        record = {"type": "stats", **stats.to_dict(), **extra}
+        self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+
+def format_stats(stats: Stats, extra: dict) -> str:
+    """One line: throughput, time split, and how well the draft did."""
+    parts = [
+        f"{stats.tokens} tokens, {stats.tokens_per_second:.1f} tok/s",
+        f"prefill {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s, decode {stats.seconds:.2f}s",
+    ]
+    if stats.proposer != "none":
+        parts.append(
+            f"{stats.proposer}: drafted {stats.drafted}, accepted {stats.accepted} "
+            f"({100 * stats.acceptance_rate:.1f}%), {stats.mean_accepted_length:.2f} accepted per step"
+        )
+    else:
+        parts.append("plain decoding")
+    if stats.finish_reason == "context":
+        parts.append("stopped: context full")
+    return "specli: " + " | ".join(parts)

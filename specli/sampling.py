@@ -1,0 +1,170 @@
+"""Pure numpy: warp logits into a distribution, sample from it, verify a draft against it.
+
+The verification rules are the ones that make speculative decoding lossless:
+
+- greedy: a draft token is kept while it equals the target's argmax; the target's argmax
+  at the first mismatch (or after the last draft token) is the token the target writes.
+- sampling: a draft token x drawn from q is kept with probability min(1, p(x)/q(x)); on
+  rejection the target writes a token drawn from normalise(max(0, p - q)); when every
+  draft token is kept the target writes a bonus token drawn from p. The committed
+  tokens are then distributed exactly as if drawn from p one at a time
+  (Leviathan et al. 2023, Chen et al. 2023).
+
+A proposer without probabilities (n-gram lookup) proposes with q = one-hot(x): it is kept
+with probability p(x), and the residual is p with x removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_NEGLIGIBLE = 50.0
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How logits become a distribution. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A warped distribution stored sparsely: probabilities for the candidate ids only."""
+
+    ids: np.ndarray  # int64, the candidate token ids
+    probs: np.ndarray  # float64, same length, sums to 1
+
+    def prob(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(self.ids[_draw(self.probs, rng)])
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros(n_vocab, dtype=np.float64)
+        out[self.ids] = self.probs
+        return out
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Index drawn from probs by inverse CDF; one uniform per draw keeps runs reproducible."""
+    cdf = np.cumsum(probs)
+    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(index, probs.size - 1)
+
+
+def warp(logits: np.ndarray, settings: SamplingSettings) -> Distribution:
+    """Temperature, then top-k, top-p and min-p, as one sparse distribution.
+
+    Both the draft and the target go through this same function, so q and p are the
+    distributions the two models actually sample from.
+    """
+    logits = np.asarray(logits)
+    # Tokens more than _NEGLIGIBLE temperature-units below the best have probability
+    # under e^-50 of the best one's: together less than float64 resolution, so they are
+    # left out before anything vocabulary-sized is sorted or exponentiated.
+    ids = np.flatnonzero(logits >= logits.max() - _NEGLIGIBLE * settings.temperature)
+    if 0 < settings.top_k < ids.size:
+        ids = ids[np.argpartition(logits[ids], ids.size - settings.top_k)[ids.size - settings.top_k :]]
+    return _warp_candidates(logits, ids, settings)
+
+
+def _warp_candidates(logits: np.ndarray, ids: np.ndarray, settings: SamplingSettings) -> Distribution:
+    scaled = logits[ids].astype(np.float64) / settings.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if settings.top_p < 1.0:
+        # Most likely first (ties broken by id) so the nucleus is the smallest top set.
+        order = np.lexsort((ids, -probs))
+        ids, probs = ids[order], probs[order]
+        cut = int(np.searchsorted(np.cumsum(probs), settings.top_p, side="left")) + 1
+        ids, probs = ids[:cut], probs[:cut]
+    if settings.min_p > 0.0:
+        keep = probs >= settings.min_p * probs.max()
+        ids, probs = ids[keep], probs[keep]
+    return Distribution(ids.astype(np.int64, copy=False), probs / probs.sum())
+
+
+def argmax_rows(logits: np.ndarray) -> np.ndarray:
+    """The greedy token of each row: one vectorised pass, no copies."""
+    return np.argmax(logits, axis=-1)
+
+
+def top_two_margin(row: np.ndarray) -> float:
+    """Gap between the best and second-best logit: how close a greedy choice was to a tie."""
+    best_two = np.partition(row, row.size - 2)[-2:]
+    return float(best_two[1] - best_two[0])
+
+
+def verify_greedy(draft_tokens: list[int], target_argmax: np.ndarray) -> tuple[int, int]:
+    """Return (number of draft tokens accepted, the token the target writes next).
+
+    target_argmax[i] is the target's choice after the prefix plus draft_tokens[:i];
+    it has len(draft_tokens) + 1 entries.
+    """
+    accepted = 0
+    for token in draft_tokens:
+        if int(target_argmax[accepted]) != token:
+            break  # the target disagrees: its own token replaces the draft's from here on
+        accepted += 1
+    return accepted, int(target_argmax[accepted])
+
+
+def residual(p: Distribution, q: Distribution | None, rejected: int) -> Distribution:
+    """normalise(max(0, p - q)); q None means the draft was the point mass at `rejected`."""
+    if q is None:
+        mass = np.where(p.ids == rejected, 0.0, p.probs)
+        ids = p.ids
+    else:
+        ids = np.union1d(p.ids, q.ids)
+        p_dense = _on(ids, p)
+        q_dense = _on(ids, q)
+        mass = np.maximum(p_dense - q_dense, 0.0)
+    total = mass.sum()
+    if total <= 0.0:
+        # p == q exactly: rejection has probability zero, so this is only reached through
+        # rounding. Any draw from p keeps the output distribution intact.
+        return p
+    return Distribution(ids, mass / total)
+
+
+def _on(ids: np.ndarray, dist: Distribution) -> np.ndarray:
+    """dist's probabilities laid out on the sorted id set `ids` (dist.ids is a subset)."""
+    out = np.zeros(ids.size, dtype=np.float64)
+    out[np.searchsorted(ids, dist.ids)] = dist.probs
+    return out
+
+
+def verify_sampled(
+    draft_tokens: list[int],
+    draft_dists: list[Distribution] | None,
+    target_dists: list[Distribution],
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Rejection sampling: return (number of draft tokens accepted, the token the target writes).
+
+    draft_dists None: the proposer was deterministic (q is a point mass at each token).
+    target_dists has len(draft_tokens) + 1 entries.
+    """
+    for i, token in enumerate(draft_tokens):
+        p = target_dists[i]
+        q = None if draft_dists is None else draft_dists[i]
+        p_x = p.prob(token)
+        q_x = 1.0 if q is None else q.prob(token)
+        # q(x) >= p(x): keep with probability p/q; q(x) < p(x): always keep.
+        if q_x > 0.0 and rng.random() * q_x < p_x:
+            continue
+        return i, residual(p, q, token).sample(rng)
+    # Every draft token kept: the target's distribution after them gives a bonus token.
+    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)

@@ -1,0 +1,100 @@
+"""Wiring: load the target and the draft, check they fit together, build the prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Union
+
+import numpy as np
+
+from specli.backend import LoadSettings, Model, check_vocab_compatible
+from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
+from specli.errors import PromptError
+from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
+from specli.sampling import SamplingSettings
+
+DraftSpec = Union[Path, Literal["ngram", "none"]]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    target: Path
+    draft: DraftSpec = "ngram"
+    target_load: LoadSettings = LoadSettings()
+    draft_load: LoadSettings = LoadSettings()
+    sampling: SamplingSettings = SamplingSettings()
+    seed: int | None = None
+    draft_min_confidence: float = 0.0
+    verbose: bool = False
+
+
+@dataclass
+class Session:
+    """A loaded target and proposer, reusable across generations."""
+
+    spec: SessionSpec
+    target: Model
+    proposer: Proposer
+    rng: np.random.Generator = field(repr=False)
+
+    def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
+        return Engine(self.target, self.proposer, draft_length, options, self.rng)
+
+    def close(self) -> None:
+        self.proposer.close()
+        self.target.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_session(spec: SessionSpec) -> Session:
+    # One seed drives both the draft's sampling and the verifier's coin flips, from
+    # independent streams, so a --seed run repeats exactly.
+    seed = spec.seed if spec.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
+    verify_rng = np.random.default_rng([seed, 0])
+    draft_rng = np.random.default_rng([seed, 1])
+    target = Model(spec.target, spec.target_load, verbose=spec.verbose)
+    try:
+        proposer = _open_proposer(spec, target, draft_rng)
+    except BaseException:
+        target.close()
+        raise
+    return Session(spec, target, proposer, verify_rng)
+
+
+def _open_proposer(spec: SessionSpec, target: Model, rng: np.random.Generator) -> Proposer:
+    if spec.draft == "none":
+        return NoProposer()
+    if spec.draft == "ngram":
+        return NGramProposer()
+    draft = Model(spec.draft, spec.draft_load, verbose=spec.verbose)
+    try:
+        check_vocab_compatible(target, draft)
+    except BaseException:
+        draft.close()
+        raise
+    return DraftModelProposer(draft, spec.sampling, rng, spec.draft_min_confidence)
+
+
+def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat: bool | None = None) -> list[int]:
+    """Tokens for the prompt; through the model's chat template when it has one (or chat=True)."""
+    if not prompt.strip():
+        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
+    if chat is None:
+        chat = model.chat_template() is not None
+    if not chat:
+        if system:
+            raise PromptError("--system needs a chat template", "drop --no-chat, or put the instructions in the prompt")
+        return model.tokenize(prompt, add_special=True, parse_special=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    formatted = model.apply_chat_template(messages)
+    return model.tokenize(formatted, add_special=True, parse_special=True)
+
+
+def fixed_length(k: int) -> DraftLength:
+    return FixedDraftLength(k)

@@ -1,0 +1,136 @@
+"""The speculative loop on scripted fake models: greedy output equals plain decoding,
+the KV caches stay in sync through rejections, and stops and limits behave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes import FakeModel, plain_greedy
+from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, Token
+from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
+from specli.sampling import SamplingSettings
+
+PROMPTS = [[1, 2, 3], [5], [3, 3, 3, 3, 7, 1, 2, 3, 3, 3]]
+
+
+def run(engine: Engine, prompt: list[int]) -> tuple[list[Token], Finished]:
+    events = list(engine.generate(prompt))
+    *tokens, finished = events
+    assert isinstance(finished, Finished)
+    return [t for t in tokens if t.id >= 0], finished
+
+
+def draft_proposer(noise: float, seed: int = 0) -> DraftModelProposer:
+    draft = FakeModel(seed=0, noise_seed=seed + 1, noise=noise)
+    return DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("noise", [0.0, 1.0, 4.0])
+def test_greedy_with_draft_model_equals_plain_decoding(k, prompt, noise):
+    target = FakeModel(seed=0)
+    proposer = draft_proposer(noise)
+    engine = Engine(target, proposer, FixedDraftLength(k), GenerationOptions(max_tokens=60))
+    tokens, finished = run(engine, prompt)
+    assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), prompt, 60)
+    assert finished.reason == "length"
+    # The target's cache holds exactly the committed sequence but its last token.
+    assert target.kv == prompt + [t.id for t in tokens][:-1]
+    # The draft's cache never runs ahead of the committed sequence by more than K tokens.
+    committed = prompt + [t.id for t in tokens]
+    assert proposer.model.kv[: len(committed)] == committed[: len(proposer.model.kv)]
+
+
+def test_rejections_happen_and_are_rewound():
+    target = FakeModel(seed=0)
+    engine = Engine(target, draft_proposer(noise=2.5), FixedDraftLength(4), GenerationOptions(max_tokens=80))
+    tokens, finished = run(engine, [1, 2, 3])
+    stats = finished.stats
+    assert 0 < stats.accepted < stats.drafted, "the noisy draft must be partly rejected"
+    assert {t.source for t in tokens} == {"draft", "target"}
+    assert max(target.batch_sizes[1:]) == 5  # [last] + 4 draft tokens in one decode
+    assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [1, 2, 3], 80)
+
+
+def test_perfect_draft_is_always_accepted_and_bonus_tokens_are_written():
+    target = FakeModel(seed=0)
+    engine = Engine(target, draft_proposer(noise=0.0), FixedDraftLength(4), GenerationOptions(max_tokens=50))
+    tokens, finished = run(engine, [1, 2])
+    assert finished.stats.acceptance_rate == 1.0
+    sources = [t.source for t in tokens]
+    # Each step keeps 4 draft tokens and the target writes the fifth.
+    assert sources[:10] == ["draft"] * 4 + ["target"] + ["draft"] * 4 + ["target"]
+    assert finished.stats.steps == 10
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_greedy_with_ngram_equals_plain_decoding(k):
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    target = FakeModel(seed=3, order=1)
+    engine = Engine(target, NGramProposer(), FixedDraftLength(k), GenerationOptions(max_tokens=60))
+    tokens, finished = run(engine, prompt)
+    assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=3, order=1), prompt, 60)
+    assert finished.stats.drafted > 0
+
+
+def test_draft_none_is_plain_decoding_one_token_per_step():
+    target = FakeModel(seed=0)
+    engine = Engine(target, NoProposer(), FixedDraftLength(8), GenerationOptions(max_tokens=30))
+    tokens, finished = run(engine, [4, 5])
+    assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [4, 5], 30)
+    assert set(target.batch_sizes[1:]) == {1}
+    assert all(t.source == "target" for t in tokens)
+    assert finished.stats.drafted == 0 and finished.stats.steps == 30
+
+
+def test_end_of_generation_stops_even_inside_an_accepted_draft():
+    reference = plain_greedy(FakeModel(seed=0), [1, 2, 3], 40)
+    eog = reference[7]
+    expected = plain_greedy(FakeModel(seed=0, eog=eog), [1, 2, 3], 40)
+    target = FakeModel(seed=0, eog=eog)
+    draft = FakeModel(seed=0, eog=eog)
+    proposer = DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(0))
+    engine = Engine(target, proposer, FixedDraftLength(16), GenerationOptions(max_tokens=40))
+    tokens, finished = run(engine, [1, 2, 3])
+    assert [t.id for t in tokens] == expected
+    assert finished.reason == "eog"
+
+
+def test_max_tokens_is_exact_with_long_drafts():
+    engine = Engine(FakeModel(), draft_proposer(0.0), FixedDraftLength(16), GenerationOptions(max_tokens=7))
+    tokens, finished = run(engine, [1])
+    assert len(tokens) == 7 and finished.stats.tokens == 7
+
+
+def test_context_full_stops_with_partial_output():
+    target = FakeModel(n_ctx=20)
+    engine = Engine(target, draft_proposer(0.0), FixedDraftLength(8), GenerationOptions(max_tokens=100))
+    tokens, finished = run(engine, [1, 2, 3])
+    assert finished.reason == "context"
+    assert len(tokens) == 20 - 3 + 1  # every position filled, plus the last written token
+    assert [t.id for t in tokens] == plain_greedy(FakeModel(), [1, 2, 3], len(tokens))
+
+
+def test_stop_string_ends_generation_and_is_not_released():
+    reference = plain_greedy(FakeModel(seed=0), [1, 2, 3], 40)
+    text = "".join(chr(ord("a") + t) for t in reference)
+    stop = text[10:13]
+    engine = Engine(
+        FakeModel(), draft_proposer(1.0), FixedDraftLength(4), GenerationOptions(max_tokens=40, stop=(stop,))
+    )
+    events = list(engine.generate([1, 2, 3]))
+    released = "".join(e.text for e in events if isinstance(e, Token))
+    assert released == text[: text.find(stop)]
+    assert events[-1].reason == "stop"
+
+
+def test_empty_prompt_and_prompt_longer_than_context_are_refused():
+    from specli.errors import PromptError
+
+    engine = Engine(FakeModel(n_ctx=8), NoProposer(), FixedDraftLength(1), GenerationOptions())
+    with pytest.raises(PromptError, match="empty"):
+        list(engine.generate([]))
+    with pytest.raises(PromptError, match="context holds 8"):
+        list(engine.generate(list(range(8))))

@@ -1,0 +1,130 @@
+"""Rejection sampling reproduces the target's distribution; greedy verification rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes import FakeModel
+from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from specli.proposers import DraftModelProposer, NGramProposer
+from specli.sampling import Distribution, SamplingSettings, residual, verify_greedy, verify_sampled, warp
+
+# Chi-square critical values at significance 0.001 (df -> value): a correct sampler fails
+# one run in a thousand; the seeds are fixed, so the outcome is deterministic.
+CHI2_999 = {3: 16.27, 5: 20.52, 7: 24.32, 11: 31.26, 15: 37.70, 24: 51.18, 35: 66.62}
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs * counts.sum()
+    mask = expected > 0
+    assert counts[~mask].sum() == 0, "a token with probability 0 was produced"
+    return float((((counts - expected) ** 2)[mask] / expected[mask]).sum())
+
+
+def dist(probs) -> Distribution:
+    probs = np.asarray(probs, dtype=np.float64)
+    ids = np.flatnonzero(probs > 0)
+    return Distribution(ids, probs[ids] / probs[ids].sum())
+
+
+def test_verify_greedy_keeps_the_longest_agreeing_prefix():
+    assert verify_greedy([4, 5, 6], np.array([4, 5, 9, 1])) == (2, 9)
+    assert verify_greedy([4, 5, 6], np.array([4, 5, 6, 1])) == (3, 1)  # bonus token
+    assert verify_greedy([4], np.array([3, 8])) == (0, 3)
+    assert verify_greedy([], np.array([7])) == (0, 7)
+
+
+@pytest.mark.parametrize(
+    "p, q",
+    [
+        ([0.5, 0.3, 0.1, 0.1, 0.0, 0.0], [0.0, 0.05, 0.05, 0.1, 0.4, 0.4]),  # q mostly where p is 0
+        ([0.05, 0.05, 0.1, 0.2, 0.3, 0.3], [0.9, 0.02, 0.02, 0.02, 0.02, 0.02]),  # q peaked elsewhere
+        ([1 / 6] * 6, [0.5, 0.5, 0.0, 0.0, 0.0, 0.0]),
+    ],
+)
+def test_rejection_sampling_reproduces_the_target_distribution(p, q):
+    p_dist, q_dist = dist(p), dist(q)
+    bonus = dist([0.25] * 4 + [0, 0])
+    rng = np.random.default_rng(1234)
+    trials = 40_000
+    counts = np.zeros(6)
+    for _ in range(trials):
+        drafted = q_dist.sample(rng)
+        accepted, written = verify_sampled([drafted], [q_dist], [p_dist, bonus], rng)
+        counts[drafted if accepted else written] += 1
+    probs = np.asarray(p) / np.sum(p)
+    support = int((probs > 0).sum())
+    assert chi_square(counts, probs) < CHI2_999[support - 1]
+
+
+def test_point_mass_proposals_are_also_lossless():
+    """An n-gram proposal has q = one-hot: keep with probability p(x), else draw p without x."""
+    p = dist([0.1, 0.6, 0.2, 0.1])
+    rng = np.random.default_rng(7)
+    counts = np.zeros(4)
+    for _ in range(30_000):
+        accepted, written = verify_sampled([1], None, [p, p], rng)
+        counts[1 if accepted else written] += 1
+    assert chi_square(counts, p.dense(4)) < CHI2_999[3]
+
+
+def test_residual_is_normalised_positive_part():
+    p, q = dist([0.5, 0.5, 0.0]), dist([0.25, 0.25, 0.5])
+    r = residual(p, q, rejected=2)
+    assert np.allclose(r.dense(3), [0.5, 0.5, 0.0])
+    r = residual(dist([0.2, 0.8]), dist([0.6, 0.4]), rejected=0)
+    assert np.allclose(r.dense(2), [0.0, 1.0])
+
+
+def first_two_tokens_distribution(model: FakeModel, prompt: list[int], settings: SamplingSettings) -> np.ndarray:
+    n = model.n_vocab
+    first = warp(model.logits_after(prompt), settings).dense(n)
+    joint = np.zeros((n, n))
+    for a in np.flatnonzero(first):
+        joint[a] = first[a] * warp(model.logits_after(prompt + [int(a)]), settings).dense(n)
+    return joint.ravel()
+
+
+@pytest.mark.parametrize("proposer_kind", ["draft", "ngram"])
+def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_kind):
+    """Two tokens through the whole loop (propose, verify, rewind, bonus) follow p exactly."""
+    settings = SamplingSettings(temperature=1.0, top_k=5)
+    prompt = [1, 2, 1]
+    n = 6
+    expected = first_two_tokens_distribution(FakeModel(n_vocab=n, sharpness=1.0), prompt, settings)
+    counts = np.zeros(n * n)
+    master = np.random.default_rng(99)
+    target = FakeModel(n_vocab=n, sharpness=1.0)
+    trials = 12_000
+    for _ in range(trials):
+        if proposer_kind == "draft":
+            draft = FakeModel(n_vocab=n, sharpness=1.0, noise_seed=5, noise=3.0)
+            proposer = DraftModelProposer(draft, settings, np.random.default_rng(master.integers(1 << 62)))
+        else:
+            proposer = NGramProposer(max_n=2)
+        engine = Engine(target, proposer, FixedDraftLength(3), GenerationOptions(max_tokens=2, sampling=settings),
+                        np.random.default_rng(master.integers(1 << 62)))
+        ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
+        counts[ids[0] * n + ids[1]] += 1
+    support = int((expected > 0).sum())
+    critical = CHI2_999[support - 1] if support - 1 in CHI2_999 else support - 1 + 4 * np.sqrt(2 * (support - 1))
+    assert chi_square(counts, expected) < critical
+
+
+def test_warp_applies_top_k_top_p_min_p():
+    logits = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05], dtype=np.float32))
+    assert set(warp(logits, SamplingSettings(1.0, top_k=2)).ids) == {0, 1}
+    assert set(warp(logits, SamplingSettings(1.0, top_p=0.8)).ids) == {0, 1, 2}
+    assert set(warp(logits, SamplingSettings(1.0, min_p=0.3)).ids) == {0, 1, 2}
+    full = warp(logits, SamplingSettings(1.0))
+    assert np.allclose(full.dense(5), [0.4, 0.3, 0.15, 0.1, 0.05], atol=1e-6)
+    cold = warp(logits, SamplingSettings(0.5)).dense(5)
+    assert cold[0] > 0.4 and np.isclose(cold.sum(), 1.0)
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    d = dist([0.2, 0.3, 0.5])
+    a = [d.sample(np.random.default_rng(5)) for _ in range(3)]
+    b = [d.sample(np.random.default_rng(5)) for _ in range(3)]
+    assert a == b
