@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -40,18 +43,271 @@ def _root(
 # --- run -------------------------------------------------------------------
 
 
+@contextmanager
+def user_errors():
+    """Library errors become one line on stderr and an exit code (traceback with SPECLI_DEBUG=1)."""
+    try:
+        yield
+    except SpecliError as error:
+        if debug_enabled():
+            raise
+        _print_error(error.message, error.hint)
+        raise typer.Exit(error.exit_code) from None
+
+
+class ColorMode(str, Enum):
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
+def _draft_tokens(value: str) -> Optional[int]:
+    if value == "auto":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a whole number or 'auto'") from None
+    if number < 1:
+        raise typer.BadParameter("must be at least 1 (use --draft none for plain decoding)")
+    return number
+
+
+@app.command("run")
+def run(
+    prompt: Annotated[
+        Optional[str],
+        typer.Argument(help="The prompt. Use - to read it from stdin (read too when stdin is piped and no prompt is given)."),
+    ] = None,
+    *,
+    model: Annotated[
+        Optional[str],
+        typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml (see `specli list`); missing files are downloaded."),
+    ] = None,
+    target: Annotated[
+        Optional[Path],
+        typer.Option("--target", help="Target GGUF file, instead of a pair. With neither, the embedded Gemma 3 270M demo runs."),
+    ] = None,
+    draft: Annotated[
+        Optional[str],
+        typer.Option("--draft", help="Draft GGUF file, 'ngram' (prompt lookup, no model) or 'none' (plain decoding)."),
+    ] = None,
+    draft_tokens: Annotated[
+        str, typer.Option("-k", "--draft-tokens", help="Draft tokens per step: a number, or 'auto' to adapt to what is accepted.")
+    ] = "auto",
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens.")] = 256,
+    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (1: off).")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the best one's probability (0: off).")] = 0.05,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling; the same seed repeats a run exactly.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.")] = None,
+    chat: Annotated[
+        Optional[bool], typer.Option("--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: when it has one).")
+    ] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message for chat models.")] = None,
+    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from this file.")] = None,
+    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to offload to the GPU (-1: all, the default).")] = None,
+    draft_gpu_layers: Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to offload to the GPU (default: as --gpu-layers).")] = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens, prompt included.")] = 4096,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
+    repack: Annotated[
+        bool,
+        typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking; --no-repack makes batched and one-token logits agree more often (slower on CPU)."),
+    ] = True,
+    color: Annotated[ColorMode, typer.Option("--color", help="Colour drafted vs target-written text.")] = ColorMode.auto,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object per token, then stats.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No legend and no stats line on stderr.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
+) -> None:
+    """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
+    from specli.runner import RunRequest, execute
+    from specli.sampling import SamplingSettings
+
+    request = RunRequest(
+        prompt=prompt,
+        prompt_file=file,
+        system=system,
+        pair=model,
+        target=target,
+        draft=draft,
+        draft_tokens=_draft_tokens(draft_tokens),
+        max_tokens=max_tokens,
+        sampling=SamplingSettings(temp, top_k, top_p, min_p),
+        seed=seed,
+        stop=stop or [],
+        chat=chat,
+        gpu_layers=-1 if gpu_layers is None else gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+        gpu_layers_explicit=gpu_layers is not None or draft_gpu_layers is not None,
+        ctx_size=ctx_size,
+        threads=threads,
+        repack=repack,
+        colour=color.value,
+        json=json_output,
+        quiet=quiet,
+        verbose=verbose,
+    )
+    with user_errors():
+        code = execute(request)
+    raise typer.Exit(code)
+
+
 # --- models: pull / list / rm ----------------------------------------------
+
+
+@app.command("pull")
+def pull(
+    pairs: Annotated[
+        list[str],
+        typer.Argument(metavar="PAIR...", help="Names of the pairs to download, as `specli list` shows them."),
+    ],
+    *,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show what would be downloaded, with sizes, and download nothing."),
+    ] = False,
+) -> None:
+    """Download the target and draft of each pair into the Hugging Face cache; print their paths."""
+    from pathlib import Path
+
+    from specli import hub
+    from specli.registry import load_registry
+
+    registry = load_registry()
+    for pair in [registry.get(name) for name in pairs]:
+        if dry_run:
+            _print_pull_plan(hub.plan_pull(pair))
+            continue
+        target, draft = hub.pull_pair(pair)
+        typer.echo(str(target))
+        if isinstance(draft, Path):
+            typer.echo(str(draft))
+
+
+@app.command("list")
+def list_pairs(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the pairs as JSON, for scripts.")] = False,
+) -> None:
+    """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
+    import json
+
+    from specli import hub
+    from specli.registry import load_registry
+
+    statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
+    if as_json:
+        typer.echo(json.dumps([_pair_json(status) for status in statuses], indent=2))
+    else:
+        _print_pairs_table(statuses)
+
+
+@app.command("rm")
+def remove(
+    pairs: Annotated[
+        list[str],
+        typer.Argument(metavar="PAIR...", help="Names of the pairs whose downloaded files to delete."),
+    ],
+) -> None:
+    """Delete a pair's downloaded files from the Hugging Face cache, keeping files other downloaded pairs use."""
+    from specli import hub
+    from specli.registry import load_registry
+
+    registry = load_registry()
+    for pair in [registry.get(name) for name in pairs]:
+        removal = hub.plan_removal(pair, registry)
+        for label, user in removal.kept:
+            typer.echo(f"keeping {label}: the downloaded pair {user} uses it too", err=True)
+        if not removal.entries:
+            typer.echo(f"{pair.name}: no downloaded files to remove", err=True)
+            continue
+        size = hub.format_size(removal.freed)
+        typer.echo(f"removing {pair.name}: {len(removal.entries)} file(s), freeing {size}", err=True)
+        for path in hub.remove_files(removal):
+            typer.echo(str(path))
+
+
+def _print_pull_plan(plan) -> None:
+    from specli import hub
+
+    typer.echo(plan.pair.name)
+    for role, ref in plan.pair.models():
+        if ref.repo is None:
+            typer.echo(f"  {role:<6}  {ref.label}  local")
+        for file in (file for file in plan.files if file.role == role):
+            state = "cached" if file.cached or file.in_blobs else "download"
+            typer.echo(f"  {role:<6}  {file.repo}/{file.filename}  {hub.format_size(file.size)}  {state}")
+    if plan.pair.draft == "ngram":
+        typer.echo("  draft   ngram (no model)")
+    typer.echo(f"  to download: {hub.format_size(plan.download_size)}")
+
+
+def _print_pairs_table(statuses) -> None:
+    """Aligned columns, never wrapped, the path last: readable in a terminal and with grep."""
+    from pathlib import Path
+
+    from specli import hub
+
+    rows = [("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")]
+    for status in statuses:
+        pair, target = status.pair, status.models[0]
+        draft = pair.draft if pair.draft == "ngram" else _model_short_name(pair.draft)
+        size = hub.format_size(status.size) if status.size else "-"
+        path = str(target.path).replace(str(Path.home()), "~", 1) if target.path else "-"
+        rows.append((pair.name, _model_short_name(pair.target), draft, size, status.state, path))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        typer.echo("  ".join([*cells, row[-1]]).rstrip())
+
+
+def _model_short_name(ref) -> str:
+    if ref.file:
+        return ref.file
+    return ref.path.name if ref.path else f"package {ref.package}"
+
+
+def _pair_json(status) -> dict:
+    pair = status.pair
+    models = {model.role: _model_json(model) for model in status.models}
+    return {
+        "name": pair.name,
+        "description": pair.description,
+        "status": status.state,
+        "size_bytes": status.size,
+        "draft_tokens": pair.draft_tokens,
+        "target": models["target"],
+        "draft": models.get("draft", pair.draft),
+    }
+
+
+def _model_json(model) -> dict:
+    return {
+        "source": model.ref.model_dump(mode="json", exclude_none=True),
+        "downloaded": model.downloaded,
+        "path": str(model.path) if model.path else None,
+        "size_bytes": model.size,
+        "files": [
+            {"file": file.filename, "path": str(file.path) if file.path else None, "size_bytes": file.size}
+            for file in model.files
+        ],
+    }
 
 
 # --- bench / doctor --------------------------------------------------------
 
 
-def fail(message: str, hint: str | None = None, code: int = 1) -> None:
-    """Print one line on stderr and exit; the only place errors leave the process."""
+def _print_error(message: str, hint: str | None = None) -> None:
     text = f"specli: error: {message}"
     if hint:
-        text += f" ({hint})"
+        text += f" (hint: {hint})"
     print(text, file=sys.stderr)
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> None:
+    """Print one line on stderr and exit; the only place errors leave the process."""
+    _print_error(message, hint)
     raise SystemExit(code)
 
 

@@ -125,20 +125,31 @@ Event = Union[Token, Finished]
 
 
 class DraftLength(Protocol):
-    """Chooses K for the next step from what the run has measured."""
+    """Chooses K for the next step from what the run has measured (see adaptive.py)."""
 
-    def next(self) -> int: ...
-    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+    max_k: int
+
+    def next(self, key: object = None, available: int | None = None) -> int: ...
+
+    def record(
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        key: object = None,
+        overhead_seconds: float = 0.0,
+    ) -> None: ...
 
 
 @dataclass
 class FixedDraftLength:
-    k: int
+    max_k: int
 
-    def next(self) -> int:
-        return self.k
+    def next(self, key: object = None, available: int | None = None) -> int:
+        return self.max_k if available is None else min(self.max_k, available)
 
-    def record(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def record(self, *args: object, **kwargs: object) -> None:
         pass
 
 
@@ -166,6 +177,7 @@ class Engine:
         self.options = options
         self.rng = rng if rng is not None else np.random.default_rng()
         self.stats = Stats(proposer=proposer.name)
+        self._last_step: float | None = None  # end of the previous verify decode: overhead runs from here
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
         if not prompt:
@@ -195,8 +207,7 @@ class Engine:
                 if remaining <= 0 or room < 0:
                     reason = "length" if remaining <= 0 else "context"
                     break
-                k = min(self.draft_length.next(), remaining - 1, room)
-                committed, sources = self._step(tokens, last, k)
+                committed, sources = self._step(tokens, last, min(remaining - 1, room))
                 last = committed[-1]
                 reason = ""
                 for token, source in zip(committed, sources):
@@ -220,12 +231,26 @@ class Engine:
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
-    def _step(self, tokens: list[int], last: int, k: int) -> tuple[list[int], list[Source]]:
+    def _propose(self, tokens: list[int], limit: int) -> tuple[Proposal, list[int]]:
+        """The proposal and the part of it to verify (at most `limit` tokens)."""
+        policy = self.draft_length
+        if limit <= 0:
+            return Proposal(), []
+        if self.proposer.cheap:
+            # Proposing is free (n-gram lookup): look first, then decide how much to verify.
+            proposal = self.proposer.propose(tokens, min(policy.max_k, limit))
+            k = policy.next(proposal.key, len(proposal.tokens)) if proposal.tokens else 0
+        else:
+            k = policy.next(None, limit)
+            proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
+        return proposal, proposal.tokens[:k]
+
+    def _step(self, tokens: list[int], last: int, limit: int) -> tuple[list[int], list[Source]]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
         target, stats = self.target, self.stats
         t0 = time.perf_counter()
-        proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
-        draft = proposal.tokens[:k]
+        overhead = 0.0 if self._last_step is None else max(0.0, t0 - self._last_step)
+        proposal, draft = self._propose(tokens, limit)
         t1 = time.perf_counter()
         logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
         t2 = time.perf_counter()
@@ -239,7 +264,8 @@ class Engine:
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         stats.record_step(len(draft), accepted)
-        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1)
+        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1, proposal.key, overhead)
+        self._last_step = t2
         committed = draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * accepted + ["target"]
         return committed, sources

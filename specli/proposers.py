@@ -16,10 +16,12 @@ class Proposal:
 
     tokens: list[int] = field(default_factory=list)
     dists: list[Distribution] | None = None  # None: deterministic (q is a point mass)
+    key: object = None  # what kind of proposal this is, for the draft-length policy
 
 
 class Proposer(Protocol):
     name: str
+    cheap: bool  # True: proposing costs next to nothing, so the engine proposes first
 
     def prepare(self, prompt: list[int]) -> None:
         """Take in the prompt before the first step (counted as prefill time)."""
@@ -36,6 +38,7 @@ class NoProposer:
     """`--draft none`: never drafts, so every step is one plain target decode."""
 
     name = "none"
+    cheap = True
 
     def prepare(self, prompt: list[int]) -> None:
         pass
@@ -56,6 +59,7 @@ class NGramProposer:
     """
 
     name = "ngram"
+    cheap = True
 
     def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
         self.max_n = max_n
@@ -79,7 +83,7 @@ class NGramProposer:
             start = self._index[n].get(tuple(tokens[end - n :]))
             if start is not None:
                 self.last_match_length = n
-                return Proposal(_continuation(tokens, start, max_tokens))
+                return Proposal(_continuation(tokens, start, max_tokens), key=n)
         return Proposal()
 
     def _extend_index(self, tokens: list[int]) -> None:
@@ -109,6 +113,7 @@ class DraftModelProposer:
     sequence incrementally (only new tokens are decoded, rejected ones are removed)."""
 
     name = "draft"
+    cheap = False
 
     def __init__(self, model, sampling: SamplingSettings, rng: np.random.Generator, min_confidence: float = 0.0) -> None:
         self.model = model

@@ -9,7 +9,7 @@ from typing import Literal, Union
 import numpy as np
 
 from specli.backend import LoadSettings, Model, check_vocab_compatible
-from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
+from specli.engine import DraftLength, Engine, GenerationOptions
 from specli.errors import PromptError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
@@ -37,6 +37,7 @@ class Session:
     target: Model
     proposer: Proposer
     rng: np.random.Generator = field(repr=False)
+    seed: int = 0
 
     def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
         return Engine(self.target, self.proposer, draft_length, options, self.rng)
@@ -64,7 +65,7 @@ def open_session(spec: SessionSpec) -> Session:
     except BaseException:
         target.close()
         raise
-    return Session(spec, target, proposer, verify_rng)
+    return Session(spec, target, proposer, verify_rng, seed)
 
 
 def _open_proposer(spec: SessionSpec, target: Model, rng: np.random.Generator) -> Proposer:
@@ -94,7 +95,3 @@ def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     formatted = model.apply_chat_template(messages)
     return model.tokenize(formatted, add_special=True, parse_special=True)
-
-
-def fixed_length(k: int) -> DraftLength:
-    return FixedDraftLength(k)
