@@ -1,43 +1,80 @@
 """`-k auto`: choose each step's draft length from what this run has measured.
 
 A step that drafts k tokens commits E(k) = 1 + a1 + a1·a2 + ... + a1···ak tokens on
-average, where ai is the chance that position i is accepted once positions before it
-were, and costs draft(k) + verify(k + 1) + overhead seconds. The policy keeps running
-estimates of each and picks the k with the most tokens per second; k = 0 is a plain
-step. Acceptance is tracked per context key (for n-gram lookup: the length of the match
-that produced the proposal), because a 4-token match predicts far better than a 1-token
-one. When drafting stops paying for a key, the policy probes it again now and then, with
-exponentially growing gaps, so a workload that turns copy-heavy is noticed.
+average, where ai is the chance that position i is accepted once the positions before
+it were, and costs draft(k) + verify(k + 1) + overhead seconds. The policy picks the k
+with the most tokens per second; k = 0 is a plain step.
+
+- Acceptance is tracked per context key (for n-gram lookup: the length of the match
+  behind the proposal; a 4-token match predicts far better than a 1-token one), with
+  recent steps weighted most. A position seen rarely borrows strength from the key's
+  pooled rate, so one unlucky rejection does not rule out long drafts for good.
+- Verify cost by batch size comes from a calibration (timed once per model and
+  settings, cached on disk) and is refined by every step's timing.
+- When drafting stops paying for a key, the policy probes it again now and then, with
+  growing gaps, so a workload that turns copy-heavy is noticed.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
-# Starting belief for an unseen position: optimistic enough to try drafting at all.
-PRIOR_ACCEPTANCE = 0.6
-# Weight of the newest observation in the running means.
-SMOOTHING = 0.15
-# Verify cost of b tokens relative to one, until two batch sizes have been timed.
-PRIOR_COST_SLOPE = 0.3
+PRIOR_ACCEPTANCE = 0.6  # belief about an unseen key: optimistic enough to try drafting
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind that belief
+POSITION_SHRINK = 4.0  # pseudo-observations pulling a position towards its key's pooled rate
+DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
+SMOOTHING = 0.15  # running means of timings
+PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
+PROBE_LENGTH = 3
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 17)
 
 
 @dataclass
 class _KeyState:
-    acceptance: list[float] = field(default_factory=list)  # ai for i = 1, 2, ...
+    pooled_kept: float = 0.0
+    pooled_tested: float = 0.0
+    kept: list[float] = field(default_factory=list)  # by position, decayed counts
+    tested: list[float] = field(default_factory=list)
     idle_steps: int = 0  # steps since this key last drafted
-    probe_gap: int = 8  # idle steps before the next probe
+    probe_gap: int = 1  # idle steps before the next probe: an unseen key is tried at once
+
+    def pooled(self) -> float:
+        return (self.pooled_kept + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.pooled_tested + PRIOR_WEIGHT)
+
+    def acceptance(self, position: int, pooled: float) -> float:
+        if position < len(self.tested):
+            return (self.kept[position] + POSITION_SHRINK * pooled) / (self.tested[position] + POSITION_SHRINK)
+        return pooled
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.pooled_kept *= DECAY
+        self.pooled_tested *= DECAY
+        for i in range(len(self.tested)):
+            self.kept[i] *= DECAY
+            self.tested[i] *= DECAY
+        for i in range(min(drafted, accepted + 1)):
+            # Position i was tested: every position before it had been accepted.
+            if i >= len(self.tested):
+                self.kept.append(0.0)
+                self.tested.append(0.0)
+            kept = 1.0 if i < accepted else 0.0
+            self.kept[i] += kept
+            self.tested[i] += 1.0
+            self.pooled_kept += kept
+            self.pooled_tested += 1.0
 
 
 class AdaptiveDraftLength:
-    def __init__(self, max_k: int = 16) -> None:
+    def __init__(self, max_k: int = 16, verify_cost: VerifyCost | None = None) -> None:
         self.max_k = max_k
         self._keys: dict[object, _KeyState] = {}
-        self._verify_seconds: dict[int, float] = {}  # running mean by batch size
+        self._verify = verify_cost or VerifyCost()
         self._draft_seconds_per_token: float | None = None
         self._overhead_seconds = 0.0
-
-    # --- choose ---------------------------------------------------------------
 
     def next(self, key: object = None, available: int | None = None) -> int:
         """Draft length for the next step (0: a plain step)."""
@@ -45,10 +82,11 @@ class AdaptiveDraftLength:
         limit = self.max_k if available is None else min(self.max_k, available)
         if limit <= 0:
             return 0
+        pooled = state.pooled()
         best_k, best_rate = 0, 1.0 / self._step_cost(0)
         expected, chain = 1.0, 1.0
         for k in range(1, limit + 1):
-            chain *= self._acceptance(state, k)
+            chain *= state.acceptance(k - 1, pooled)
             expected += chain
             rate = expected / self._step_cost(k)
             if rate > best_rate:
@@ -56,41 +94,14 @@ class AdaptiveDraftLength:
         if best_k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
-                # Probe: a one-token draft costs little and refreshes a1.
                 state.idle_steps = 0
-                state.probe_gap = min(state.probe_gap * 2, 256)
-                return 1
+                state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
+                return min(limit, PROBE_LENGTH)  # a short probe refreshes the estimate cheaply
         return best_k
-
-    def _acceptance(self, state: _KeyState, k: int) -> float:
-        if k <= len(state.acceptance):
-            return state.acceptance[k - 1]
-        return state.acceptance[-1] if state.acceptance else PRIOR_ACCEPTANCE
 
     def _step_cost(self, k: int) -> float:
         draft = (self._draft_seconds_per_token or 0.0) * k
-        return draft + self._verify_cost(k + 1) + self._overhead_seconds
-
-    def _verify_cost(self, batch: int) -> float:
-        timed = self._verify_seconds
-        if batch in timed:
-            return timed[batch]
-        if not timed:
-            return 1.0 + PRIOR_COST_SLOPE * (batch - 1)  # relative units: only ratios matter yet
-        if len(timed) == 1:
-            (size, seconds), = timed.items()
-            per_extra = PRIOR_COST_SLOPE * seconds / (1 + PRIOR_COST_SLOPE * (size - 1))
-            return max(seconds + per_extra * (batch - size), 1e-9)
-        # Linear interpolation between the nearest timed sizes (extrapolating at the ends).
-        sizes = sorted(timed)
-        lower = max((s for s in sizes if s < batch), default=sizes[0])
-        upper = min((s for s in sizes if s > batch), default=sizes[-1])
-        if lower == upper:
-            lower, upper = (sizes[-2], sizes[-1]) if batch > sizes[-1] else (sizes[0], sizes[1])
-        slope = (timed[upper] - timed[lower]) / (upper - lower)
-        return max(timed[lower] + slope * (batch - lower), 1e-9)
-
-    # --- learn ----------------------------------------------------------------
+        return draft + self._verify.cost(k + 1) + self._overhead_seconds
 
     def record(
         self,
@@ -102,21 +113,97 @@ class AdaptiveDraftLength:
         overhead_seconds: float = 0.0,
     ) -> None:
         state = self._keys.setdefault(key, _KeyState())
-        for i in range(min(drafted, accepted + 1)):
-            # Position i + 1 was tested: every position before it had been accepted.
-            if i >= len(state.acceptance):
-                state.acceptance.append(self._acceptance(state, i + 1))
-            kept = 1.0 if i < accepted else 0.0
-            state.acceptance[i] += SMOOTHING * (kept - state.acceptance[i])
         if drafted:
+            state.observe(drafted, accepted)
             state.idle_steps = 0
             if accepted > 0:
                 state.probe_gap = 8
-        batch = drafted + 1
-        previous = self._verify_seconds.get(batch)
-        self._verify_seconds[batch] = verify_seconds if previous is None else previous + SMOOTHING * (verify_seconds - previous)
-        if drafted:
             per_token = draft_seconds / drafted
             prior = self._draft_seconds_per_token
             self._draft_seconds_per_token = per_token if prior is None else prior + SMOOTHING * (per_token - prior)
+        self._verify.record(drafted + 1, verify_seconds)
         self._overhead_seconds += SMOOTHING * (overhead_seconds - self._overhead_seconds)
+
+
+class VerifyCost:
+    """Seconds for the target to decode a batch of b tokens.
+
+    Starts from a calibration when one is given, else from a prior slope, and follows
+    each step's timing with a running mean. The first sample of a size not calibrated is
+    dropped (it pays for building llama.cpp's graph for that size). Sizes with no
+    estimate are interpolated between neighbours; beyond the largest known size the
+    prior slope extrapolates optimistically, so a long draft gets tried and then judged
+    on its measured cost.
+    """
+
+    def __init__(self, calibrated: dict[int, float] | None = None) -> None:
+        self._mean: dict[int, float] = dict(calibrated or {})
+        self._count: dict[int, int] = {size: 1 for size in self._mean}
+
+    def record(self, batch: int, seconds: float) -> None:
+        count = self._count.get(batch, 0)
+        self._count[batch] = count + 1
+        if count == 0:
+            return
+        mean = self._mean.get(batch)
+        self._mean[batch] = seconds if mean is None else mean + SMOOTHING * (seconds - mean)
+
+    def cost(self, batch: int) -> float:
+        known = self._mean
+        if batch in known:
+            return known[batch]
+        if not known:
+            return 1.0 + PRIOR_COST_SLOPE * (batch - 1)  # relative units: only ratios matter yet
+        sizes = sorted(known)
+        smallest, largest = sizes[0], sizes[-1]
+        per_token = known[smallest] / (1 + PRIOR_COST_SLOPE * (smallest - 1))
+        if batch > largest:
+            return known[largest] + PRIOR_COST_SLOPE * per_token * (batch - largest)
+        if batch < smallest:
+            return per_token * (1 + PRIOR_COST_SLOPE * (batch - 1))
+        lower = max(s for s in sizes if s < batch)
+        upper = min(s for s in sizes if s > batch)
+        weight = (batch - lower) / (upper - lower)
+        return known[lower] + weight * (known[upper] - known[lower])
+
+
+def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
+              sizes: tuple[int, ...] = CALIBRATION_SIZES, repeats: int = 2) -> dict[int, float]:
+    """Time an all-logits decode of each batch size on an empty cache (after one warm-up),
+    keeping the fastest of `repeats` runs: the machine's cost, not its noise."""
+    costs: dict[int, float] = {}
+    for size in sizes:
+        tokens = [token] * size
+        decode(tokens)
+        rewind(0)
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            decode(tokens)
+            best = min(best, time.perf_counter() - started)
+            rewind(0)
+        costs[size] = best
+    return costs
+
+
+def cached_calibration(cache_file: Path, key: str, measure: Callable[[], dict[int, float]]) -> dict[int, float]:
+    """The calibration stored under `key` in cache_file, measuring and storing it if absent."""
+    try:
+        stored = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    if isinstance(stored.get(key), dict):
+        try:
+            return {int(size): float(seconds) for size, seconds in stored[key].items()}
+        except (TypeError, ValueError):
+            pass
+    costs = measure()
+    stored[key] = {str(size): seconds for size, seconds in costs.items()}
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cache_file.with_name(cache_file.name + ".tmp")
+        temporary.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        temporary.replace(cache_file)
+    except OSError:
+        pass  # a read-only cache only costs a calibration next time
+    return costs

@@ -17,7 +17,6 @@ from specli.sampling import SamplingSettings
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
-DEFAULT_DRAFT_TOKENS = {"ngram": 8, "draft": 8}
 
 
 @dataclass
@@ -101,7 +100,7 @@ def _draft_path_or_kind(draft: str | Path) -> Path | str:
 def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
     """Run one generation, streaming to stdout. Returns the exit code."""
     from specli.backend import LoadSettings, supports_gpu_offload
-    from specli.engine import FixedDraftLength, Finished, GenerationOptions, Token
+    from specli.engine import Finished, GenerationOptions, Token
     from specli.render import JsonRenderer, TextRenderer, use_colour
     from specli.session import SessionSpec, open_session, prompt_tokens
 
@@ -129,16 +128,17 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     )
     with open_session(spec) as session:
         tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
-        k = request.draft_tokens or models.pair_draft_tokens or DEFAULT_DRAFT_TOKENS.get(session.proposer.name, 8)
+        fixed_k = request.draft_tokens or models.pair_draft_tokens
+        draft_length = session.draft_length(fixed_k)
         options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
-        engine = session.engine(FixedDraftLength(k), options)
+        engine = session.engine(draft_length, options)
         renderer = (
             JsonRenderer(stdout)
             if request.json
             else TextRenderer(stdout, stderr, colour=use_colour(request.colour, stdout), quiet=request.quiet)
         )
         extra = {
-            "draft_tokens": k,
+            "draft_tokens": fixed_k or "auto",
             "temperature": request.sampling.temperature,
             "top_k": request.sampling.top_k,
             "top_p": request.sampling.top_p,

@@ -8,8 +8,10 @@ from typing import Literal, Union
 
 import numpy as np
 
-from specli.backend import LoadSettings, Model, check_vocab_compatible
-from specli.engine import DraftLength, Engine, GenerationOptions
+from specli.adaptive import AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
+from specli.backend import LoadSettings, Model, check_vocab_compatible, library_versions
+from specli.config import cache_dir
+from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
 from specli.errors import PromptError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
@@ -41,6 +43,31 @@ class Session:
 
     def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
         return Engine(self.target, self.proposer, draft_length, options, self.rng)
+
+    def draft_length(self, fixed_k: int | None) -> DraftLength:
+        """A fixed K, or the adaptive policy primed with this target's verify-cost curve."""
+        if fixed_k is not None:
+            return FixedDraftLength(fixed_k)
+        if self.proposer.name == "none":
+            return FixedDraftLength(0)
+        return AdaptiveDraftLength(verify_cost=VerifyCost(self.verify_costs()))
+
+    def verify_costs(self) -> dict[int, float]:
+        """Seconds per all-logits decode by batch size, measured once per model and settings."""
+        target, load = self.target, self.spec.target_load
+        info = target.path.stat()
+        key = "|".join(
+            str(part)
+            for part in (target.path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads,
+                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"])
+        )
+        token = target.bos if target.bos >= 0 else 0
+
+        def measure() -> dict[int, float]:
+            target.rewind(0)
+            return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token)
+
+        return cached_calibration(cache_dir() / "calibration.json", key, measure)
 
     def close(self) -> None:
         self.proposer.close()
