@@ -1,0 +1,246 @@
+"""`specli bench`: plain vs speculative decoding on the same prompts, in one process.
+
+Every configuration (plain, `-k auto`, fixed K values) runs each workload once as a
+warm-up, then `runs` times in rounds; the order of configurations rotates from round to
+round so drift on the machine falls on all of them alike. A speedup is the ratio of the
+speculative run to the plain run of the same round; the report gives its median and
+spread. Greedy outputs are compared with plain decoding as a losslessness check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Callable
+
+from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
+from specli.errors import ConfigError
+from specli.proposers import NoProposer
+from specli.sampling import SamplingSettings
+from specli.session import Session, prompt_tokens
+
+PLAIN = "plain"
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str
+    prompt: str
+    max_tokens: int = 128
+    chat: bool | None = False
+
+
+def default_workloads_file() -> Path:
+    packaged = files("specli").joinpath("workloads.toml")
+    if packaged.is_file():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "benchmarks" / "workloads.toml"
+
+
+def load_workloads(path: Path | None = None) -> list[Workload]:
+    """Workloads from a TOML file of [[workload]] tables (name, kind, prompt, max_tokens, chat)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    path = path or default_workloads_file()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise ConfigError(f"workloads file not found: {path}") from error
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: {error}") from error
+    workloads = []
+    for i, entry in enumerate(data.get("workload", [])):
+        unknown = set(entry) - {"name", "kind", "prompt", "max_tokens", "chat"}
+        if unknown or "prompt" not in entry:
+            problem = f"unknown key {sorted(unknown)[0]}" if unknown else "missing key prompt"
+            raise ConfigError(f"{path}: workload[{i}]: {problem}")
+        workloads.append(
+            Workload(
+                name=str(entry.get("name", f"workload-{i}")),
+                kind=str(entry.get("kind", "unspecified")),
+                prompt=str(entry["prompt"]),
+                max_tokens=int(entry.get("max_tokens", 128)),
+                chat=entry.get("chat", False),
+            )
+        )
+    if not workloads:
+        raise ConfigError(f"{path}: no [[workload]] entries")
+    return workloads
+
+
+def parse_configs(text: str) -> list[str | int]:
+    """'auto,2,4,8' -> ['auto', 2, 4, 8]; plain decoding is always added as the baseline."""
+    configs: list[str | int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == AUTO:
+            configs.append(AUTO)
+            continue
+        try:
+            k = int(part)
+        except ValueError:
+            raise ConfigError(f"-k: {part!r} is not a number or 'auto'") from None
+        if k < 1:
+            raise ConfigError(f"-k: {k} must be at least 1")
+        configs.append(k)
+    if not configs:
+        raise ConfigError("-k: give at least one value, e.g. auto,4,8")
+    return configs
+
+
+@dataclass
+class Measurement:
+    tokens_per_second: list[float] = field(default_factory=list)
+    speedups: list[float] = field(default_factory=list)
+    stats: list[Stats] = field(default_factory=list)
+    identical: list[bool] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        drafted = sum(s.drafted for s in self.stats)
+        accepted = sum(s.accepted for s in self.stats)
+        steps_drafting = sum(sum(s.accept_lengths) for s in self.stats)
+        seconds = sum(s.seconds for s in self.stats) or 1e-9
+        steps = sum(s.steps for s in self.stats) or 1
+        proposed_at = _sum_lists([s.proposed_at for s in self.stats])
+        accepted_at = _sum_lists([s.accepted_at for s in self.stats])
+        return {
+            "tokens_per_second": _spread(self.tokens_per_second),
+            "speedup": _spread(self.speedups) if self.speedups else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_length": accepted / steps_drafting if steps_drafting else None,
+            "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)],
+            "time_split": {
+                "draft": sum(s.draft_seconds for s in self.stats) / seconds,
+                "verify": sum(s.verify_seconds for s in self.stats) / seconds,
+                "overhead": sum(s.overhead_seconds for s in self.stats) / seconds,
+            },
+            "python_overhead_ms_per_step": 1000 * sum(max(0.0, s.seconds - s.llama_seconds) for s in self.stats) / steps,
+            "identical_to_plain": all(self.identical) if self.identical else None,
+            "runs": len(self.stats),
+        }
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    size = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(size)]
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else {}
+
+
+def _label(config: str | int) -> str:
+    return config if isinstance(config, str) else f"k={config}"
+
+
+def run_bench(
+    session: Session,
+    workloads: list[Workload],
+    configs: list[str | int],
+    runs: int,
+    sampling: SamplingSettings = SamplingSettings(),
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Measure every configuration on every workload; returns the report as a dict."""
+    all_configs: list[str | int] = [PLAIN] + [c for c in configs if c != PLAIN]
+    report: dict = {"proposer": session.proposer.name, "runs": runs, "workloads": []}
+    for workload in workloads:
+        tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
+        results = {_label(c): Measurement() for c in all_configs}
+        reference: list[int] | None = None
+        for round_index in range(runs + 1):  # round 0 is the warm-up
+            order = all_configs[round_index % len(all_configs):] + all_configs[: round_index % len(all_configs)]
+            round_speed: dict[str, float] = {}
+            round_output: dict[str, list[int]] = {}
+            for config in order:
+                output, stats = _generate(session, config, tokens, workload.max_tokens, sampling)
+                round_speed[_label(config)] = stats.tokens_per_second
+                round_output[_label(config)] = output
+                if round_index > 0:
+                    results[_label(config)].stats.append(stats)
+                    results[_label(config)].tokens_per_second.append(stats.tokens_per_second)
+            if round_index == 0:
+                reference = round_output[PLAIN]
+                continue
+            for label, speed in round_speed.items():
+                if label != PLAIN and round_speed[PLAIN] > 0:
+                    results[label].speedups.append(speed / round_speed[PLAIN])
+                if sampling.greedy:
+                    results[label].identical.append(round_output[label] == reference)
+            if progress:
+                progress(f"{workload.name}: round {round_index}/{runs}")
+        summaries = {label: m.summary() for label, m in results.items()}
+        fixed = {label: s for label, s in summaries.items() if label.startswith("k=")}
+        best = max(fixed, key=lambda label: fixed[label]["tokens_per_second"]["median"]) if fixed else None
+        report["workloads"].append(
+            {
+                "name": workload.name,
+                "kind": workload.kind,
+                "prompt_tokens": len(tokens),
+                "max_tokens": workload.max_tokens,
+                "configs": summaries,
+                "recommended_k": int(best[2:]) if best else None,
+            }
+        )
+    return report
+
+
+def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
+              sampling: SamplingSettings) -> tuple[list[int], Stats]:
+    options = GenerationOptions(max_tokens=max_tokens, sampling=sampling)
+    if config == PLAIN:
+        engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.rng)
+    else:
+        draft_length = session.draft_length(None if config == AUTO else int(config))
+        engine = session.engine(draft_length, options)
+    output: list[int] = []
+    stats = None
+    for event in engine.generate(tokens):
+        if isinstance(event, Token):
+            if event.id >= 0:
+                output.append(event.id)
+        else:
+            stats = event.stats
+    assert stats is not None
+    return output, stats
+
+
+def render_report(report: dict, console) -> None:
+    """A Rich table per workload."""
+    from rich.table import Table
+
+    for workload in report["workloads"]:
+        table = Table(
+            title=f"{workload['name']} ({workload['kind']}, {workload['prompt_tokens']} prompt tokens, "
+            f"{workload['max_tokens']} max) — recommended K: {workload['recommended_k']}",
+            title_justify="left",
+        )
+        for column in ("config", "tok/s", "speedup (min–max)", "accept", "per step", "by position",
+                       "draft/verify/other", "py ms/step", "= plain"):
+            table.add_column(column, justify="right" if column not in ("config", "by position") else "left")
+        for label, s in workload["configs"].items():
+            speedup = s["speedup"]
+            split = s["time_split"]
+            table.add_row(
+                label,
+                f"{s['tokens_per_second']['median']:.1f}",
+                f"{speedup['median']:.2f}× ({speedup['min']:.2f}–{speedup['max']:.2f})" if speedup else "1.00×",
+                f"{100 * s['acceptance_rate']:.0f}%" if s["acceptance_rate"] is not None else "–",
+                f"{s['mean_accepted_length']:.2f}" if s["mean_accepted_length"] is not None else "–",
+                " ".join(f"{100 * a:.0f}" for a in s["acceptance_by_position"][:6]) or "–",
+                f"{100 * split['draft']:.0f}/{100 * split['verify']:.0f}/{100 * split['overhead']:.0f}%",
+                f"{s['python_overhead_ms_per_step']:.2f}",
+                {True: "yes", False: "NO", None: "–"}[s["identical_to_plain"]],
+            )
+        console.print(table)
+
+
+def print_progress(message: str) -> None:
+    print(f"specli bench: {message}", file=sys.stderr, flush=True)
