@@ -17,7 +17,7 @@ import numpy as np
 
 from specli.errors import PromptError
 from specli.proposers import Proposal, Proposer
-from specli.sampling import Distribution, SamplingSettings, argmax_rows, verify_greedy, verify_sampled, warp
+from specli.sampling import Distribution, SamplingSettings, verify_greedy, verify_sampled, warp
 from specli.text import TextStream
 
 Source = Literal["draft", "target"]
@@ -56,6 +56,7 @@ class Stats:
     seconds: float = 0.0  # generation time after prefill
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    llama_seconds: float = 0.0  # of `seconds`, time inside llama.cpp's decode (target and draft)
     finish_reason: str = ""
     proposed_at: list[int] = field(default_factory=list)  # steps that drafted a position i
     accepted_at: list[int] = field(default_factory=list)  # steps that kept position i
@@ -78,6 +79,11 @@ class Stats:
     @property
     def overhead_seconds(self) -> float:
         return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def python_overhead_ms_per_step(self) -> float:
+        """Everything but llama.cpp's decode calls, per target step, in milliseconds."""
+        return 1000 * max(0.0, self.seconds - self.llama_seconds) / self.steps if self.steps else 0.0
 
     @property
     def acceptance_by_position(self) -> list[float]:
@@ -105,6 +111,7 @@ class Stats:
             tokens_per_second=self.tokens_per_second,
             mean_accepted_length=self.mean_accepted_length,
             overhead_seconds=self.overhead_seconds,
+            python_overhead_ms_per_step=self.python_overhead_ms_per_step,
             acceptance_by_position=self.acceptance_by_position,
         )
         return data
@@ -199,6 +206,7 @@ class Engine:
         text = TextStream(options.stop)
         tokens = list(prompt)  # the committed sequence: prompt + output
         last = prompt[-1]  # committed, not yet in the target's KV cache
+        llama_before = self._llama_seconds()
         started = time.perf_counter()
         try:
             while True:
@@ -228,8 +236,13 @@ class Engine:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
         finally:
             stats.seconds = time.perf_counter() - started
+            stats.llama_seconds = self._llama_seconds() - llama_before
         stats.finish_reason = reason
         yield Finished(reason, stats)
+
+    def _llama_seconds(self) -> float:
+        draft_model = getattr(self.proposer, "model", None)
+        return getattr(self.target, "decode_seconds", 0.0) + getattr(draft_model, "decode_seconds", 0.0)
 
     def _propose(self, tokens: list[int], limit: int) -> tuple[Proposal, list[int]]:
         """The proposal and the part of it to verify (at most `limit` tokens)."""
@@ -255,7 +268,7 @@ class Engine:
         logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
         t2 = time.perf_counter()
         if self.options.sampling.greedy:
-            accepted, written = verify_greedy(draft, argmax_rows(logits))
+            accepted, written = verify_greedy(draft, logits)
         else:
             target_dists = _WarpedRows(logits, self.options.sampling)
             accepted, written = verify_sampled(draft, proposal.dists, target_dists, self.rng)

@@ -96,29 +96,23 @@ def _warp_candidates(logits: np.ndarray, ids: np.ndarray, settings: SamplingSett
     return Distribution(ids.astype(np.int64, copy=False), probs / probs.sum())
 
 
-def argmax_rows(logits: np.ndarray) -> np.ndarray:
-    """The greedy token of each row: one vectorised pass, no copies."""
-    return np.argmax(logits, axis=-1)
-
-
 def top_two_margin(row: np.ndarray) -> float:
     """Gap between the best and second-best logit: how close a greedy choice was to a tie."""
     best_two = np.partition(row, row.size - 2)[-2:]
     return float(best_two[1] - best_two[0])
 
 
-def verify_greedy(draft_tokens: list[int], target_argmax: np.ndarray) -> tuple[int, int]:
+def verify_greedy(draft_tokens: list[int], logits: np.ndarray) -> tuple[int, int]:
     """Return (number of draft tokens accepted, the token the target writes next).
 
-    target_argmax[i] is the target's choice after the prefix plus draft_tokens[:i];
-    it has len(draft_tokens) + 1 entries.
+    logits[i] is the target's row after the prefix plus draft_tokens[:i] (len + 1 rows).
+    Rows after the first disagreement are never read: each is a vocabulary-sized scan.
     """
-    accepted = 0
-    for token in draft_tokens:
-        if int(target_argmax[accepted]) != token:
-            break  # the target disagrees: its own token replaces the draft's from here on
-        accepted += 1
-    return accepted, int(target_argmax[accepted])
+    for i, token in enumerate(draft_tokens):
+        best = int(np.argmax(logits[i]))
+        if best != token:
+            return i, best  # the target disagrees: its own token replaces the draft's
+    return len(draft_tokens), int(np.argmax(logits[len(draft_tokens)]))
 
 
 def residual(p: Distribution, q: Distribution | None, rejected: int) -> Distribution:

@@ -28,11 +28,40 @@ def dist(probs) -> Distribution:
     return Distribution(ids, probs[ids] / probs[ids].sum())
 
 
+def rows(*best: int, n_vocab: int = 10) -> np.ndarray:
+    """Logits rows whose argmax is each given token."""
+    logits = np.zeros((len(best), n_vocab), dtype=np.float32)
+    logits[np.arange(len(best)), best] = 1.0
+    return logits
+
+
 def test_verify_greedy_keeps_the_longest_agreeing_prefix():
-    assert verify_greedy([4, 5, 6], np.array([4, 5, 9, 1])) == (2, 9)
-    assert verify_greedy([4, 5, 6], np.array([4, 5, 6, 1])) == (3, 1)  # bonus token
-    assert verify_greedy([4], np.array([3, 8])) == (0, 3)
-    assert verify_greedy([], np.array([7])) == (0, 7)
+    assert verify_greedy([4, 5, 6], rows(4, 5, 9, 1)) == (2, 9)
+    assert verify_greedy([4, 5, 6], rows(4, 5, 6, 1)) == (3, 1)  # bonus token
+    assert verify_greedy([4], rows(3, 8)) == (0, 3)
+    assert verify_greedy([], rows(7)) == (0, 7)
+
+
+class RecordingRows:
+    """Logits rows that remember which rows were read."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+        self.read: list[int] = []
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.read.append(i)
+        return self.logits[i]
+
+    def __array__(self, *args, **kwargs):
+        self.read.extend(range(len(self.logits)))
+        return self.logits
+
+
+def test_verify_greedy_reads_no_row_after_the_first_rejection():
+    logits = RecordingRows(rows(4, 2, 0, 0))
+    assert verify_greedy([4, 5, 6], logits) == (1, 2)
+    assert sorted(set(logits.read)) == [0, 1]
 
 
 @pytest.mark.parametrize(
