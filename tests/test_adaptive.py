@@ -1,0 +1,120 @@
+"""-k auto: the policy drafts long when drafts are accepted and verifying is cheap, backs off
+to plain steps when they are not, probes again later, and learns the cost curve."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fakes import FakeModel, plain_greedy
+from specli.adaptive import AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
+from specli.engine import Engine, GenerationOptions, Token
+from specli.proposers import DraftModelProposer, NGramProposer
+from specli.sampling import SamplingSettings
+
+
+def flat_cost() -> VerifyCost:
+    """A GPU-like curve: a batch of 17 costs barely more than one token."""
+    return VerifyCost({size: 0.010 + 0.0001 * size for size in range(1, 18)})
+
+
+def steep_cost() -> VerifyCost:
+    """Every extra token costs as much as the first: speculation can never pay."""
+    return VerifyCost({size: 0.010 * size for size in range(1, 18)})
+
+
+def drive(policy: AdaptiveDraftLength, acceptance: float, steps: int, key=None, seed=0) -> list[int]:
+    """Simulate steps where each drafted position is kept with probability `acceptance`
+    and each verify takes what the policy's calibrated curve says."""
+    rng = np.random.default_rng(seed)
+    curve = dict(policy._verify._mean)
+    chosen = []
+    for _ in range(steps):
+        k = policy.next(key, 16)
+        chosen.append(k)
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        policy.record(k, accepted, 0.0, curve[k + 1], key)
+    return chosen
+
+
+def test_accepted_drafts_and_cheap_verification_lead_to_long_drafts():
+    chosen = drive(AdaptiveDraftLength(verify_cost=flat_cost()), acceptance=0.95, steps=40)
+    assert min(chosen[10:]) >= 12
+
+
+def cpu_cost() -> VerifyCost:
+    """A CPU-like curve: each extra token in the batch costs 30% of the first."""
+    return VerifyCost({size: 0.010 * (1 + 0.3 * (size - 1)) for size in range(1, 18)})
+
+
+def test_rejected_drafts_lead_to_plain_steps_with_rare_probes():
+    chosen = drive(AdaptiveDraftLength(verify_cost=cpu_cost()), acceptance=0.0, steps=200)
+    tail = chosen[20:]
+    assert tail.count(0) >= 0.9 * len(tail)
+    assert 0 < sum(1 for k in tail if k) <= 8, "probes continue, with growing gaps"
+
+
+def test_steep_verify_cost_means_no_speculation_even_when_accepted():
+    policy = AdaptiveDraftLength(verify_cost=steep_cost())
+    assert policy.next(None, 16) == 0 or drive(policy, 0.5, 30)[-1] == 0
+
+
+def test_each_key_learns_its_own_acceptance():
+    policy = AdaptiveDraftLength(verify_cost=flat_cost())
+    drive(policy, acceptance=0.95, steps=40, key="long match")
+    drive(policy, acceptance=0.05, steps=40, key="short match", seed=1)
+    assert policy.next("long match", 16) >= 12
+    assert policy.next("short match", 16) <= 1
+
+
+def test_a_workload_that_turns_copy_heavy_is_noticed():
+    policy = AdaptiveDraftLength(verify_cost=flat_cost())
+    drive(policy, acceptance=0.0, steps=60)
+    later = drive(policy, acceptance=0.98, steps=300, seed=2)
+    assert max(later[-50:]) >= 12
+
+
+def test_verify_cost_drops_warm_up_samples_and_interpolates():
+    cost = VerifyCost()
+    cost.record(4, 1.0)  # first sample of a size: graph building, dropped
+    assert cost.cost(4) == 1.0 + 0.3 * 3  # still the prior (relative units)
+    cost.record(4, 0.040)
+    cost.record(1, 9.0)
+    cost.record(1, 0.010)
+    assert cost.cost(4) == 0.040 and cost.cost(1) == 0.010
+    assert 0.010 < cost.cost(2) < cost.cost(3) < 0.040  # between measured neighbours
+    assert cost.cost(8) > 0.040  # beyond: extrapolated upwards
+
+
+def test_calibration_is_measured_once_and_cached(tmp_path):
+    model = FakeModel(n_ctx=64)
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return calibrate(lambda t: model.decode(t, all_logits=True), model.rewind, 1, sizes=(1, 2, 4))
+
+    cache = tmp_path / "calibration.json"
+    first = cached_calibration(cache, "model-a", measure)
+    second = cached_calibration(cache, "model-a", measure)
+    assert calls == [1] and first == second and set(first) == {1, 2, 4}
+    assert model.n_past == 0, "calibration leaves the cache empty"
+    assert "model-a" in json.loads(cache.read_text())
+    cached_calibration(cache, "model-b", measure)
+    assert len(calls) == 2
+
+
+def test_auto_policy_keeps_greedy_output_identical():
+    target = FakeModel(seed=0)
+    draft = FakeModel(seed=0, noise_seed=1, noise=1.0)
+    proposer = DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(0))
+    engine = Engine(target, proposer, AdaptiveDraftLength(verify_cost=flat_cost()), GenerationOptions(80))
+    out = [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
+    assert out == plain_greedy(FakeModel(seed=0), [1, 2, 3], 80)
+    engine = Engine(FakeModel(seed=3, order=1), NGramProposer(), AdaptiveDraftLength(verify_cost=flat_cost()),
+                    GenerationOptions(80))
+    out = [e.id for e in engine.generate([1, 2, 3, 1, 2]) if isinstance(e, Token)]
+    assert out == plain_greedy(FakeModel(seed=3, order=1), [1, 2, 3, 1, 2], 80)
