@@ -30,7 +30,7 @@ DECAY = 0.95  # per step: weight of older observations (an effective window of ~
 SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
 PROBE_LENGTH = 3
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 17)
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)
 
 
 @dataclass
