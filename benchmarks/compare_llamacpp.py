@@ -1,0 +1,358 @@
+"""Compare specli's speculative decoding with llama.cpp's own, run by run.
+
+Both tools decode the same prompt greedily with the same target, the same
+proposer (a draft model, or n-gram lookup in the context) and the same draft
+length K. Runs alternate between the tools, and the order flips every round,
+so drift (thermal, page cache, other load) hits both alike. The report gives
+each tool's median generation speed, its spread, and the ratio of medians.
+
+    python benchmarks/compare_llamacpp.py \\
+        --llama-bin benchmarks/out/llama.cpp-src/build-0.3.36/bin/llama-speculative-simple \\
+        -m target.gguf --draft draft.gguf -k 4 -n 128 --runs 5 --prompt "Once upon a time"
+
+    python benchmarks/compare_llamacpp.py -m gemma.gguf --ngram --prompt-file copy.txt
+
+llama.cpp side: `llama-speculative-simple` (`--llama-bin`, or $LLAMA_SPECULATIVE_BIN),
+whose stderr line "decoded N tokens in X seconds, speed: Y t/s" times the
+generation loop after the prompt. `--llama-plain-bin` (or $LLAMA_COMPLETION_BIN)
+adds llama.cpp's plain greedy decoding as a reference row: `llama-completion`,
+timed by its "eval time = ... ms / N runs (..., Y tokens per second)" line,
+which likewise leaves the prompt out.
+
+specli side: `specli run --json ...`; the last stdout line is
+{"type": "stats", "tokens": ..., "seconds": ..., "tokens_per_second": ..., "acceptance_rate": ...}.
+
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+LLAMA_BIN_ENV = "LLAMA_SPECULATIVE_BIN"
+LLAMA_PLAIN_BIN_ENV = "LLAMA_COMPLETION_BIN"
+
+# speculative-simple: "decoded  128 tokens in    2.345 seconds, speed:   54.583 t/s"
+# simple:             "main: decoded 127 tokens in 2.35 s, speed: 54.04 t/s"
+DECODED = re.compile(r"decoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s*s(?:econds)?,\s*speed:\s*([\d.]+)\s*t/s")
+# completion (common_perf_print), generation only; the prompt line counts "tokens", not "runs":
+# "eval time =    3289.66 ms /   127 runs   (   25.90 ms per token,    38.61 tokens per second)"
+EVAL_TIME = re.compile(r"eval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s+runs\s*\(\s*[\d.]+\s*ms per token,\s*([\d.]+)\s*tokens per second\)")
+N_DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+N_ACCEPT = re.compile(r"n_accept\s*=\s*(\d+)")
+N_THREADS = re.compile(r"n_threads\s*=\s*(\d+)")
+
+
+class RunError(RuntimeError):
+    """A tool exited with an error or printed no timing."""
+
+
+@dataclasses.dataclass
+class Run:
+    tool: str
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    acceptance_rate: float | None = None
+    threads: int | None = None  # as the tool reports it
+    wall_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class Workload:
+    model: Path
+    draft: Path | None  # None: n-gram lookup in the context
+    prompt: str
+    k: int
+    n: int
+    ngram_n: int
+    threads: int | None
+    ctx_size: int
+
+
+# ---------------------------------------------------------------------------
+# llama.cpp
+# ---------------------------------------------------------------------------
+
+
+def llama_speculative_command(binary: str, work: Workload, extra: Sequence[str] = ()) -> list[str]:
+    """The llama-speculative-simple command line for `work`, greedy."""
+    command = [binary, *_llama_common_arguments(work)]
+    if work.draft is not None:
+        command += [
+            "-md", str(work.draft), "--spec-type", "draft-simple",
+            "--spec-draft-n-max", str(work.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+        ]
+    else:
+        command += [
+            "--spec-type", "ngram-simple",
+            "--spec-ngram-simple-size-n", str(work.ngram_n), "--spec-ngram-simple-size-m", str(work.k),
+        ]
+    return command + list(extra)
+
+
+def llama_plain_command(binary: str, work: Workload, extra: Sequence[str] = ()) -> list[str]:
+    """The llama-completion command line for plain greedy decoding of `work`."""
+    return [binary, *_llama_common_arguments(work), "-no-cnv", *extra]
+
+
+def _llama_common_arguments(work: Workload) -> list[str]:
+    # --no-escape: the prompt is used as is, as specli does; -t also sets the draft's threads.
+    arguments = [
+        "-m", str(work.model), "-p", work.prompt, "--no-escape", "-n", str(work.n),
+        "-c", str(work.ctx_size), "--temp", "0", "--top-k", "1", "--seed", "42",
+    ]
+    if work.threads is not None:
+        arguments += ["-t", str(work.threads)]
+    return arguments
+
+
+def parse_llama_output(text: str, tool: str) -> Run:
+    """Read the generation timing (and acceptance, if any) from llama.cpp's log."""
+    decoded = DECODED.findall(text)
+    if decoded:
+        tokens, seconds, speed = decoded[-1]
+    elif evaluated := EVAL_TIME.findall(text):
+        milliseconds, tokens, speed = evaluated[-1]
+        seconds = str(float(milliseconds) / 1000)
+    else:
+        raise RunError(f"{tool}: no 'decoded N tokens in X s, speed: Y t/s' or 'eval time' line in its output")
+    drafted, accepted = N_DRAFTED.findall(text), N_ACCEPT.findall(text)
+    acceptance = None
+    if drafted and accepted and int(drafted[-1]) > 0:
+        acceptance = int(accepted[-1]) / int(drafted[-1])
+    threads = N_THREADS.findall(text)
+    return Run(tool, int(tokens), float(seconds), float(speed), acceptance, int(threads[0]) if threads else None)
+
+
+def run_llama(tool: str, command: Sequence[str], timeout: float) -> Run:
+    started = time.perf_counter()
+    result = subprocess.run(
+        command, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    wall = time.perf_counter() - started
+    output = result.stdout + "\n" + result.stderr
+    if result.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise RunError(f"{tool} exited with {result.returncode}:\n{tail}\ncommand: {shlex.join(command)}")
+    run = parse_llama_output(output, tool)
+    run.wall_seconds = wall
+    return run
+
+
+# ---------------------------------------------------------------------------
+# specli
+# ---------------------------------------------------------------------------
+
+
+def specli_command(
+    specli: Sequence[str], work: Workload, extra: Sequence[str] = (), *, plain: bool = False
+) -> list[str]:
+    """The `specli run` command line for `work`, greedy, raw prompt (no chat template).
+
+    `plain`: no proposer (`--draft none`), plain decoding for reference.
+    """
+    draft = "none" if plain else str(work.draft) if work.draft else "ngram"
+    command = [
+        *specli, "run", "--json", "--temp", "0", "-n", str(work.n), "-k", str(work.k),
+        "-c", str(work.ctx_size), "--target", str(work.model), "--draft", draft, "--no-chat",
+    ]
+    if work.threads is not None:
+        command += ["--threads", str(work.threads)]
+    return command + list(extra) + [work.prompt]
+
+
+def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
+    """The last JSON line on stdout is specli's {"type": "stats", ...} summary."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            stats = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if stats.get("type") != "stats":
+            continue
+        drafted = stats.get("drafted")
+        return Run(
+            tool,
+            int(stats["tokens"]),
+            float(stats["seconds"]),
+            float(stats["tokens_per_second"]),
+            None if drafted == 0 else stats.get("acceptance_rate"),  # plain decoding drafts nothing
+            stats.get("threads"),
+        )
+    raise RunError(f'{tool}: no {{"type": "stats", ...}} line on stdout')
+
+
+def run_specli(tool: str, command: Sequence[str], timeout: float) -> Run:
+    started = time.perf_counter()
+    env = dict(os.environ, NO_COLOR="1")
+    result = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-15:])
+        raise RunError(f"{tool} exited with {result.returncode}:\n{tail}\ncommand: {shlex.join(command)}")
+    run = parse_specli_output(result.stdout, tool)
+    run.wall_seconds = wall
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------
+
+
+def summarize(runs: Sequence[Run]) -> dict:
+    speeds = [r.tokens_per_second for r in runs]
+    acceptance = [r.acceptance_rate for r in runs if r.acceptance_rate is not None]
+    return {
+        "runs": len(runs),
+        "median_tokens_per_second": statistics.median(speeds),
+        "min_tokens_per_second": min(speeds),
+        "max_tokens_per_second": max(speeds),
+        "stdev_tokens_per_second": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
+        "median_tokens": statistics.median(r.tokens for r in runs),
+        "median_acceptance_rate": statistics.median(acceptance) if acceptance else None,
+        "threads": runs[0].threads,
+        "tokens_per_second": speeds,
+    }
+
+
+def format_table(summary: dict[str, dict]) -> str:
+    lines = [f"{'tool':<16} {'runs':>4} {'median t/s':>11} {'min':>8} {'max':>8} {'stdev':>7} {'tokens':>7} {'accept':>7}"]
+    for tool, s in summary.items():
+        accept = "-" if s["median_acceptance_rate"] is None else f"{s['median_acceptance_rate']:.1%}"
+        lines.append(
+            f"{tool:<16} {s['runs']:>4} {s['median_tokens_per_second']:>11.2f} {s['min_tokens_per_second']:>8.2f} "
+            f"{s['max_tokens_per_second']:>8.2f} {s['stdev_tokens_per_second']:>7.2f} {s['median_tokens']:>7.0f} {accept:>7}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--model", type=Path, required=True, help="Target GGUF.")
+    proposer = parser.add_mutually_exclusive_group(required=True)
+    proposer.add_argument("--draft", type=Path, help="Draft GGUF (llama.cpp: --spec-type draft-simple).")
+    proposer.add_argument("--ngram", action="store_true", help="N-gram lookup in the context (llama.cpp: ngram-simple).")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("-p", "--prompt", help="Prompt text, used as is (no chat template).")
+    prompt.add_argument("-f", "--prompt-file", type=Path, help="Read the prompt from this file.")
+    parser.add_argument("-k", "--draft-tokens", type=int, default=4, help="Draft length K (default: 4).")
+    parser.add_argument("-n", "--max-tokens", type=int, default=128, help="Tokens to generate (default: 128).")
+    parser.add_argument("--runs", type=int, default=5, help="Timed runs per tool (default: 5).")
+    parser.add_argument("--warmup", type=int, default=1, help="Untimed runs per tool first, to warm the page cache (default: 1).")
+    parser.add_argument("--ngram-n", type=int, default=3, help="N-gram lookup length for llama.cpp's ngram-simple (default: 3).")
+    parser.add_argument("-t", "--threads", type=int, help="CPU threads for both tools (default: each tool's own).")
+    parser.add_argument("-c", "--ctx-size", type=int, default=4096, help="llama.cpp context size (default: 4096).")
+    parser.add_argument("--llama-bin", default=os.environ.get(LLAMA_BIN_ENV),
+                        help=f"llama-speculative-simple binary (default: ${LLAMA_BIN_ENV}).")
+    parser.add_argument("--plain", action="store_true",
+                        help="Also time plain decoding: llama-completion and `specli run --draft none`.")
+    parser.add_argument("--llama-plain-bin", default=os.environ.get(LLAMA_PLAIN_BIN_ENV),
+                        help=f"llama-completion binary for --plain (default: ${LLAMA_PLAIN_BIN_ENV}, "
+                             "else llama-completion next to --llama-bin).")
+    parser.add_argument("--llama-arg", action="append", default=[], help="Extra argument for llama.cpp (repeatable).")
+    parser.add_argument("--specli", default=f"{shlex.quote(sys.executable)} -m specli",
+                        help="Command that starts specli (default: this Python's `-m specli`).")
+    parser.add_argument("--specli-arg", action="append", default=[], help="Extra argument for `specli run` (repeatable).")
+    parser.add_argument("--skip-specli", action="store_true", help="Run llama.cpp only.")
+    parser.add_argument("--timeout", type=float, default=600, help="Seconds allowed per run (default: 600).")
+    parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
+    args = parser.parse_args(argv)
+    if not args.llama_bin:
+        parser.error(f"name the llama-speculative-simple binary with --llama-bin or ${LLAMA_BIN_ENV} "
+                     "(build it with benchmarks/build_llama_cpp.sh)")
+    if args.plain and not args.llama_plain_bin:
+        args.llama_plain_bin = str(Path(args.llama_bin).with_name("llama-completion"))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    work = Workload(
+        model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=args.max_tokens,
+        ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size,
+    )
+
+    # Tool name -> (runner, command). Speculative rows first, plain references after.
+    specli = shlex.split(args.specli)
+    commands = {"llama.cpp": (run_llama, llama_speculative_command(args.llama_bin, work, args.llama_arg))}
+    if not args.skip_specli:
+        commands["specli"] = (run_specli, specli_command(specli, work, args.specli_arg))
+    if args.plain:
+        commands["llama.cpp plain"] = (run_llama, llama_plain_command(args.llama_plain_bin, work))
+        if not args.skip_specli:
+            commands["specli plain"] = (run_specli, specli_command(specli, work, args.specli_arg, plain=True))
+    for name, (_, command) in commands.items():
+        shown = [f"<prompt: {len(prompt)} chars>" if part == prompt and len(prompt) > 60 else part for part in command]
+        print(f"{name}: {shlex.join(shown)}", file=sys.stderr)
+    tools = {name: functools.partial(runner, name, command, args.timeout) for name, (runner, command) in commands.items()}
+
+    names = list(tools)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    try:
+        for _ in range(args.warmup):
+            for name in names:
+                tools[name]()
+        for round_index in range(args.runs):
+            order = names if round_index % 2 == 0 else names[::-1]
+            for name in order:
+                run = tools[name]()
+                runs[name].append(run)
+                accept = "" if run.acceptance_rate is None else f", acceptance {run.acceptance_rate:.1%}"
+                print(f"[{round_index + 1}/{args.runs}] {name}: {run.tokens} tokens, "
+                      f"{run.tokens_per_second:.2f} t/s{accept}", file=sys.stderr)
+    except (RunError, subprocess.TimeoutExpired, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+    summary = {name: summarize(tool_runs) for name, tool_runs in runs.items()}
+    median = {name: s["median_tokens_per_second"] for name, s in summary.items()}
+    ratio = median["specli"] / median["llama.cpp"] if "specli" in median else None
+    speedups = {
+        tool: median[tool] / median[f"{tool} plain"] for tool in ("llama.cpp", "specli") if f"{tool} plain" in median
+    }
+
+    if args.json:
+        print(json.dumps({
+            "workload": {
+                "model": str(work.model), "draft": str(work.draft) if work.draft else "ngram",
+                "k": work.k, "n": work.n, "ngram_n": work.ngram_n if work.draft is None else None,
+                "threads": work.threads, "runs": args.runs, "prompt_chars": len(prompt),
+            },
+            "tools": summary,
+            "specli_over_llama_cpp": ratio,
+            "speedup_over_plain": speedups,
+        }))
+    else:
+        print(format_table(summary))
+        if ratio is not None:
+            print(f"specli / llama.cpp (median t/s): {ratio:.2f}")
+        for tool, speedup in speedups.items():
+            print(f"{tool} speculative / plain (median t/s): {speedup:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

