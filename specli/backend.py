@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,6 @@ import llama_cpp as llama
 
 from specli.errors import ModelFileError, PromptError, VocabMismatchError
 
-GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 # The rules llama.cpp's common/speculative.cpp applies before pairing a draft and a target.
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -36,7 +36,8 @@ _backend_ready = False
 def init_backend(verbose: bool = False) -> None:
     """Start llama.cpp once per process; its log lines go to stderr only when verbose."""
     global _backend_ready
-    llama.llama_log_set(None if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+    # A NULL callback restores llama.cpp's own logger (stderr).
+    llama.llama_log_set(llama.llama_log_callback() if verbose else _SILENT_LOG, ctypes.c_void_p(0))
     if not _backend_ready:
         llama.llama_backend_init()
         _backend_ready = True
@@ -55,18 +56,20 @@ def library_versions() -> dict[str, str]:
 
 
 def check_gguf_file(path: Path) -> None:
-    """Refuse, with a precise message, anything llama.cpp should not be asked to load."""
+    """Refuse, with a precise message, anything llama.cpp should not be asked to load.
+
+    The header is parsed in pure Python (specli.gguf_file) before llama.cpp sees the file:
+    a truncated or corrupted GGUF becomes one line naming what is wrong, never an abort.
+    """
+    from specli.gguf_file import read_header
+
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}", "check the path, or use -m PAIR for a registry pair")
     if path.is_dir():
         raise ModelFileError(f"model path is a directory, not a GGUF file: {path}", "point at the .gguf file inside it")
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(4)
-    except OSError as error:
-        raise ModelFileError(f"cannot read model file {path}: {error.strerror}") from error
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
+    if not path.is_file():
+        raise ModelFileError(f"model path is not a regular file: {path}", "point at a .gguf file")
+    read_header(path)
 
 
 @dataclass(frozen=True)
@@ -117,13 +120,17 @@ class Model:
                 f"llama.cpp could not create a context for {self.path} (n_ctx={ctx_params.n_ctx})",
                 "try a smaller --ctx-size",
             )
-        self.n_ctx = int(llama.llama_n_ctx(self._ctx))
-        self.batch_size = settings.batch_size
+        # llama.cpp rounds the KV cache up (to 256 cells at least) but caps a decode at the
+        # batch size it was given: holding n_ctx to what was asked keeps every decode within
+        # both, and makes --ctx-size exact.
+        self.n_ctx = min(int(llama.llama_n_ctx(self._ctx)), int(ctx_params.n_ctx))
+        self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
         self._memory = llama.llama_get_memory(self._ctx)
-        self._init_batch(settings.batch_size)
+        self._init_batch(self.batch_size)
         self._piece_cache: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
+        self.decode_seconds = 0.0  # time spent inside llama_decode, for overhead accounting
 
     # --- batch and decode ---------------------------------------------------
 
@@ -162,7 +169,9 @@ class Model:
             if last_chunk:
                 self._batch_logits[n - 1] = 1
             self._batch.n_tokens = n
+            started = time.perf_counter()
             status = llama.llama_decode(self._ctx, self._batch)
+            self.decode_seconds += time.perf_counter() - started
             if status != 0:
                 self.rewind(self.n_past)  # drop whatever a failed decode left behind
                 raise DecodeError(status, self.path)
@@ -174,7 +183,10 @@ class Model:
 
     def rewind(self, n_keep: int) -> None:
         """Forget every cached position from n_keep on (rejected draft tokens)."""
-        llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
+        if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            # Sliding-window caches keep n_swa + n_ubatch cells, enough for any rollback of a
+            # draft (at most batch_size tokens): reaching this means the cache is not in sync.
+            raise DecodeError(-1, self.path, f"could not remove positions {n_keep}.. from the KV cache")
         self.n_past = min(self.n_past, n_keep)
 
     # --- vocabulary ---------------------------------------------------------
@@ -306,8 +318,8 @@ class ContextFullError(PromptError):
 
 
 class DecodeError(ModelFileError):
-    def __init__(self, status: int, path: Path) -> None:
-        super().__init__(f"llama.cpp failed to decode a batch with {path.name} (status {status})")
+    def __init__(self, status: int, path: Path, what: str = "failed to decode a batch") -> None:
+        super().__init__(f"llama.cpp {what} with {path.name} (status {status})")
         self.status = status
 
 
@@ -350,3 +362,89 @@ def check_vocab_compatible(target: Model, draft: Model) -> None:
                 f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
                 "pick a draft from the same model family",
             )
+
+
+# --- facts for `specli doctor` ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendDevice:
+    """A device ggml can compute on (the CPU, a CUDA or Metal GPU, an accelerator)."""
+
+    name: str
+    description: str
+    kind: str  # "cpu" | "gpu" | "igpu" | "accel"
+    memory_free: int | None
+    memory_total: int | None
+
+
+_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+
+
+def llama_cpp_build() -> dict[str, str | None]:
+    """llama-cpp-python's version, the ggml it bundles (version and commit), and llama.cpp's
+    own summary of the CPU features and backends it was built with."""
+    ggml = _ggml_library()
+    return {
+        "llama_cpp_python": getattr(llama, "__version__", None),
+        "ggml_version": _c_string(ggml, "ggml_version"),
+        "ggml_commit": _c_string(ggml, "ggml_commit"),
+        "system_info": library_versions()["system_info"],
+    }
+
+
+def backend_devices() -> list[BackendDevice] | None:
+    """The devices ggml's backend registry knows; None when this build does not expose it."""
+    ggml = _ggml_library()
+    if ggml is None or not hasattr(ggml, "ggml_backend_dev_count"):
+        return None
+    init_backend()
+    try:
+        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+        ggml.ggml_backend_dev_count.argtypes = []
+        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(ggml, name).restype = ctypes.c_char_p
+            getattr(ggml, name).argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_dev_type.restype = ctypes.c_int
+        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_dev_memory.restype = None
+        size_pointer = ctypes.POINTER(ctypes.c_size_t)
+        ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_pointer, size_pointer]
+    except AttributeError:
+        return None
+    devices = []
+    for index in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        kind = ggml.ggml_backend_dev_type(device)
+        devices.append(
+            BackendDevice(
+                name=(ggml.ggml_backend_dev_name(device) or b"").decode("utf-8", "replace"),
+                description=(ggml.ggml_backend_dev_description(device) or b"").decode("utf-8", "replace"),
+                kind=_DEVICE_KINDS.get(kind, f"type {kind}"),
+                memory_free=free.value or None,
+                memory_total=total.value or None,
+            )
+        )
+    return devices
+
+
+def _ggml_library():
+    """ggml as llama-cpp-python loaded it (its backend API has no Python bindings), or None."""
+    try:
+        from llama_cpp._ggml import libggml
+    except (ImportError, OSError):
+        return None
+    return libggml
+
+
+def _c_string(library, function: str) -> str | None:
+    if library is None or not hasattr(library, function):
+        return None
+    getattr(library, function).restype = ctypes.c_char_p
+    getattr(library, function).argtypes = []
+    value = getattr(library, function)()
+    return value.decode("utf-8", "replace") if value else None

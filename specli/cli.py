@@ -62,14 +62,15 @@ class ColorMode(str, Enum):
 
 
 def _draft_tokens(value: str) -> Optional[int]:
+    hint = "'-k' / '--draft-tokens'"
     if value == "auto":
         return None
     try:
         number = int(value)
     except ValueError:
-        raise typer.BadParameter(f"{value!r} is not a whole number or 'auto'") from None
+        raise typer.BadParameter(f"{value!r} is not a whole number or 'auto'", param_hint=hint) from None
     if number < 1:
-        raise typer.BadParameter("must be at least 1 (use --draft none for plain decoding)")
+        raise typer.BadParameter("must be at least 1 (use --draft none for plain decoding)", param_hint=hint)
     return number
 
 
@@ -100,7 +101,7 @@ def run(
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (1: off).")] = 0.95,
     min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the best one's probability (0: off).")] = 0.05,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling; the same seed repeats a run exactly.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed for sampling; the same seed repeats a run exactly.")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.")] = None,
     chat: Annotated[
         Optional[bool], typer.Option("--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: when it has one).")
@@ -109,7 +110,7 @@ def run(
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from this file.")] = None,
     gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to offload to the GPU (-1: all, the default).")] = None,
     draft_gpu_layers: Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to offload to the GPU (default: as --gpu-layers).")] = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens, prompt included.")] = 4096,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=32, help="Context size in tokens, prompt included.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[
         bool,
@@ -174,15 +175,16 @@ def pull(
     from specli import hub
     from specli.registry import load_registry
 
-    registry = load_registry()
-    for pair in [registry.get(name) for name in pairs]:
-        if dry_run:
-            _print_pull_plan(hub.plan_pull(pair))
-            continue
-        target, draft = hub.pull_pair(pair)
-        typer.echo(str(target))
-        if isinstance(draft, Path):
-            typer.echo(str(draft))
+    with user_errors():
+        registry = load_registry()
+        for pair in [registry.get(name) for name in pairs]:
+            if dry_run:
+                _print_pull_plan(hub.plan_pull(pair))
+                continue
+            target, draft = hub.pull_pair(pair)
+            typer.echo(str(target))
+            if isinstance(draft, Path):
+                typer.echo(str(draft))
 
 
 @app.command("list")
@@ -196,7 +198,8 @@ def list_pairs(
     from specli import hub
     from specli.registry import load_registry
 
-    statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
+    with user_errors():
+        statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
     if as_json:
         typer.echo(json.dumps([_pair_json(status) for status in statuses], indent=2))
     else:
@@ -214,18 +217,19 @@ def remove(
     from specli import hub
     from specli.registry import load_registry
 
-    registry = load_registry()
-    for pair in [registry.get(name) for name in pairs]:
-        removal = hub.plan_removal(pair, registry)
-        for label, user in removal.kept:
-            typer.echo(f"keeping {label}: the downloaded pair {user} uses it too", err=True)
-        if not removal.entries:
-            typer.echo(f"{pair.name}: no downloaded files to remove", err=True)
-            continue
-        size = hub.format_size(removal.freed)
-        typer.echo(f"removing {pair.name}: {len(removal.entries)} file(s), freeing {size}", err=True)
-        for path in hub.remove_files(removal):
-            typer.echo(str(path))
+    with user_errors():
+        registry = load_registry()
+        for pair in [registry.get(name) for name in pairs]:
+            removal = hub.plan_removal(pair, registry)
+            for label, user in removal.kept:
+                typer.echo(f"keeping {label}: the downloaded pair {user} uses it too", err=True)
+            if not removal.entries:
+                typer.echo(f"{pair.name}: no downloaded files to remove", err=True)
+                continue
+            size = hub.format_size(removal.freed)
+            typer.echo(f"removing {pair.name}: {len(removal.entries)} file(s), freeing {size}", err=True)
+            for path in hub.remove_files(removal):
+                typer.echo(str(path))
 
 
 def _print_pull_plan(plan) -> None:
@@ -298,6 +302,81 @@ def _model_json(model) -> dict:
 # --- bench / doctor --------------------------------------------------------
 
 
+@app.command("doctor")
+def doctor(
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object, for scripts.")] = False,
+) -> None:
+    """Check the installation: llama.cpp build and GPU support, devices, cache and free disk, registry, downloaded pairs."""
+    import json
+
+    from specli.doctor import diagnose, print_report
+
+    report = diagnose()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        from rich.console import Console
+
+        # In a pipe, long values (install commands, paths) stay on one line for grep and copy.
+        print_report(report, Console(highlight=False, width=None if sys.stdout.isatty() else 1000))
+    raise typer.Exit(1 if report.problems else 0)
+
+
+@app.command("bench")
+def bench(
+    *,
+    model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml; missing files are downloaded.")] = None,
+    target: Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file. With neither -m nor --target, the embedded demo model.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF file or 'ngram' (default: the pair's draft, else ngram).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file ([[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
+    draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Override every workload's token budget.")] = None,
+    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy, and outputs are checked against plain decoding).")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for sampling.")] = 0,
+    gpu_layers: Annotated[int, typer.Option("--gpu-layers", min=-1, help="Layers to offload to the GPU (-1: all).")] = -1,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=32, help="Context size in tokens.")] = 4096,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
+    repack: Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking.")] = True,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
+) -> None:
+    """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
+    import dataclasses
+    import json
+
+    from rich.console import Console
+
+    from specli.backend import LoadSettings
+    from specli.bench import load_workloads, parse_configs, print_progress, render_report, run_bench
+    from specli.runner import RunRequest, resolve_models
+    from specli.sampling import SamplingSettings
+    from specli.session import SessionSpec, open_session
+
+    with user_errors():
+        configs = parse_configs(draft_tokens)
+        workloads = load_workloads(prompts)
+        if max_tokens:
+            workloads = [dataclasses.replace(w, max_tokens=max_tokens) for w in workloads]
+        models = resolve_models(RunRequest(pair=model, target=target, draft=draft))
+        if models.draft == "none":
+            raise typer.BadParameter("bench compares against plain decoding; give a draft model or ngram", param_hint="--draft")
+        load = LoadSettings(gpu_layers, ctx_size, threads=threads, repack=repack)
+        sampling = SamplingSettings(temp, 40, 0.95, 0.05) if temp > 0 else SamplingSettings()
+        spec = SessionSpec(models.target, models.draft, load, load, sampling, seed, verbose=verbose)
+        with open_session(spec) as session:
+            report = run_bench(session, workloads, configs, runs, sampling,
+                               progress=None if json_output else print_progress)
+        report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
+                      temperature=temp, seed=seed)
+        if json_output:
+            print(json.dumps(report, indent=1))
+        else:
+            render_report(report, Console())
+
+
+
 def _print_error(message: str, hint: str | None = None) -> None:
     text = f"specli: error: {message}"
     if hint:
@@ -312,8 +391,9 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> None:
 
 
 def main() -> None:
+    """Entry point: every way out of the process is one line on stderr and an exit code."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except SpecliError as error:
         if debug_enabled():
             raise
@@ -321,5 +401,17 @@ def main() -> None:
     except KeyboardInterrupt:
         if debug_enabled():
             raise
-        print("specli: interrupted", file=sys.stderr)
-        raise SystemExit(130)
+        fail("interrupted", None, 130)
+    except Exception as error:  # click's usage errors (Typer vendors click privately), then bugs
+        if debug_enabled():
+            raise
+        context = getattr(error, "ctx", None)
+        if type(error).__name__ == "NoArgsIsHelpError":
+            raise SystemExit(2) from None  # Typer has printed the help already
+        if hasattr(error, "format_message") and isinstance(getattr(error, "exit_code", None), int):
+            hint = f"see `{context.command_path} --help`" if context is not None else None
+            fail(error.format_message(), hint, error.exit_code)
+        if type(error).__name__ == "Abort":
+            fail("aborted", None, 1)
+        fail(f"internal error: {type(error).__name__}: {error}", "rerun with SPECLI_DEBUG=1 for the traceback, and report it")
+    raise SystemExit(code or 0)

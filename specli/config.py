@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import click
+import typer
 
 APP_NAME = "specli"
 
@@ -15,7 +15,7 @@ def specli_home() -> Path:
     env = os.environ.get("SPECLI_HOME")
     if env:
         return Path(env).expanduser()
-    return Path(click.get_app_dir(APP_NAME))
+    return Path(typer.get_app_dir(APP_NAME))
 
 
 def cache_dir() -> Path:

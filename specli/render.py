@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import IO, Protocol
 
 from specli.engine import Stats, Token
@@ -36,13 +35,18 @@ class Renderer(Protocol):
 
 
 class TextRenderer:
-    """Generated text on stdout, in two colours when `colour`; legend and stats on stderr."""
+    """Generated text on stdout, in two colours when `colour`; legend and stats on stderr.
+
+    The text ends with exactly one newline: newlines at the end of the generation are
+    held back until more text follows, and one is written at the end.
+    """
 
     def __init__(self, out: IO[str], err: IO[str], *, colour: bool, quiet: bool) -> None:
         self.out, self.err = out, err
         self.colour, self.quiet = colour, quiet
         self._current = ""  # the colour code in force on stdout
-        self._ends_with_newline = True
+        self._held_newlines = ""
+        self._wrote_text = False
 
     def start(self) -> None:
         if self.colour and not self.quiet:
@@ -55,13 +59,20 @@ class TextRenderer:
     def token(self, event: Token) -> None:
         if not event.text:
             return
+        self._wrote_text = True
+        body = event.text.rstrip("\n")
+        if not body:
+            self._held_newlines += event.text
+            return
+        if self._held_newlines:
+            self.out.write(self._held_newlines)
+        self._held_newlines = event.text[len(body) :]
         if self.colour:
             code = DRAFT_COLOUR if event.source == "draft" else TARGET_COLOUR
             if code != self._current:
                 self.out.write(code)
                 self._current = code
-        self.out.write(event.text)
-        self._ends_with_newline = event.text.endswith("\n")
+        self.out.write(body)
 
     def step_done(self) -> None:
         self.out.flush()
@@ -70,7 +81,7 @@ class TextRenderer:
         if self._current:
             self.out.write(RESET)
             self._current = ""
-        if not self._ends_with_newline:
+        if self._wrote_text:
             self.out.write("\n")
         self.out.flush()
         if not self.quiet:
@@ -115,4 +126,6 @@ def format_stats(stats: Stats, extra: dict) -> str:
         parts.append("plain decoding")
     if stats.finish_reason == "context":
         parts.append("stopped: context full")
+    elif stats.finish_reason == "interrupted":
+        parts.append("stopped: interrupted")
     return "specli: " + " | ".join(parts)

@@ -51,16 +51,49 @@ def read_prompt(request: RunRequest, stdin: IO[str]) -> str:
         if request.prompt not in (None, "-"):
             raise PromptError("give the prompt either as an argument or with -f, not both")
         try:
-            return request.prompt_file.read_text(encoding="utf-8")
+            data = request.prompt_file.read_bytes()
         except FileNotFoundError as error:
             raise PromptError(f"prompt file not found: {request.prompt_file}") from error
-        except (OSError, UnicodeDecodeError) as error:
-            raise PromptError(f"cannot read prompt file {request.prompt_file}: {error}") from error
-    if request.prompt == "-" or (request.prompt is None and not stdin.isatty()):
-        return stdin.read()
+        except OSError as error:
+            raise PromptError(f"cannot read prompt file {request.prompt_file}: {error.strerror or error}") from error
+        return _decode_prompt(data, f"prompt file {request.prompt_file}")
+    if request.prompt == "-" or (request.prompt is None and not _isatty(stdin)):
+        buffer = getattr(stdin, "buffer", None)
+        if buffer is None:  # a text stream without bytes underneath (tests)
+            return _check_text(stdin.read(), "the prompt on stdin")
+        return _decode_prompt(buffer.read(), "the prompt on stdin")
     if request.prompt is None:
         raise PromptError("no prompt given", 'specli run "your prompt", or pipe it on stdin')
-    return request.prompt
+    return _check_text(request.prompt, "the prompt")
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a real stream
+        return False
+
+
+def _decode_prompt(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptError(
+            f"{what} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start})",
+            "convert it first, e.g. iconv -f latin1 -t utf-8",
+        ) from None
+
+
+def _check_text(text: str, what: str) -> str:
+    """Arguments and text streams carry undecodable bytes as surrogates: refuse them here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        try:
+            return _decode_prompt(text.encode("utf-8", "surrogateescape"), what)
+        except UnicodeEncodeError:
+            raise PromptError(f"{what} is not UTF-8 text (character {error.start})") from None
+    return text
 
 
 @dataclass(frozen=True)
@@ -107,13 +140,13 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     prompt = read_prompt(request, sys.stdin)
+    if not prompt.strip():  # refused before any model is loaded
+        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
     models = resolve_models(request)
     if request.gpu_layers_explicit and request.gpu_layers != 0 and not supports_gpu_offload():
-        stderr.write(
-            "specli: warning: this llama-cpp-python build has no GPU support; running on the CPU "
-            "(reinstall with CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir "
-            "llama-cpp-python for CUDA; Metal is on by default on macOS)\n"
-        )
+        from specli.doctor import GPU_INSTALL_HINT
+
+        stderr.write(f"specli: warning: this llama-cpp-python build has no GPU support; running on the CPU ({GPU_INSTALL_HINT})\n")
     target_load = LoadSettings(request.gpu_layers, request.ctx_size, threads=request.threads, repack=request.repack)
     draft_layers = request.gpu_layers if request.draft_gpu_layers is None else request.draft_gpu_layers
     draft_load = LoadSettings(draft_layers, request.ctx_size, threads=request.threads, repack=request.repack)
@@ -128,6 +161,7 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     )
     with open_session(spec) as session:
         tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
+        check_prompt_fits(len(tokens), session.target.n_ctx)  # before the adaptive policy's calibration
         fixed_k = request.draft_tokens or models.pair_draft_tokens
         draft_length = session.draft_length(fixed_k)
         options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
@@ -148,9 +182,10 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
             "draft": models.draft.name if isinstance(models.draft, Path) else models.draft,
             "lossless": True,
         }
-        renderer.start()
+        events = engine.generate(tokens)
         try:
-            for event in engine.generate(tokens):
+            renderer.start()
+            for event in events:
                 if isinstance(event, Token):
                     renderer.token(event)
                 elif isinstance(event, Finished):
@@ -158,6 +193,7 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
                 if isinstance(event, Token) and event.source == "target":
                     renderer.step_done()  # a target token closes each step: flush once per step
         except KeyboardInterrupt:
+            events.close()  # the engine's own cleanup runs: the stats get their timings
             engine.stats.finish_reason = "interrupted"
             _finish_quietly(renderer, engine.stats, extra)
             return EXIT_INTERRUPTED
@@ -177,10 +213,19 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     return EXIT_OK
 
 
+def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
+    """The prompt and at least one generated token must fit in the context."""
+    if n_tokens >= n_ctx:
+        raise PromptError(
+            f"the prompt is {n_tokens} tokens but the context holds {n_ctx}",
+            "raise --ctx-size or shorten the prompt",
+        )
+
+
 def _finish_quietly(renderer, stats, extra) -> None:
     try:
         renderer.finish(stats, extra)
-    except BrokenPipeError:
+    except (BrokenPipeError, KeyboardInterrupt):
         _silence_stdout()
 
 

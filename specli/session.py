@@ -8,7 +8,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from specli.adaptive import AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
+from specli.adaptive import CALIBRATION_SIZES, AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
 from specli.backend import LoadSettings, Model, check_vocab_compatible, library_versions
 from specli.config import cache_dir
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
@@ -65,7 +65,8 @@ class Session:
 
         def measure() -> dict[int, float]:
             target.rewind(0)
-            return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token)
+            sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
+            return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
 
         return cached_calibration(cache_dir() / "calibration.json", key, measure)
 

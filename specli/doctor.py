@@ -1,0 +1,218 @@
+"""`specli doctor`: what this installation can do and where it keeps things.
+
+Each check returns plain data; the CLI prints it as a table or as one JSON object. A
+check that fails becomes a problem in the report (and exit code 1), never an exception.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specli import __version__
+
+PIP_REINSTALL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+GPU_INSTALL = {
+    "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {PIP_REINSTALL}',
+    "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {PIP_REINSTALL}',
+}
+GPU_INSTALL_HINT = (
+    f"for an NVIDIA GPU reinstall llama-cpp-python with CUDA: {GPU_INSTALL['cuda']}; "
+    f"on a Mac with Metal: {GPU_INSTALL['metal']}"
+)
+
+
+@dataclass
+class Device:
+    name: str
+    description: str
+    kind: str
+    memory_free: int | None = None
+    memory_total: int | None = None
+
+
+@dataclass
+class Backend:
+    llama_cpp_python: str | None = None
+    ggml_version: str | None = None
+    ggml_commit: str | None = None
+    system_info: str | None = None
+    gpu_offload: bool | None = None
+    devices: list[Device] | None = None
+    error: str | None = None
+
+
+@dataclass
+class Storage:
+    specli_home: str
+    specli_cache: str
+    hub_cache: str
+    free_bytes: int | None  # on the disk that holds the Hugging Face cache
+
+
+@dataclass
+class PairState:
+    name: str
+    status: str  # "downloaded" | "partial" | "missing"
+    size_bytes: int | None = None
+
+
+@dataclass
+class RegistryState:
+    valid: bool
+    files: list[str] = field(default_factory=list)
+    pairs: list[PairState] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Report:
+    specli: str
+    python: str
+    platform: str
+    backend: Backend
+    gpu_install: dict[str, str]
+    storage: Storage
+    registry: RegistryState
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def diagnose() -> Report:
+    backend = check_backend()
+    registry = check_registry()
+    problems = []
+    if backend.error:
+        problems.append(f"llama-cpp-python: {backend.error}")
+    if registry.error:
+        problems.append(f"registry: {registry.error}")
+    return Report(
+        specli=__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        backend=backend,
+        gpu_install=dict(GPU_INSTALL),
+        storage=check_storage(),
+        registry=registry,
+        problems=problems,
+    )
+
+
+def check_backend() -> Backend:
+    try:
+        from specli import backend
+    except Exception as error:  # a missing or broken shared library surfaces as anything
+        return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
+    try:
+        build = backend.llama_cpp_build()
+        devices = backend.backend_devices()
+        return Backend(
+            **build,
+            gpu_offload=backend.supports_gpu_offload(),
+            devices=None if devices is None else [Device(**asdict(device)) for device in devices],
+        )
+    except Exception as error:
+        return Backend(error=f"cannot report its build ({type(error).__name__}: {error})")
+
+
+def check_storage() -> Storage:
+    from specli.config import cache_dir, specli_home
+    from specli.hub import hub_cache_dir
+
+    hub_cache = hub_cache_dir()
+    return Storage(
+        specli_home=str(specli_home()),
+        specli_cache=str(cache_dir()),
+        hub_cache=str(hub_cache),
+        free_bytes=free_space(hub_cache),
+    )
+
+
+def free_space(path: Path) -> int | None:
+    """Free bytes on the disk that holds `path` (or would, once it is created)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def check_registry() -> RegistryState:
+    from specli import hub
+    from specli.errors import SpecliError
+    from specli.registry import load_registry
+
+    try:
+        registry = load_registry()
+    except SpecliError as error:
+        return RegistryState(valid=False, error=str(error))
+    pairs = []
+    for pair in registry.pairs.values():
+        try:
+            status = hub.pair_status(pair)
+            pairs.append(PairState(pair.name, status.state, status.size))
+        except (OSError, SpecliError) as error:
+            pairs.append(PairState(pair.name, f"unknown ({error})"))
+    return RegistryState(valid=True, files=[str(source) for source in registry.sources], pairs=pairs)
+
+
+# --- human output -------------------------------------------------------------
+
+
+def print_report(report: Report, console) -> None:
+    """A two-column table of facts, then the pairs, then what to fix (a rich Console)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from specli.hub import format_size
+
+    backend, storage, registry = report.backend, report.storage, report.registry
+    facts = Table(show_header=False, box=None, pad_edge=False)
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+
+    def row(label: str, value: str, style: str = "") -> None:
+        facts.add_row(label, Text(value, style=style))  # Text: paths and messages are not markup
+
+    row("specli", f"{report.specli} (Python {report.python}, {report.platform})")
+    if backend.error:
+        row("llama-cpp-python", backend.error, "red")
+    else:
+        row("llama-cpp-python", backend.llama_cpp_python or "unknown")
+        commit = f" (commit {backend.ggml_commit})" if backend.ggml_commit else ""
+        row("llama.cpp", f"ggml {backend.ggml_version or 'unknown'}{commit}")
+        row("build", backend.system_info or "unknown")
+        row("GPU offload", "yes" if backend.gpu_offload else "no: this build runs on the CPU only")
+        for device in backend.devices or []:
+            memory = f", {format_size(device.memory_total)}" if device.memory_total else ""
+            row("device", f"{device.name} ({device.kind}{memory}): {device.description}")
+        if backend.devices is None:
+            row("device", "unknown: this llama-cpp-python does not expose ggml's device list")
+    if not backend.gpu_offload:
+        row("CUDA build", report.gpu_install["cuda"])
+        row("Metal build", report.gpu_install["metal"])
+    row("specli home", storage.specli_home)
+    row("specli cache", storage.specli_cache)
+    row("model cache", f"{storage.hub_cache} ({format_size(storage.free_bytes)} free)")
+    if registry.valid:
+        row("registry", "valid: " + ", ".join(registry.files))
+    else:
+        row("registry", f"invalid: {registry.error}", "red")
+    console.print(facts)
+    if registry.pairs:
+        pairs = Table(box=None, pad_edge=False, header_style="bold")
+        pairs.add_column("PAIR", no_wrap=True)
+        pairs.add_column("STATUS", no_wrap=True)
+        pairs.add_column("SIZE", no_wrap=True, justify="right")
+        for pair in registry.pairs:
+            pairs.add_row(Text(pair.name), pair.status, format_size(pair.size_bytes) if pair.size_bytes else "-")
+        console.print()
+        console.print(pairs)
+    for problem in report.problems:
+        console.print(Text.assemble(("problem: ", "red"), problem))

@@ -1,0 +1,437 @@
+"""Read a GGUF file's header in pure Python and check that it describes the file it is in.
+
+llama.cpp checks GGUF files too, but its messages go to a log specli silences, and some
+malformed files still reach one of its asserts (an abort, not an error). This check runs
+first and mirrors its rules: magic and version, every key and value, every tensor's
+name, shape, type and place in the data section, the data section within the file;
+then what llama.cpp asserts rather than reports: unique token texts, byte tokens for a
+SentencePiece vocabulary, layer and expert counts within its limits. Only the header is
+read (the file is memory-mapped), so a 2 GB model costs what its header costs.
+
+Layout (little-endian): magic "GGUF", u32 version, u64 tensor count, u64 key count; the
+keys (string, u32 value type, value); the tensor infos (string name, u32 n_dims, i64
+dims, u32 ggml type, u64 offset); padding to `general.alignment` (default 32); the
+tensor data, each tensor at its offset from the start of the data section, in order.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specli.errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64, terminating zero included
+MAX_KEY_BYTES = 65_535
+MAX_KEPT_ITEMS = 4096  # numeric arrays up to this length keep their values
+REDOWNLOAD_HINT = "the file is damaged or incomplete; download it again"
+
+# Hyperparameters llama.cpp asserts on (an abort, not an error) while loading any
+# architecture: llama-model.cpp, load_hparams. The limits are this llama.cpp's.
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
+MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+# GGUF value types: id -> (name, size in bytes; None for string and array).
+VALUE_TYPES: dict[int, tuple[str, int | None]] = {
+    0: ("uint8", 1),
+    1: ("int8", 1),
+    2: ("uint16", 2),
+    3: ("int16", 2),
+    4: ("uint32", 4),
+    5: ("int32", 4),
+    6: ("float32", 4),
+    7: ("bool", 1),
+    8: ("string", None),
+    9: ("array", None),
+    10: ("uint64", 8),
+    11: ("int64", 8),
+    12: ("float64", 8),
+}
+STRING, ARRAY, UINT32, INT32, FLOAT32 = 8, 9, 4, 5, 6
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+# ggml tensor types: id -> (name, elements per block, bytes per block). Copied from
+# gguf-py's GGML_QUANT_SIZES (a static table: gguf is not a runtime dependency).
+# Ids 4, 5, 31-33 and 36-38 were removed from ggml; files using them do not load.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
+REMOVED_GGML_TYPES = frozenset({4, 5, 31, 32, 33, 36, 37, 38})
+
+# Keys llama.cpp reads without checking their type (an assert, or reads past the array's
+# end): their expected type, and for per-token arrays, that there is one entry per token.
+TOKENS_KEY = "tokenizer.ggml.tokens"
+_KNOWN_ARRAYS = {
+    TOKENS_KEY: STRING,
+    "tokenizer.ggml.merges": STRING,
+    "tokenizer.ggml.scores": FLOAT32,
+    "tokenizer.ggml.token_type": INT32,
+}
+_PER_TOKEN_KEYS = ("tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+@dataclass(frozen=True)
+class ArrayValue:
+    """An array value, summarised: its item type and length (token lists are 100k+ long),
+    and the values themselves for short numeric arrays (per-layer settings)."""
+
+    item_type: str
+    count: int
+    values: tuple | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: the first dimension is the contiguous one
+    type: int
+    offset: int  # from the start of the data section
+    size: int | None  # bytes; None for a ggml type this table does not know
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, object]  # scalars and strings as Python values, arrays as ArrayValue
+    tensors: list[TensorInfo] = field(repr=False)
+    alignment: int
+    data_start: int
+    file_size: int
+
+    @property
+    def architecture(self) -> str | None:
+        value = self.metadata.get("general.architecture")
+        return value if isinstance(value, str) else None
+
+
+class _Reader:
+    """A cursor over the mapped file; every read is bounds-checked against the file size."""
+
+    def __init__(self, path: Path, data, size: int) -> None:
+        self.path, self.data, self.size = path, data, size
+        self.pos = 0
+
+    def fail(self, problem: str) -> ModelFileError:
+        return ModelFileError(f"{self.path} is not a valid GGUF file: {problem}", REDOWNLOAD_HINT)
+
+    def cut_short(self, problem: str) -> ModelFileError:
+        """A read past the end: a cut-off file, or a corrupted length that points past it."""
+        return ModelFileError(f"{self.path} is truncated or corrupted: {problem}", REDOWNLOAD_HINT)
+
+    def take(self, n: int, what: str) -> int:
+        """Advance over n bytes; return where they start."""
+        start, end = self.pos, self.pos + n
+        if end > self.size:
+            raise self.cut_short(f"{what} needs bytes {start}-{end} but the file has {self.size} bytes")
+        self.pos = end
+        return start
+
+    def u32(self, what: str) -> int:
+        return _U32.unpack_from(self.data, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return _U64.unpack_from(self.data, self.take(8, what))[0]
+
+    def i64(self, what: str) -> int:
+        return _I64.unpack_from(self.data, self.take(8, what))[0]
+
+    def raw_string(self, what: str, limit: int | None = None) -> bytes:
+        length = self.u64(f"the length of {what}")
+        if limit is not None and length > limit:
+            raise self.fail(f"{what} is {length} bytes long (at most {limit} expected)")
+        start = self.take(length, f"{what} ({length} bytes)")
+        return self.data[start : self.pos]
+
+    def strings(self, count: int, what: str, *, keep: bool) -> tuple[bytes, ...] | None:
+        """Walk `count` strings (a 262k-token vocabulary is one array); their bytes if `keep`."""
+        data, size, pos, unpack = self.data, self.size, self.pos, _U64.unpack_from
+        kept: list[bytes] = []
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.take(8, f"the length of item {i} of {what}")
+            start = pos + 8
+            pos = start + unpack(data, pos)[0]
+            if pos > size:
+                raise self.cut_short(f"item {i} of {what} ends at byte {pos} but the file has {size} bytes")
+            if keep:
+                kept.append(data[start:pos])
+        self.pos = pos
+        return tuple(kept) if keep else None
+
+
+def read_header(path: Path | str) -> GGUFHeader:
+    """Parse and check the header of the GGUF file at `path`; raise ModelFileError if it is bad."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            size = _file_size(handle)
+            if size < 4 or handle.read(4) != GGUF_MAGIC:
+                raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _parse(_Reader(path, data, size))
+    except OSError as error:
+        raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
+
+
+def _file_size(handle) -> int:
+    handle.seek(0, 2)
+    size = handle.tell()
+    handle.seek(0)
+    return size
+
+
+def _parse(reader: _Reader) -> GGUFHeader:
+    reader.take(4, "the magic")
+    version = reader.u32("the version")
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0:
+            raise reader.fail(f"version {version:#x} looks byte-swapped (a big-endian file); llama.cpp reads little-endian GGUF")
+        raise reader.fail(f"GGUF version {version} (llama.cpp reads versions {SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
+    n_tensors = reader.u64("the tensor count")
+    n_keys = reader.u64("the key count")
+    # Each key takes at least 13 bytes and each tensor info at least 32: counts beyond
+    # what the file could hold are corruption, caught before any loop runs on them.
+    if n_keys * 13 > reader.size or n_tensors * 32 > reader.size:
+        raise reader.cut_short(f"it claims {n_keys} keys and {n_tensors} tensors, more than its {reader.size} bytes can hold")
+    metadata = _read_metadata(reader, n_keys)
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    tensors = _read_tensor_infos(reader, n_tensors)
+    data_start = _align(reader.pos, alignment)
+    _check_data_section(reader, tensors, alignment, data_start)
+    _check_vocabulary(reader, metadata)
+    _check_model_limits(reader, metadata)
+    return GGUFHeader(version, metadata, tensors, alignment, data_start, reader.size)
+
+
+def _read_metadata(reader: _Reader, n_keys: int) -> dict[str, object]:
+    metadata: dict[str, object] = {}
+    types: dict[str, tuple[int, int | None]] = {}  # key -> (value type, item type)
+    for index in range(n_keys):
+        key = _decode(reader.raw_string(f"key #{index}'s name", MAX_KEY_BYTES))
+        where = f"key #{index} ({key!r})"
+        if key in metadata:
+            raise reader.fail(f"{where} appears twice")
+        value_type = reader.u32(f"the value type of {where}")
+        if value_type not in VALUE_TYPES:
+            raise reader.fail(f"{where} has unknown value type {value_type}")
+        item_type = None
+        if value_type == ARRAY:
+            item_type, value = _read_array(reader, where, keep_strings=key == TOKENS_KEY)
+        else:
+            value = _read_scalar(reader, value_type, where)
+        metadata[key] = value
+        types[key] = (value_type, item_type)
+    _check_known_keys(reader, metadata, types)
+    return metadata
+
+
+def _read_scalar(reader: _Reader, value_type: int, where: str) -> object:
+    if value_type == STRING:
+        return _decode(reader.raw_string(f"the value of {where}"))
+    fmt = _SCALAR_FORMATS[value_type]
+    return struct.unpack_from(fmt, reader.data, reader.take(struct.calcsize(fmt), f"the value of {where}"))[0]
+
+
+def _read_array(reader: _Reader, where: str, *, keep_strings: bool = False) -> tuple[int, ArrayValue]:
+    item_type = reader.u32(f"the item type of {where}")
+    if item_type not in VALUE_TYPES:
+        raise reader.fail(f"{where} is an array of unknown type {item_type}")
+    if item_type == ARRAY:
+        raise reader.fail(f"{where} is an array of arrays, which llama.cpp does not read")
+    count = reader.u64(f"the length of {where}")
+    item_size = VALUE_TYPES[item_type][1]
+    if item_size is None:  # strings: at least their 8-byte length each
+        if count * 8 > reader.size - reader.pos:
+            raise reader.cut_short(f"{where} claims {count} strings, more than the rest of the file can hold")
+        texts = reader.strings(count, where, keep=keep_strings)
+        return item_type, ArrayValue(VALUE_TYPES[item_type][0], count, texts)
+    start = reader.take(count * item_size, f"the {count} {VALUE_TYPES[item_type][0]} values of {where}")
+    values = None
+    if count <= MAX_KEPT_ITEMS:
+        fmt = "<" + _SCALAR_FORMATS[item_type][1] * count
+        values = struct.unpack_from(fmt, reader.data, start)
+    return item_type, ArrayValue(VALUE_TYPES[item_type][0], count, values)
+
+
+def _check_known_keys(reader: _Reader, metadata: dict[str, object], types: dict[str, tuple[int, int | None]]) -> None:
+    """Keys llama.cpp trusts without checking: a wrong type there aborts it or reads out of bounds."""
+    if "general.alignment" in metadata:
+        alignment = metadata["general.alignment"]
+        if types["general.alignment"][0] != UINT32:
+            raise reader.fail(f"general.alignment has type {VALUE_TYPES[types['general.alignment'][0]][0]}, not uint32")
+        if alignment == 0 or alignment & (alignment - 1):
+            raise reader.fail(f"general.alignment is {alignment}, not a power of two")
+    for key, item_type in _KNOWN_ARRAYS.items():
+        if key in types and types[key] != (ARRAY, item_type):
+            value_type, actual_item = types[key]
+            actual = f"array of {VALUE_TYPES[actual_item][0]}" if value_type == ARRAY else VALUE_TYPES[value_type][0]
+            raise reader.fail(f"{key} has type {actual}, not array of {VALUE_TYPES[item_type][0]}")
+    tokens = metadata.get(TOKENS_KEY)
+    for key in _PER_TOKEN_KEYS:
+        values = metadata.get(key)
+        if isinstance(tokens, ArrayValue) and isinstance(values, ArrayValue) and values.count != tokens.count:
+            raise reader.fail(f"{key} has {values.count} entries for {tokens.count} tokens")
+
+
+def _check_vocabulary(reader: _Reader, metadata: dict[str, object]) -> None:
+    """Token texts must be unique (llama.cpp asserts it), and a SentencePiece vocabulary
+    needs a token for every byte: its tokenizer falls back to them and has no other way out."""
+    tokens = metadata.get(TOKENS_KEY)
+    if not isinstance(tokens, ArrayValue) or tokens.values is None:
+        return
+    texts = tokens.values
+    ids = {text: token for token, text in enumerate(texts)}
+    if len(ids) != len(texts):
+        token = next(token for token, text in enumerate(texts) if ids[text] != token)
+        raise reader.fail(f"tokens {token} and {ids[texts[token]]} of {TOKENS_KEY} are both {texts[token]!r}")
+    if metadata.get("tokenizer.ggml.model") == "llama":
+        for byte in range(256):
+            if f"<0x{byte:02X}>".encode() not in ids and bytes([byte]) not in ids:
+                raise reader.fail(f"its SentencePiece vocabulary has no token for byte 0x{byte:02X}, which tokenizing needs")
+
+
+def _check_model_limits(reader: _Reader, metadata: dict[str, object]) -> None:
+    """The architecture's layer and expert counts, within the bounds llama.cpp asserts."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return  # llama.cpp refuses the file itself, with an error
+
+    def number(name: str, default: int = 0) -> int:
+        value = metadata.get(f"{arch}.{name}", default)
+        if isinstance(value, ArrayValue):  # per-layer values: the largest one counts
+            return max(value.values, default=default) if value.values else default
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    layers = number("block_count", 1)
+    if not 1 <= layers <= MAX_LAYERS:
+        raise reader.fail(f"{arch}.block_count is {layers} (1 to {MAX_LAYERS} layers allowed)")
+    if number("nextn_predict_layers") > layers:
+        raise reader.fail(f"{arch}.nextn_predict_layers is more than its {layers} layers")
+    experts, used = number("expert_count"), number("expert_used_count")
+    groups, groups_used = number("expert_group_count"), number("expert_group_used_count")
+    if experts > MAX_EXPERTS:
+        raise reader.fail(f"{arch}.expert_count is {experts} (at most {MAX_EXPERTS})")
+    if used > experts or (experts > 0 and used == 0):
+        raise reader.fail(f"{arch}.expert_used_count is {used} for {experts} experts")
+    grouping_ok = (
+        groups < experts and (groups <= 1 or (experts % groups == 0 and 0 < groups_used < groups))
+        if experts > 0
+        else groups == 0
+    )
+    if not grouping_ok:
+        raise reader.fail(f"{arch}: {experts} experts cannot form {groups} expert groups with {groups_used} used")
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    if isinstance(scaling, str) and scaling not in ROPE_SCALING_TYPES:
+        raise reader.fail(f"{arch}.rope.scaling.type is {scaling!r} (one of {', '.join(ROPE_SCALING_TYPES)})")
+
+
+def _read_tensor_infos(reader: _Reader, n_tensors: int) -> list[TensorInfo]:
+    tensors: list[TensorInfo] = []
+    names: set[str] = set()
+    for index in range(n_tensors):
+        raw = reader.raw_string(f"tensor #{index}'s name", MAX_KEY_BYTES)
+        name = _decode(raw)
+        where = f"tensor #{index} ({name!r})"
+        if len(raw) > MAX_NAME_BYTES:
+            raise reader.fail(f"{where} has a name longer than {MAX_NAME_BYTES} bytes")
+        if name in names:
+            raise reader.fail(f"{where} appears twice")
+        names.add(name)
+        n_dims = reader.u32(f"the dimension count of {where}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise reader.fail(f"{where} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(reader.i64(f"dimension {d} of {where}") for d in range(n_dims))
+        if any(d < 0 for d in shape):
+            raise reader.fail(f"{where} has a negative dimension {shape}")
+        ggml_type = reader.u32(f"the type of {where}")
+        offset = reader.u64(f"the data offset of {where}")
+        tensors.append(TensorInfo(name, shape, ggml_type, offset, _tensor_size(reader, where, shape, ggml_type)))
+    return tensors
+
+
+def _tensor_size(reader: _Reader, where: str, shape: tuple[int, ...], ggml_type: int) -> int | None:
+    if ggml_type in REMOVED_GGML_TYPES:
+        raise reader.fail(f"{where} uses ggml type {ggml_type}, which ggml no longer supports")
+    if ggml_type not in GGML_TYPES:
+        return None  # newer than this table: llama.cpp checks it itself
+    type_name, block, block_bytes = GGML_TYPES[ggml_type]
+    if shape[0] % block:
+        raise reader.fail(f"{where} has a first dimension of {shape[0]}, not a multiple of {type_name}'s block of {block}")
+    elements = 1
+    for d in shape:
+        elements *= d
+    return elements // block * block_bytes
+
+
+def _check_data_section(reader: _Reader, tensors: list[TensorInfo], alignment: int, data_start: int) -> None:
+    """Tensors lie in order, each at the aligned end of the one before, and inside the file."""
+    expected = 0
+    for index, tensor in enumerate(tensors):
+        where = f"tensor #{index} ({tensor.name!r})"
+        if tensor.size is None:
+            if data_start + tensor.offset > reader.size:
+                raise _truncated(reader, f"{where} starts at byte {data_start + tensor.offset}")
+            return  # a type this table does not know: its size, and so the rest, are unknown
+        if tensor.offset != expected:
+            raise reader.fail(f"{where} has data offset {tensor.offset}, expected {expected}")
+        end = data_start + tensor.offset + tensor.size
+        if end > reader.size:
+            raise _truncated(reader, f"{where} ends at byte {end}")
+        expected = _align(tensor.offset + tensor.size, alignment)
+
+
+def _truncated(reader: _Reader, what: str) -> ModelFileError:
+    return ModelFileError(f"{reader.path} is truncated: {what} but the file has {reader.size} bytes", REDOWNLOAD_HINT)
+
+
+def _align(offset: int, alignment: int) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")  # llama.cpp takes names and values as bytes

@@ -1,0 +1,174 @@
+"""Property tests: the verifier and the n-gram proposer on random token streams and
+random distributions. Whatever hypothesis draws, the results stay within the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specli.proposers import NGramProposer
+from specli.sampling import Distribution, residual, verify_greedy, verify_sampled
+
+VOCAB = 6
+PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)
+
+tokens = st.integers(min_value=0, max_value=VOCAB - 1)
+weights = st.lists(st.integers(min_value=0, max_value=9), min_size=VOCAB, max_size=VOCAB).filter(any)
+
+
+def distribution(raw: list[int]) -> Distribution:
+    probs = np.asarray(raw, dtype=np.float64)
+    ids = np.flatnonzero(probs)
+    return Distribution(ids, probs[ids] / probs[ids].sum())
+
+
+# --- greedy verification -------------------------------------------------------
+
+
+class RecordingRows:
+    """Logits rows that remember which rows were read."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows, self.read = rows, set()
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.read.add(i)
+        return self.rows[i]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def reference_greedy(draft: list[int], argmax: list[int]) -> tuple[int, int]:
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == argmax[accepted]:
+        accepted += 1
+    return accepted, argmax[accepted]
+
+
+@st.composite
+def greedy_cases(draw):
+    draft = draw(st.lists(tokens, max_size=10))
+    # Small integer logits: ties happen, and argmax takes the first best, as llama.cpp's would.
+    rows = draw(st.lists(st.lists(st.integers(-3, 3), min_size=VOCAB, max_size=VOCAB), min_size=len(draft) + 1,
+                         max_size=len(draft) + 1))
+    if draft and draw(st.booleans()):  # make agreement likely: copy the target's choices into the draft
+        draft = [int(np.argmax(row)) for row in rows[: len(draft)]]
+        if draw(st.booleans()):
+            draft[draw(st.integers(0, len(draft) - 1))] = draw(tokens)
+    return draft, np.asarray(rows, dtype=np.float32)
+
+
+@PROPERTY_SETTINGS
+@given(greedy_cases())
+def test_greedy_verification_matches_a_reference_loop(case):
+    draft, logits = case
+    rows = RecordingRows(logits)
+    accepted, written = verify_greedy(draft, rows)
+    assert (accepted, written) == reference_greedy(draft, [int(np.argmax(row)) for row in logits])
+    assert 0 <= accepted <= len(draft)
+    assert rows.read <= set(range(accepted + 1)), "no row after the first disagreement is read"
+
+
+# --- rejection sampling -------------------------------------------------------
+
+
+@st.composite
+def sampled_cases(draw):
+    k = draw(st.integers(min_value=0, max_value=6))
+    targets = [distribution(draw(weights)) for _ in range(k + 1)]
+    point_mass = draw(st.booleans())  # a proposer without probabilities (n-gram)
+    drafts = None if point_mass else [distribution(draw(weights)) for _ in range(k)]
+    if drafts is None:
+        draft_tokens = [draw(tokens) for _ in range(k)]
+    else:  # drawn from q, as a draft model would
+        draft_tokens = [int(draw(st.sampled_from(list(q.ids)))) for q in drafts]
+    return draft_tokens, drafts, targets, draw(st.integers(min_value=0, max_value=2**32 - 1))
+
+
+@PROPERTY_SETTINGS
+@given(sampled_cases())
+def test_sampled_verification_writes_a_token_the_target_could_write(case):
+    draft_tokens, drafts, targets, seed = case
+    accepted, written = verify_sampled(draft_tokens, drafts, targets, np.random.default_rng(seed))
+    assert 0 <= accepted <= len(draft_tokens)
+    for i in range(accepted):
+        assert targets[i].prob(draft_tokens[i]) > 0, "a token the target rules out is never kept"
+    p = targets[accepted]
+    assert p.prob(written) > 0, "the written token is in the target's support"
+    if accepted < len(draft_tokens):
+        q = None if drafts is None else drafts[accepted]
+        rejected = draft_tokens[accepted]
+        leftover = residual(p, q, rejected)
+        assert leftover.prob(written) > 0, "a correction comes from the residual max(p - q, 0)"
+        if leftover is not p:  # the residual has mass of its own (not the p == q rounding case)
+            q_written = float(written == rejected) if q is None else q.prob(written)
+            assert p.prob(written) > q_written
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(weights, min_size=1, max_size=7), st.integers(min_value=0, max_value=2**32 - 1), st.data())
+def test_a_draft_distributed_like_the_target_is_always_kept(raw, seed, data):
+    targets = [distribution(w) for w in raw]
+    drafts = targets[:-1]  # q == p at every drafted position
+    draft_tokens = [int(data.draw(st.sampled_from(list(q.ids)))) for q in drafts]
+    accepted, written = verify_sampled(draft_tokens, drafts, targets, np.random.default_rng(seed))
+    assert accepted == len(draft_tokens)
+    assert targets[-1].prob(written) > 0
+
+
+# --- n-gram proposer ----------------------------------------------------------
+
+
+def reference_ngram(sequence: list[int], max_tokens: int, max_n: int, min_n: int) -> list[int]:
+    """From scratch: the latest earlier occurrence of the longest suffix n-gram, and what
+    followed it, continued periodically past the end of the sequence."""
+    length = len(sequence)
+    if max_tokens <= 0:
+        return []
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = sequence[length - n :]
+        for start in range(length - 1, n - 1, -1):  # start: the position after the occurrence
+            if sequence[start - n : start] == suffix:
+                extended = list(sequence)
+                while len(extended) < start + max_tokens:
+                    extended.append(extended[len(extended) - (length - start)])
+                return extended[start : start + max_tokens]
+    return []
+
+
+streams = st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=60)
+orders = st.integers(min_value=1, max_value=4).flatmap(lambda high: st.tuples(st.just(high), st.integers(1, high)))
+
+
+@PROPERTY_SETTINGS
+@given(streams, orders, st.integers(min_value=0, max_value=10))
+def test_ngram_proposals_continue_an_earlier_occurrence(sequence, order, max_tokens):
+    max_n, min_n = order
+    proposer = NGramProposer(max_n=max_n, min_n=min_n)
+    proposer.prepare(sequence)
+    proposal = proposer.propose(sequence, max_tokens).tokens
+    assert len(proposal) <= max_tokens
+    assert proposal == reference_ngram(sequence, max_tokens, max_n, min_n)
+    if proposal:
+        n = proposer.last_match_length
+        assert min_n <= n <= max_n
+        suffix = sequence[len(sequence) - n :]
+        assert any(sequence[s - n : s] == suffix for s in range(n, len(sequence))), "the n-gram occurred before"
+
+
+@PROPERTY_SETTINGS
+@given(streams, orders, st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=60))
+def test_ngram_index_grown_step_by_step_answers_like_a_fresh_one(sequence, order, max_tokens, prompt_length):
+    """The engine prepares the prompt once, then proposes on ever longer sequences."""
+    max_n, min_n = order
+    prompt_length = min(prompt_length, len(sequence))
+    incremental = NGramProposer(max_n=max_n, min_n=min_n)
+    incremental.prepare(sequence[:prompt_length])
+    for end in range(prompt_length, len(sequence) + 1):
+        fresh = NGramProposer(max_n=max_n, min_n=min_n)
+        fresh.prepare(sequence[:end])
+        grown = incremental.propose(sequence[:end], max_tokens)
+        assert grown.tokens == fresh.propose(sequence[:end], max_tokens).tokens
+        assert incremental.last_match_length == fresh.last_match_length
