@@ -1,6 +1,7 @@
 """Model files from the Hugging Face Hub: resolve, pull, report and remove. The only importer of huggingface_hub.
 
 Files live in the standard Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`), so other tools reuse them.
+A pull that is cut, interrupted or killed goes on where it stopped the next time (see `_download`).
 `HF_ENDPOINT`, `HF_TOKEN` and `HF_HUB_OFFLINE` are honoured; they are read when a function runs,
 not when this module is imported.
 """
@@ -19,7 +20,11 @@ from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 import httpx2
-from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub import HfFileMetadata, constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+
+# Private helpers too (pyproject pins huggingface_hub <3): specli lays a pulled file out with
+# huggingface_hub's own steps, exactly as `hf download` would, and fetches it with its resumable GET.
+from huggingface_hub._local_folder import _create_cachedir_tag
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -29,7 +34,14 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.file_download import (
+    _cache_commit_hash_for_specific_revision,
+    _create_symlink,
+    http_get,
+    repo_folder_name,
+)
+from huggingface_hub.utils import WeakFileLock, build_hf_headers
+from huggingface_hub.utils._http import _is_same_or_hub_host
 from tqdm import tqdm
 
 from specli.errors import HubError, ModelFileError, OfflineError
@@ -138,11 +150,14 @@ class HubFile:
     cached: Optional[Path]  # the snapshot entry, when this revision of the file is in the cache
     sha256: Optional[str] = None
     in_blobs: bool = False  # same content already cached under another revision: nothing to fetch
+    commit: Optional[str] = None  # the commit the Hub resolved the revision to; every part comes from it
+    etag: Optional[str] = None  # names the blob, and the partial an interrupted pull left
+    resumed: int = 0  # bytes an interrupted pull already left in `blobs/<etag>.incomplete`
 
     @property
     def fetch_size(self) -> int:
-        """Bytes a pull transfers for this file (0 when unknown)."""
-        return 0 if self.cached or self.in_blobs else self.size or 0
+        """Bytes a pull still transfers for this file (0 when unknown)."""
+        return 0 if self.cached or self.in_blobs else max((self.size or 0) - self.resumed, 0)
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,7 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
             metadata = get_hf_file_metadata(url, endpoint=hub_endpoint())
         commit = metadata.commit_hash or commit  # later parts come from the same commit
         cached = try_to_load_from_cache(ref.repo, filename, cache_dir=hub_cache_dir(), revision=commit)
+        blob = _repo_cache(ref.repo) / "blobs" / metadata.etag if metadata.etag else None
         planned.append(
             HubFile(
                 role=role,
@@ -186,10 +202,31 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
                 size=metadata.size,
                 cached=Path(cached) if isinstance(cached, str) else None,
                 sha256=ref.sha256,
-                in_blobs=metadata.etag is not None and (_repo_cache(ref.repo) / "blobs" / metadata.etag).is_file(),
+                in_blobs=blob is not None and blob.is_file(),
+                commit=commit,
+                etag=metadata.etag,
+                resumed=_resumable_bytes(blob, metadata.size) if blob else 0,
             )
         )
     return planned
+
+
+def _partial_path(blob: Path) -> Path:
+    """Where a blob grows until it is complete: `blobs/<etag>.incomplete`, one name for every process.
+
+    (huggingface_hub 2.x writes `<etag>.<random>.incomplete` and deletes it when a download fails;
+    `hf cache ls` and `hf cache prune` see both kinds as incomplete downloads.)
+    """
+    return blob.with_name(f"{blob.name}.incomplete")
+
+
+def _resumable_bytes(blob: Path, size: Optional[int]) -> int:
+    """Bytes an interrupted pull left for this blob that the next pull continues from."""
+    try:
+        done = _partial_path(blob).stat().st_size
+    except OSError:
+        return 0
+    return done if size is not None and done <= size else 0
 
 
 def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFile]:
@@ -247,48 +284,104 @@ def _pulled_model(role: str, ref: ModelRef, plan: PullPlan, pair_name: str) -> P
 
 
 def _fetch(files: list[HubFile], pair_name: str | None) -> list[Path]:
-    """Download the files of one model that are not cached; a file failing verification is removed.
+    """The snapshot entry of each file of one model, downloading the files that are not cached.
 
-    The first file is asked for at the registry's revision, which records that revision in the
-    cache's refs; the other parts of a split GGUF then come from the very commit it resolved to.
+    The plan pinned every file to the commit the first one's revision resolved to, so the parts
+    of a split GGUF all come from that one commit.
     """
     paths: list[Path] = []
     for file in files:
-        revision = _snapshot_commit(paths[0], files[0].filename) if paths else file.revision
         if file.cached is not None:
             _check_magic(file.cached, pair_name)
             paths.append(file.cached)
             continue
-        with _hub_errors(file.repo, file.filename, revision):
-            path = Path(
-                hf_hub_download(
-                    file.repo,
-                    file.filename,
-                    revision=revision,
-                    cache_dir=hub_cache_dir(),
-                    endpoint=hub_endpoint(),
-                    tqdm_class=_progress_for(file.filename),
-                )
-            )
-        _verify_download(path, file)
-        paths.append(path)
+        with _hub_errors(file.repo, file.filename, file.revision):
+            paths.append(_download(file))
     return paths
 
 
-def _snapshot_commit(path: Path, filename: str) -> str:
-    """The commit of a cache entry: `.../snapshots/<commit>/<filename>`."""
-    return path.parents[len(Path(filename).parts) - 1].name
+def _download(file: HubFile) -> Path:
+    """Put one file in the cache as huggingface_hub lays it out, through a partial that outlives the process.
+
+    `blobs/<etag>.incomplete` grows by `Range` requests until it has the size the Hub announced; only
+    then, verified, is it renamed to `blobs/<etag>` and linked from `snapshots/<commit>/<filename>`.
+    A killed pull leaves the partial for the next pull to continue. Changed content has another etag,
+    so it never continues an old partial. The lock is the one huggingface_hub takes for the blob:
+    `hf download` and specli never write the same blob at once.
+    """
+    url = hf_hub_url(file.repo, file.filename, revision=file.commit or file.revision, endpoint=hub_endpoint())
+    metadata = get_hf_file_metadata(url, endpoint=hub_endpoint())  # asked again: signed download URLs expire
+    if metadata.commit_hash is None or metadata.etag is None:
+        raise HubError(
+            f"{hub_endpoint()} sent {file.repo}/{file.filename} without a commit or an etag",
+            hint="check that HF_ENDPOINT points to a Hugging Face Hub or a mirror of one",
+        )
+    storage = _repo_cache(file.repo)
+    blob = storage / "blobs" / metadata.etag
+    pointer = storage / "snapshots" / metadata.commit_hash / file.filename
+    lock = hub_cache_dir() / ".locks" / storage.name / f"{metadata.etag}.lock"
+    for folder in (blob.parent, pointer.parent, lock.parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    _create_cachedir_tag(hub_cache_dir())
+    with WeakFileLock(lock):
+        new_blob = not blob.is_file()  # else another process finished it, maybe while we waited for the lock
+        candidate = _partial_path(blob) if new_blob else blob
+        if new_blob:
+            _transfer(url, metadata, candidate, file)
+        _verify_download(candidate, file)
+        if new_blob:
+            os.replace(candidate, blob)
+        _create_symlink(str(blob), str(pointer), new_blob=new_blob)  # a copy where symlinks are unsupported
+    _cache_commit_hash_for_specific_revision(str(storage), file.revision, metadata.commit_hash)
+    return pointer
+
+
+def _transfer(url: str, metadata: HfFileMetadata, partial: Path, file: HubFile) -> None:
+    """Append to `partial` the bytes it lacks, asking for `Range: bytes=<its size>-`.
+
+    huggingface_hub's `http_get` sends the range, starts over when the server answers 200 instead
+    of 206, continues a cut connection where it stopped, and starts the progress bar at the offset.
+    """
+    headers = build_hf_headers()  # HF_TOKEN, read now
+    headers["Accept-Encoding"] = "identity"  # offsets count bytes of the file, not of a compressed body
+    if metadata.xet_file_data is None and metadata.location != url:
+        # Straight to where the Hub redirected, as huggingface_hub does; Xet files go through the redirect.
+        if not _is_same_or_hub_host(url, metadata.location):
+            headers.pop("authorization", None)  # a signed CDN URL must not receive the token
+        url = metadata.location
+    partial.touch()
+    with partial.open("r+b") as handle:
+        offset = handle.seek(0, os.SEEK_END)
+        if metadata.size is None or offset > metadata.size:  # no size to continue towards: start over
+            offset = handle.seek(0)
+            handle.truncate()
+        if metadata.size is None or offset < metadata.size:
+            http_get(
+                url,
+                handle,
+                resume_size=offset,
+                headers=headers,
+                displayed_filename=file.filename,
+                tqdm_class=_progress_for(file.filename),
+            )
+        received = handle.tell()
+    if metadata.size is not None and received != metadata.size:
+        partial.unlink()  # the transfer ended cleanly at another size: nothing there to continue
+        raise HubError(
+            f"download of {file.repo}/{file.filename} failed: the Hub announced {metadata.size} bytes and sent {received}",
+            hint="pull again; finished files are kept",
+        )
 
 
 def _verify_download(path: Path, file: HubFile) -> None:
-    """GGUF magic always, sha256 when the registry pins one; on failure the file leaves the cache."""
+    """GGUF magic always, sha256 when the registry pins one; a file failing either leaves the cache."""
     problem = None
     if _read_magic(path) != GGUF_MAGIC:
         problem = "it is not a GGUF file"
     elif file.sha256 and _sha256(path) != file.sha256:
         problem = f"its sha256 is not the {file.sha256[:12]}… that models.toml gives"
     if problem:
-        _discard(path)
+        path.unlink(missing_ok=True)
         raise HubError(
             f"downloaded {file.repo}/{file.filename} but {problem}; it was removed from the cache",
             hint="check the registry entry (file name, revision, sha256) in models.toml",
@@ -312,13 +405,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _discard(pointer: Path) -> None:
-    """Remove a snapshot entry and the blob behind it."""
-    blob = pointer.resolve()
-    pointer.unlink(missing_ok=True)
-    blob.unlink(missing_ok=True)
 
 
 class _Progress(tqdm):
@@ -391,7 +477,7 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
         if error.errno == errno.ENOSPC:
             raise HubError(f"disk full while downloading {filename}", hint="free some space and pull again") from None
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise HubError(f"download of {repo}/{filename} failed: {reason}", hint="pull again; finished files are kept") from None
+        raise HubError(f"download of {repo}/{filename} failed: {reason}", hint="pull again: it goes on where it stopped") from None
 
 
 # --- status: what is on disk --------------------------------------------------------------------
@@ -478,7 +564,7 @@ class Removal:
     """The cache entries `rm` deletes for a pair, and the shared files it keeps."""
 
     pair: Pair
-    entries: list[Path]  # snapshot entries (symlinks into blobs/, or plain files)
+    entries: list[Path]  # snapshot entries (symlinks into blobs/, or plain files), then unfinished downloads
     blobs: list[Path]  # blobs no other entry uses
     kept: list[tuple[str, str]]  # (repo/file, the downloaded pair that still uses it)
 
@@ -492,6 +578,7 @@ def plan_removal(pair: Pair, registry: Registry) -> Removal:
     """The pair's files in the cache, minus those another downloaded pair also uses."""
     others = [other for other in registry.pairs.values() if other.name != pair.name]
     entries: list[Path] = []
+    partials: dict[Path, None] = {}
     kept: list[tuple[str, str]] = []
     for _, ref in pair.models():
         if ref.repo is None:
@@ -502,7 +589,8 @@ def plan_removal(pair: Pair, registry: Registry) -> Removal:
                 kept.append((f"{ref.repo}/{filename}", user))
             else:
                 entries.extend(_snapshot_entries(ref.repo, filename))
-    return Removal(pair=pair, entries=entries, blobs=_orphaned_blobs(entries), kept=kept)
+                partials.update(dict.fromkeys(_partials(ref.repo)))
+    return Removal(pair=pair, entries=[*entries, *partials], blobs=_orphaned_blobs(entries), kept=kept)
 
 
 def remove_files(removal: Removal) -> list[Path]:
@@ -528,7 +616,9 @@ def _repo_cache(repo: str) -> Path:
 
 
 def _repo_folder_of(entry: Path) -> Path:
-    return next(parent.parent for parent in entry.parents if parent.name == "snapshots")
+    """The `models--owner--name` folder that holds a snapshot entry or a blob."""
+    cache = hub_cache_dir()
+    return cache / entry.relative_to(cache).parts[0]
 
 
 def _snapshot_entries(repo: str, filename: str) -> list[Path]:
@@ -537,6 +627,13 @@ def _snapshot_entries(repo: str, filename: str) -> list[Path]:
     if not snapshots.is_dir():
         return []
     return [snapshot / filename for snapshot in sorted(snapshots.iterdir()) if os.path.lexists(snapshot / filename)]
+
+
+def _partials(repo: str) -> list[Path]:
+    """What interrupted pulls left in the repo's blobs: `<etag>.incomplete`, not the files of a running
+    `hf download` (`<etag>.<random>.incomplete`, which it deletes itself)."""
+    blobs = _repo_cache(repo) / "blobs"
+    return sorted(path for path in blobs.glob("*.incomplete") if path.name.count(".") == 1) if blobs.is_dir() else []
 
 
 def _orphaned_blobs(entries: list[Path]) -> list[Path]:
@@ -556,11 +653,13 @@ def _orphaned_blobs(entries: list[Path]) -> list[Path]:
 
 
 def _prune(repo: Path) -> None:
-    """Remove empty snapshot folders, and the whole repo folder once no snapshot holds a file."""
+    """Remove empty snapshot folders, and the whole repo folder once no snapshot holds a file
+    (unless a running `hf download` is writing into it)."""
     snapshots = repo / "snapshots"
     for folder in sorted(snapshots.rglob("*"), key=lambda path: len(path.parts), reverse=True):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-    if not snapshots.is_dir() or not any(snapshots.iterdir()):
+    downloading = any(path.name.count(".") > 1 for path in (repo / "blobs").glob("*.incomplete"))
+    if not downloading and (not snapshots.is_dir() or not any(snapshots.iterdir())):
         shutil.rmtree(repo, ignore_errors=True)
         shutil.rmtree(hub_cache_dir() / ".locks" / repo.name, ignore_errors=True)

@@ -2,7 +2,10 @@
 
 It serves `/{repo}/resolve/{revision}/{file}` to HEAD and GET with the headers huggingface_hub
 reads (`X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`), honours `Range`, answers
-404/401/403 with the Hub's `X-Error-Code`, and can cut a transfer midway. Every request is logged.
+404/401/403 with the Hub's `X-Error-Code`, and can cut a transfer midway, hang in the middle of one
+(for a test to kill the client), or ignore `Range`. A file can also be served as the Hub serves LFS and
+Xet files: the resolve URL redirects to `/cdn/<sha256>`, naming the content in `X-Linked-Etag` and
+`X-Linked-Size`. Every request is logged.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class ServedFile:
     content: bytes
     cuts: int = 0  # how many GETs still end after half the body
     advertised_size: int | None = None  # a size to announce instead of the real one
+    hang_at: int | None = None  # GETs send the file up to this offset, then hang until this is None again
+    ignores_range: bool = False  # answer 200 and the whole file to a `Range` request, as some servers do
+    redirect: bool = False  # the resolve URL answers 302 to `/cdn/<etag>`, as for LFS and Xet files
 
     @cached_property
     def etag(self) -> str:
@@ -66,19 +72,26 @@ class Request:
 
 
 class FakeHub:
-    """Start with `with FakeHub() as hub:`; point `HF_ENDPOINT` at `hub.url`."""
+    """Start with `with FakeHub() as hub:`; point `HF_ENDPOINT` at `hub.url`.
+
+    Redirected files are served by a second server, the CDN: another origin, as on the real Hub.
+    """
 
     def __init__(self) -> None:
         self.repos: dict[str, ServedRepo] = {}
         self.requests: list[Request] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
+        self.closing = threading.Event()
+        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self)) for _ in ("hub", "cdn")]
+        for server in self._servers:
+            server.daemon_threads = True
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return _url_of(self._servers[0])
+
+    @property
+    def cdn_url(self) -> str:
+        return _url_of(self._servers[1])
 
     def add_file(self, repo: str, filename: str, content: bytes, **options) -> ServedFile:
         commit = hashlib.sha1(repo.encode()).hexdigest()
@@ -93,12 +106,20 @@ class FakeHub:
         return [request for request in self.requests if request.method == "GET" and request.path.endswith(filename)]
 
     def __enter__(self) -> FakeHub:
-        self._thread.start()
+        for server in self._servers:
+            threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self.closing.set()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+
+def _url_of(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}"
 
 
 def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -119,6 +140,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 Request(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
             )
             parts = [unquote(part) for part in urlsplit(self.path).path.split("/")]
+            if len(parts) == 3 and parts[1] == "cdn":
+                return self._send_cdn(parts[2], body=body)
             if len(parts) < 6 or parts[3] != "resolve":
                 return self._error(404, "RepoNotFound", body=body)
             repo_id, revision, filename = f"{parts[1]}/{parts[2]}", parts[4], "/".join(parts[5:])
@@ -133,13 +156,32 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             served = repo.files.get(filename)
             if served is None:
                 return self._error(404, "EntryNotFound", body=body, commit=repo.commit)
+            if served.redirect:
+                return self._redirect(served, repo.commit)
             self._send_file(served, repo.commit, body=body)
 
-        def _send_file(self, served: ServedFile, commit: str, *, body: bool) -> None:
-            start = _range_start(self.headers.get("Range"))
+        def _redirect(self, served: ServedFile, commit: str) -> None:
+            self.send_response(302)
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header("ETag", f'"{hashlib.sha1(served.content).hexdigest()}"')  # the git pointer's, not the file's
+            self.send_header("X-Linked-Etag", f'"{served.etag}"')
+            self.send_header("X-Linked-Size", str(served.size))
+            self.send_header("Location", f"{hub.cdn_url}/cdn/{served.etag}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _send_cdn(self, etag: str, *, body: bool) -> None:
+            files = [served for repo in hub.repos.values() for served in repo.files.values() if served.etag == etag]
+            if not files:
+                return self._error(404, "NotFound", body=body)
+            self._send_file(files[0], None, body=body)
+
+        def _send_file(self, served: ServedFile, commit: str | None, *, body: bool) -> None:
+            start = 0 if served.ignores_range else _range_start(self.headers.get("Range"))
             payload = memoryview(served.content)[start:]
             self.send_response(206 if start else 200)
-            self.send_header("X-Repo-Commit", commit)
+            if commit:  # the Hub names it; a CDN does not
+                self.send_header("X-Repo-Commit", commit)
             self.send_header("ETag", f'"{served.etag}"')
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
@@ -148,6 +190,13 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(served.size - start if not body else len(payload)))
             self.end_headers()
             if not body:
+                return
+            if served.hang_at is not None and start < served.hang_at:
+                self.wfile.write(payload[: served.hang_at - start])
+                self.wfile.flush()
+                while served.hang_at is not None and not hub.closing.wait(0.05):
+                    pass
+                self.close_connection = True
                 return
             if served.cuts > 0:
                 served.cuts -= 1
