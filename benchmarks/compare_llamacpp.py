@@ -80,6 +80,7 @@ class Workload:
     ngram_n: int
     threads: int | None
     ctx_size: int
+    specli_k: str | None = None  # specli's -k when it differs from llama.cpp's (e.g. "auto")
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def specli_command(
     """
     draft = "none" if plain else str(work.draft) if work.draft else "ngram"
     command = [
-        *specli, "run", "--json", "--temp", "0", "-n", str(work.n), "-k", str(work.k),
+        *specli, "run", "--json", "--temp", "0", "-n", str(work.n), "-k", work.specli_k or str(work.k),
         "-c", str(work.ctx_size), "--target", str(work.model), "--draft", draft, "--no-chat",
     ]
     if work.threads is not None:
@@ -258,6 +259,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     prompt.add_argument("-p", "--prompt", help="Prompt text, used as is (no chat template).")
     prompt.add_argument("-f", "--prompt-file", type=Path, help="Read the prompt from this file.")
     parser.add_argument("-k", "--draft-tokens", type=int, default=4, help="Draft length K (default: 4).")
+    parser.add_argument(
+        "--specli-k", default=None,
+        help="specli's -k when it should differ from llama.cpp's, e.g. 'auto' (default: the same K).",
+    )
     parser.add_argument("-n", "--max-tokens", type=int, default=128, help="Tokens to generate (default: 128).")
     parser.add_argument("--runs", type=int, default=5, help="Timed runs per tool (default: 5).")
     parser.add_argument("--warmup", type=int, default=1, help="Untimed runs per tool first, to warm the page cache (default: 1).")
@@ -292,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     work = Workload(
         model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=args.max_tokens,
-        ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size,
+        ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k,
     )
 
     # Tool name -> (runner, command). Speculative rows first, plain references after.
