@@ -6,8 +6,8 @@ it were, and costs draft(k) + verify(k + 1) + overhead seconds. The policy picks
 with the most tokens per second; k = 0 is a plain step.
 
 - Acceptance is tracked per context key (for n-gram lookup: the length of the match
-  behind the proposal; a 4-token match predicts far better than a 1-token one), with
-  recent steps weighted most. A position seen rarely borrows strength from the key's
+  behind the proposal; a 12-token match predicts far better than a 1-token one), with
+  recent steps weighted most, starting from the proposer's prior for that key. A position seen rarely borrows strength from the key's
   pooled rate, so one unlucky rejection does not rule out long drafts for good.
 - Verify cost by batch size comes from a calibration (timed once per model and
   settings, cached on disk) and is refined by every step's timing.
@@ -25,16 +25,19 @@ from typing import Callable
 
 PRIOR_ACCEPTANCE = 0.6  # belief about an unseen key: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind that belief
+RUN_WEIGHT = 4.0  # pseudo-observations behind a key's prior against the run's own record
 POSITION_SHRINK = 4.0  # pseudo-observations pulling a position towards its key's pooled rate
 DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
 SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
 PROBE_LENGTH = 3
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)
+MAX_DRAFT = 48  # longest draft considered: long exact copies verify cheapest per token
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 25, 32, 33, 48, 49)
 
 
 @dataclass
 class _KeyState:
+    prior: float = PRIOR_ACCEPTANCE
     pooled_kept: float = 0.0
     pooled_tested: float = 0.0
     kept: list[float] = field(default_factory=list)  # by position, decayed counts
@@ -42,8 +45,8 @@ class _KeyState:
     idle_steps: int = 0  # steps since this key last drafted
     probe_gap: int = 1  # idle steps before the next probe: an unseen key is tried at once
 
-    def pooled(self) -> float:
-        return (self.pooled_kept + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.pooled_tested + PRIOR_WEIGHT)
+    def pooled(self, prior: float) -> float:
+        return (self.pooled_kept + PRIOR_WEIGHT * prior) / (self.pooled_tested + PRIOR_WEIGHT)
 
     def acceptance(self, position: int, pooled: float) -> float:
         if position < len(self.tested):
@@ -69,20 +72,30 @@ class _KeyState:
 
 
 class AdaptiveDraftLength:
-    def __init__(self, max_k: int = 16, verify_cost: VerifyCost | None = None) -> None:
+    def __init__(
+        self,
+        max_k: int = MAX_DRAFT,
+        verify_cost: VerifyCost | None = None,
+        prior: Callable[[object], float] | None = None,
+    ) -> None:
         self.max_k = max_k
+        self._prior = prior  # the proposer's belief about a key it has not seen judged yet
         self._keys: dict[object, _KeyState] = {}
+        self._run = _KeyState()  # every key together
         self._verify = verify_cost or VerifyCost()
         self._draft_seconds_per_token: float | None = None
         self._overhead_seconds = 0.0
 
     def next(self, key: object = None, available: int | None = None) -> int:
         """Draft length for the next step (0: a plain step)."""
-        state = self._keys.setdefault(key, _KeyState())
+        state = self._state(key)
         limit = self.max_k if available is None else min(self.max_k, available)
         if limit <= 0:
             return 0
-        pooled = state.pooled()
+        # The key's prior, itself shrunk towards what the whole run has shown: in a run
+        # where drafts keep failing, an unseen key is not trusted as if nothing had happened.
+        prior = (self._run.pooled_kept + RUN_WEIGHT * state.prior) / (self._run.pooled_tested + RUN_WEIGHT)
+        pooled = state.pooled(prior)
         best_k, best_rate = 0, 1.0 / self._step_cost(0)
         expected, chain = 1.0, 1.0
         for k in range(1, limit + 1):
@@ -99,6 +112,13 @@ class AdaptiveDraftLength:
                 return min(limit, PROBE_LENGTH)  # a short probe refreshes the estimate cheaply
         return best_k
 
+    def _state(self, key: object) -> _KeyState:
+        state = self._keys.get(key)
+        if state is None:
+            prior = self._prior(key) if self._prior is not None else PRIOR_ACCEPTANCE
+            state = self._keys[key] = _KeyState(prior=prior)
+        return state
+
     def _step_cost(self, k: int) -> float:
         draft = (self._draft_seconds_per_token or 0.0) * k
         return draft + self._verify.cost(k + 1) + self._overhead_seconds
@@ -112,9 +132,10 @@ class AdaptiveDraftLength:
         key: object = None,
         overhead_seconds: float = 0.0,
     ) -> None:
-        state = self._keys.setdefault(key, _KeyState())
+        state = self._state(key)
         if drafted:
             state.observe(drafted, accepted)
+            self._run.observe(drafted, accepted)
             state.idle_steps = 0
             if accepted > 0:
                 state.probe_gap = 8

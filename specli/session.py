@@ -50,7 +50,7 @@ class Session:
             return FixedDraftLength(fixed_k)
         if self.proposer.name == "none":
             return FixedDraftLength(0)
-        return AdaptiveDraftLength(verify_cost=VerifyCost(self.verify_costs()))
+        return AdaptiveDraftLength(verify_cost=VerifyCost(self.verify_costs()), prior=getattr(self.proposer, "prior", None))
 
     def verify_costs(self) -> dict[int, float]:
         """Seconds per all-logits decode by batch size, measured once per model and settings."""

@@ -146,7 +146,7 @@ orders = st.integers(min_value=1, max_value=4).flatmap(lambda high: st.tuples(st
 @given(streams, orders, st.integers(min_value=0, max_value=10))
 def test_ngram_proposals_continue_an_earlier_occurrence(sequence, order, max_tokens):
     max_n, min_n = order
-    proposer = NGramProposer(max_n=max_n, min_n=min_n)
+    proposer = NGramProposer(lengths=tuple(range(min_n, max_n + 1)))
     proposer.prepare(sequence)
     proposal = proposer.propose(sequence, max_tokens).tokens
     assert len(proposal) <= max_tokens
@@ -164,10 +164,10 @@ def test_ngram_index_grown_step_by_step_answers_like_a_fresh_one(sequence, order
     """The engine prepares the prompt once, then proposes on ever longer sequences."""
     max_n, min_n = order
     prompt_length = min(prompt_length, len(sequence))
-    incremental = NGramProposer(max_n=max_n, min_n=min_n)
+    incremental = NGramProposer(lengths=tuple(range(min_n, max_n + 1)))
     incremental.prepare(sequence[:prompt_length])
     for end in range(prompt_length, len(sequence) + 1):
-        fresh = NGramProposer(max_n=max_n, min_n=min_n)
+        fresh = NGramProposer(lengths=tuple(range(min_n, max_n + 1)))
         fresh.prepare(sequence[:end])
         grown = incremental.propose(sequence[:end], max_tokens)
         assert grown.tokens == fresh.propose(sequence[:end], max_tokens).tokens

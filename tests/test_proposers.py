@@ -2,7 +2,7 @@ from specli.proposers import NGramProposer, _common_prefix_length
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():
-    proposer = NGramProposer(max_n=3)
+    proposer = NGramProposer(lengths=(3, 2, 1))
     tokens = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4]
     proposer.prepare(tokens[:3])
     assert proposer.propose(tokens, 2).tokens == [7, 8]  # latest occurrence of 2 3 4
@@ -10,21 +10,21 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
 
 
 def test_ngram_continues_a_repetition_periodically():
-    proposer = NGramProposer(max_n=2)
+    proposer = NGramProposer(lengths=(2, 1))
     tokens = [5, 6, 7, 5, 6, 7, 5, 6]
     proposer.prepare(tokens)
     assert proposer.propose(tokens, 7).tokens == [7, 5, 6, 7, 5, 6, 7]
 
 
 def test_ngram_without_match_proposes_nothing():
-    proposer = NGramProposer(max_n=3, min_n=2)
+    proposer = NGramProposer(lengths=(3, 2))
     tokens = [1, 2, 3, 4]
     proposer.prepare(tokens)
     assert proposer.propose(tokens, 4).tokens == []
 
 
 def test_ngram_index_grows_incrementally():
-    proposer = NGramProposer(max_n=2)
+    proposer = NGramProposer(lengths=(2, 1))
     proposer.prepare([1, 2, 3])
     assert proposer.propose([1, 2, 3, 1, 2], 1).tokens == [3]
 

@@ -102,7 +102,7 @@ def test_greedy_speculative_output_is_the_targets(target, draft_model, plain_run
 def test_ngram_rejections_leave_the_kv_cache_consistent(target, plain_runs):
     """After a run full of rejections, the cache holds exactly the committed tokens."""
     tokens, plain, _ = plain_runs[PROMPTS[2]]
-    proposer = NGramProposer(min_n=1)
+    proposer = NGramProposer()
     engine = Engine(target, proposer, FixedDraftLength(8), GenerationOptions(max_tokens=MAX_TOKENS))
     events = list(engine.generate(tokens))
     out = [e.id for e in events if isinstance(e, Token)]

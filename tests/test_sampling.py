@@ -131,7 +131,7 @@ def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_k
             draft = FakeModel(n_vocab=n, sharpness=1.0, noise_seed=5, noise=3.0)
             proposer = DraftModelProposer(draft, settings, np.random.default_rng(master.integers(1 << 62)))
         else:
-            proposer = NGramProposer(max_n=2)
+            proposer = NGramProposer(lengths=(2, 1))
         engine = Engine(target, proposer, FixedDraftLength(3), GenerationOptions(max_tokens=2, sampling=settings),
                         np.random.default_rng(master.integers(1 << 62)))
         ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
