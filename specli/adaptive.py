@@ -31,6 +31,7 @@ DECAY = 0.95  # per step: weight of older observations (an effective window of ~
 SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
 PROBE_LENGTH = 3
+FIRST_PROBE_GAP = 1  # an unseen key is probed at once (measured: better than waiting on its prior)
 MAX_DRAFT = 48  # longest draft considered: long exact copies verify cheapest per token
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 25, 32, 33, 48, 49)
 
@@ -43,7 +44,7 @@ class _KeyState:
     kept: list[float] = field(default_factory=list)  # by position, decayed counts
     tested: list[float] = field(default_factory=list)
     idle_steps: int = 0  # steps since this key last drafted
-    probe_gap: int = 1  # idle steps before the next probe: an unseen key is tried at once
+    probe_gap: int = field(default_factory=lambda: FIRST_PROBE_GAP)  # idle steps before the next probe
 
     def pooled(self, prior: float) -> float:
         return (self.pooled_kept + PRIOR_WEIGHT * prior) / (self.pooled_tested + PRIOR_WEIGHT)

@@ -96,6 +96,10 @@ def run(
     draft_tokens: Annotated[
         str, typer.Option("-k", "--draft-tokens", help="Draft tokens per step: a number, or 'auto' to adapt to what is accepted.")
     ] = "auto",
+    draft_min_p: Annotated[
+        Optional[float],
+        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (default: 0.3 with -k auto, 0 with a fixed -k)."),
+    ] = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens.")] = 256,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = 40,
@@ -133,6 +137,7 @@ def run(
         target=target,
         draft=draft,
         draft_tokens=_draft_tokens(draft_tokens),
+        draft_min_p=draft_min_p,
         max_tokens=max_tokens,
         sampling=SamplingSettings(temp, top_k, top_p, min_p),
         seed=seed,
@@ -332,6 +337,7 @@ def bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file ([[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,
+    draft_min_p: Annotated[Optional[float], typer.Option("--draft-min-p", min=0.0, max=1.0, help="Draft models: confidence cut-off (default: 0.3 for auto, 0 for fixed K; given, it applies to all).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Override every workload's token budget.")] = None,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy, and outputs are checked against plain decoding).")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed for sampling.")] = 0,
@@ -367,7 +373,7 @@ def bench(
         spec = SessionSpec(models.target, models.draft, load, load, sampling, seed, verbose=verbose)
         with open_session(spec) as session:
             report = run_bench(session, workloads, configs, runs, sampling,
-                               progress=None if json_output else print_progress)
+                               progress=None if json_output else print_progress, draft_min_p=draft_min_p)
         report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
                       temperature=temp, seed=seed)
         if json_output:

@@ -157,11 +157,11 @@ class DraftModelProposer:
         while True:
             if dists is None:
                 token = int(np.argmax(row))
-                if self.min_confidence > 0.0 and drafted and _top_probability(row) < self.min_confidence:
+                if self.min_confidence > 0.0 and _top_probability(row) < self.min_confidence:
                     break  # the draft is unsure: verifying this token is unlikely to pay
             else:
                 dist = warp(row, self.sampling)
-                if self.min_confidence > 0.0 and drafted and float(dist.probs.max()) < self.min_confidence:
+                if self.min_confidence > 0.0 and float(dist.probs.max()) < self.min_confidence:
                     break
                 token = dist.sample(self.rng)
                 dists.append(dist)

@@ -16,6 +16,8 @@ from specli.errors import PromptError, SpecliError
 from specli.sampling import SamplingSettings
 
 EXIT_OK = 0
+# With -k auto a draft model stops drafting once its top probability falls below this.
+DEFAULT_DRAFT_MIN_P = 0.3
 EXIT_INTERRUPTED = 130
 
 
@@ -28,6 +30,7 @@ class RunRequest:
     target: Path | None = None
     draft: str | None = None  # a path, "ngram" or "none"; None: the pair's, else ngram
     draft_tokens: int | None = None  # None: auto
+    draft_min_p: float | None = None  # None: DEFAULT_DRAFT_MIN_P with auto, 0 with a fixed K
     max_tokens: int = 256
     sampling: SamplingSettings = SamplingSettings()
     seed: int | None = None
@@ -150,6 +153,8 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     target_load = LoadSettings(request.gpu_layers, request.ctx_size, threads=request.threads, repack=request.repack)
     draft_layers = request.gpu_layers if request.draft_gpu_layers is None else request.draft_gpu_layers
     draft_load = LoadSettings(draft_layers, request.ctx_size, threads=request.threads, repack=request.repack)
+    fixed_k = request.draft_tokens or models.pair_draft_tokens
+    draft_min_p = request.draft_min_p if request.draft_min_p is not None else (0.0 if fixed_k else DEFAULT_DRAFT_MIN_P)
     spec = SessionSpec(
         target=models.target,
         draft=models.draft,
@@ -157,12 +162,12 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
         draft_load=draft_load,
         sampling=request.sampling,
         seed=request.seed,
+        draft_min_confidence=draft_min_p,
         verbose=request.verbose,
     )
     with open_session(spec) as session:
         tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
         check_prompt_fits(len(tokens), session.target.n_ctx)  # before the adaptive policy's calibration
-        fixed_k = request.draft_tokens or models.pair_draft_tokens
         draft_length = session.draft_length(fixed_k)
         options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
         engine = session.engine(draft_length, options)
@@ -173,6 +178,7 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
         )
         extra = {
             "draft_tokens": fixed_k or "auto",
+            "draft_min_p": draft_min_p if isinstance(models.draft, Path) else None,
             "temperature": request.sampling.temperature,
             "top_k": request.sampling.top_k,
             "top_p": request.sampling.top_p,
