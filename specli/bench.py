@@ -19,7 +19,6 @@ from typing import Callable
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError
 from specli.proposers import NoProposer
-from specli.runner import DEFAULT_DRAFT_MIN_P
 from specli.sampling import SamplingSettings
 from specli.session import Session, prompt_tokens
 
@@ -148,13 +147,8 @@ def run_bench(
     runs: int,
     sampling: SamplingSettings = SamplingSettings(),
     progress: Callable[[str], None] | None = None,
-    draft_min_p: float | None = None,
 ) -> dict:
-    """Measure every configuration on every workload; returns the report as a dict.
-
-    A draft model's confidence cut-off is `draft_min_p` when given, else the run command's
-    defaults: DEFAULT_DRAFT_MIN_P under auto, none with a fixed K.
-    """
+    """Measure every configuration on every workload; returns the report as a dict."""
     all_configs: list[str | int] = [PLAIN] + [c for c in configs if c != PLAIN]
     report: dict = {"proposer": session.proposer.name, "runs": runs, "workloads": []}
     for workload in workloads:
@@ -166,9 +160,6 @@ def run_bench(
             round_speed: dict[str, float] = {}
             round_output: dict[str, list[int]] = {}
             for config in order:
-                if hasattr(session.proposer, "min_confidence"):
-                    default = DEFAULT_DRAFT_MIN_P if config == AUTO else 0.0
-                    session.proposer.min_confidence = default if draft_min_p is None else draft_min_p
                 output, stats = _generate(session, config, tokens, workload.max_tokens, sampling)
                 round_speed[_label(config)] = stats.tokens_per_second
                 round_output[_label(config)] = output

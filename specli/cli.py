@@ -98,7 +98,7 @@ def run(
     ] = "auto",
     draft_min_p: Annotated[
         Optional[float],
-        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (default: 0.3 with -k auto, 0 with a fixed -k)."),
+        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off, the default)."),
     ] = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens.")] = 256,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
@@ -337,7 +337,7 @@ def bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file ([[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,
-    draft_min_p: Annotated[Optional[float], typer.Option("--draft-min-p", min=0.0, max=1.0, help="Draft models: confidence cut-off (default: 0.3 for auto, 0 for fixed K; given, it applies to all).")] = None,
+    draft_min_p: Annotated[Optional[float], typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off, the default).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Override every workload's token budget.")] = None,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy, and outputs are checked against plain decoding).")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed for sampling.")] = 0,
@@ -356,7 +356,7 @@ def bench(
 
     from specli.backend import LoadSettings
     from specli.bench import load_workloads, parse_configs, print_progress, render_report, run_bench
-    from specli.runner import RunRequest, resolve_models
+    from specli.runner import DEFAULT_DRAFT_MIN_P, RunRequest, resolve_models
     from specli.sampling import SamplingSettings
     from specli.session import SessionSpec, open_session
 
@@ -370,10 +370,11 @@ def bench(
             raise typer.BadParameter("bench compares against plain decoding; give a draft model or ngram", param_hint="--draft")
         load = LoadSettings(gpu_layers, ctx_size, threads=threads, repack=repack)
         sampling = SamplingSettings(temp, 40, 0.95, 0.05) if temp > 0 else SamplingSettings()
-        spec = SessionSpec(models.target, models.draft, load, load, sampling, seed, verbose=verbose)
+        min_p = DEFAULT_DRAFT_MIN_P if draft_min_p is None else draft_min_p
+        spec = SessionSpec(models.target, models.draft, load, load, sampling, seed, min_p, verbose=verbose)
         with open_session(spec) as session:
             report = run_bench(session, workloads, configs, runs, sampling,
-                               progress=None if json_output else print_progress, draft_min_p=draft_min_p)
+                               progress=None if json_output else print_progress)
         report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
                       temperature=temp, seed=seed)
         if json_output:
