@@ -108,10 +108,20 @@ class AdaptiveDraftLength:
         if best_k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
+                # A short probe refreshes the estimate; gaps grow until drafting pays again on
+                # its own merits (an accepted probe is not enough: the draft's cost may still
+                # exceed what it saves). No probe when even a fully accepted draft would lose.
                 state.idle_steps = 0
                 state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
-                return min(limit, PROBE_LENGTH)  # a short probe refreshes the estimate cheaply
+                if self._could_pay(limit, best_rate):
+                    return min(limit, PROBE_LENGTH)
+        else:
+            state.probe_gap = min(state.probe_gap, 8)
         return best_k
+
+    def _could_pay(self, limit: int, plain_rate: float) -> bool:
+        """Whether some draft length beats a plain step if every drafted token is accepted."""
+        return any((k + 1) / self._step_cost(k) > plain_rate for k in range(1, limit + 1))
 
     def _state(self, key: object) -> _KeyState:
         state = self._keys.get(key)
@@ -138,8 +148,6 @@ class AdaptiveDraftLength:
             state.observe(drafted, accepted)
             self._run.observe(drafted, accepted)
             state.idle_steps = 0
-            if accepted > 0:
-                state.probe_gap = 8
             per_token = draft_seconds / drafted
             prior = self._draft_seconds_per_token
             self._draft_seconds_per_token = per_token if prior is None else prior + SMOOTHING * (per_token - prior)

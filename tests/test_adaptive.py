@@ -118,3 +118,15 @@ def test_auto_policy_keeps_greedy_output_identical():
                     GenerationOptions(80))
     out = [e.id for e in engine.generate([1, 2, 3, 1, 2]) if isinstance(e, Token)]
     assert out == plain_greedy(FakeModel(seed=3, order=1), [1, 2, 3, 1, 2], 80)
+
+
+def test_no_probes_when_even_perfect_drafts_cannot_pay():
+    """A draft as slow as the target (self-drafting on a CPU): after one lesson, plain steps."""
+    policy = AdaptiveDraftLength(verify_cost=cpu_cost())
+    chosen = []
+    for _ in range(200):
+        k = policy.next(None, 16)
+        chosen.append(k)
+        # Every token is accepted, but drafting costs 12 ms a token against a 10 ms plain step.
+        policy.record(k, k, 0.012 * k, cpu_cost().cost(k + 1), None)
+    assert sum(1 for k in chosen[10:] if k) == 0
