@@ -172,7 +172,9 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     with open_session(spec) as session:
         tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
         check_prompt_fits(len(tokens), session.target.n_ctx)  # before the adaptive policy's calibration
-        draft_length = session.draft_length(fixed_k)
+        draft_length = session.draft_length(fixed_k, notice=None if request.quiet or request.json else lambda: stderr.write(
+            "specli: timing this model's verify batches for -k auto (once per model and settings)\n"
+        ))
         options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
         engine = session.engine(draft_length, options)
         renderer = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Callable, Literal, Union
 
 import numpy as np
 
@@ -44,15 +44,17 @@ class Session:
     def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
         return Engine(self.target, self.proposer, draft_length, options, self.rng)
 
-    def draft_length(self, fixed_k: int | None) -> DraftLength:
-        """A fixed K, or the adaptive policy primed with this target's verify-cost curve."""
+    def draft_length(self, fixed_k: int | None, notice: Callable[[], None] | None = None) -> DraftLength:
+        """A fixed K, or the adaptive policy primed with this target's verify-cost curve
+        (`notice` is called before a calibration has to be measured)."""
         if fixed_k is not None:
             return FixedDraftLength(fixed_k)
         if self.proposer.name == "none":
             return FixedDraftLength(0)
-        return AdaptiveDraftLength(verify_cost=VerifyCost(self.verify_costs()), prior=getattr(self.proposer, "prior", None))
+        costs = VerifyCost(self.verify_costs(notice))
+        return AdaptiveDraftLength(verify_cost=costs, prior=getattr(self.proposer, "prior", None))
 
-    def verify_costs(self) -> dict[int, float]:
+    def verify_costs(self, notice: Callable[[], None] | None = None) -> dict[int, float]:
         """Seconds per all-logits decode by batch size, measured once per model and settings."""
         target, load = self.target, self.spec.target_load
         info = target.path.stat()
@@ -64,6 +66,8 @@ class Session:
         token = target.bos if target.bos >= 0 else 0
 
         def measure() -> dict[int, float]:
+            if notice is not None:
+                notice()
             target.rewind(0)
             sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
             return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
