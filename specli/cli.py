@@ -175,16 +175,14 @@ def pull(
     ] = False,
 ) -> None:
     """Download the target and draft of each pair into the Hugging Face cache; print their paths."""
-    from pathlib import Path
-
-    from specli import hub
+    from specli import hub, listing
     from specli.registry import load_registry
 
     with user_errors():
         registry = load_registry()
         for pair in [registry.get(name) for name in pairs]:
             if dry_run:
-                _print_pull_plan(hub.plan_pull(pair))
+                listing.print_pull_plan(hub.plan_pull(pair))
                 continue
             target, draft = hub.pull_pair(pair)
             typer.echo(str(target))
@@ -200,15 +198,15 @@ def list_pairs(
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     import json
 
-    from specli import hub
+    from specli import hub, listing
     from specli.registry import load_registry
 
     with user_errors():
         statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
     if as_json:
-        typer.echo(json.dumps([_pair_json(status) for status in statuses], indent=2))
+        typer.echo(json.dumps([listing.pair_json(status) for status in statuses], indent=2))
     else:
-        _print_pairs_table(statuses)
+        listing.print_pairs_table(statuses)
 
 
 @app.command("rm")
@@ -235,73 +233,6 @@ def remove(
             typer.echo(f"removing {pair.name}: {len(removal.entries)} file(s), freeing {size}", err=True)
             for path in hub.remove_files(removal):
                 typer.echo(str(path))
-
-
-def _print_pull_plan(plan) -> None:
-    from specli import hub
-
-    typer.echo(plan.pair.name)
-    for role, ref in plan.pair.models():
-        if ref.repo is None:
-            typer.echo(f"  {role:<6}  {ref.label}  local")
-        for file in (file for file in plan.files if file.role == role):
-            state = "cached" if file.cached or file.in_blobs else "download"
-            typer.echo(f"  {role:<6}  {file.repo}/{file.filename}  {hub.format_size(file.size)}  {state}")
-    if plan.pair.draft == "ngram":
-        typer.echo("  draft   ngram (no model)")
-    typer.echo(f"  to download: {hub.format_size(plan.download_size)}")
-
-
-def _print_pairs_table(statuses) -> None:
-    """Aligned columns, never wrapped, the path last: readable in a terminal and with grep."""
-    from pathlib import Path
-
-    from specli import hub
-
-    rows = [("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")]
-    for status in statuses:
-        pair, target = status.pair, status.models[0]
-        draft = pair.draft if pair.draft == "ngram" else _model_short_name(pair.draft)
-        size = hub.format_size(status.size) if status.size else "-"
-        path = str(target.path).replace(str(Path.home()), "~", 1) if target.path else "-"
-        rows.append((pair.name, _model_short_name(pair.target), draft, size, status.state, path))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
-        typer.echo("  ".join([*cells, row[-1]]).rstrip())
-
-
-def _model_short_name(ref) -> str:
-    if ref.file:
-        return ref.file
-    return ref.path.name if ref.path else f"package {ref.package}"
-
-
-def _pair_json(status) -> dict:
-    pair = status.pair
-    models = {model.role: _model_json(model) for model in status.models}
-    return {
-        "name": pair.name,
-        "description": pair.description,
-        "status": status.state,
-        "size_bytes": status.size,
-        "draft_tokens": pair.draft_tokens,
-        "target": models["target"],
-        "draft": models.get("draft", pair.draft),
-    }
-
-
-def _model_json(model) -> dict:
-    return {
-        "source": model.ref.model_dump(mode="json", exclude_none=True),
-        "downloaded": model.downloaded,
-        "path": str(model.path) if model.path else None,
-        "size_bytes": model.size,
-        "files": [
-            {"file": file.filename, "path": str(file.path) if file.path else None, "size_bytes": file.size}
-            for file in model.files
-        ],
-    }
 
 
 # --- bench / doctor --------------------------------------------------------

