@@ -22,6 +22,7 @@ EXIT_OK = 0
 # measured acceptance. Measured on the synthetic memory-bound pair: a 0.3 cut-off gave
 # 16.5 tok/s against 35.4 without it.
 DEFAULT_DRAFT_MIN_P = 0.0
+CALIBRATION_NOTICE = "specli: timing this model's verify batches for -k auto (once per model and settings)\n"
 EXIT_INTERRUPTED = 130
 
 
@@ -172,9 +173,8 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     with open_session(spec) as session:
         tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
         check_prompt_fits(len(tokens), session.target.n_ctx)  # before the adaptive policy's calibration
-        draft_length = session.draft_length(fixed_k, notice=None if request.quiet or request.json else lambda: stderr.write(
-            "specli: timing this model's verify batches for -k auto (once per model and settings)\n"
-        ))
+        notice = None if request.quiet or request.json else lambda: stderr.write(CALIBRATION_NOTICE)
+        draft_length = session.draft_length(fixed_k, notice)
         options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
         engine = session.engine(draft_length, options)
         renderer = (
