@@ -167,6 +167,15 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
 
 
+def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
+    """The prompt and at least one generated token must fit in the context."""
+    if n_tokens >= n_ctx:
+        raise PromptError(
+            f"the prompt is {n_tokens} tokens but the context holds {n_ctx}",
+            "raise --ctx-size or shorten the prompt",
+        )
+
+
 class Engine:
     """Runs one generation. `stats` stays readable if the consumer stops early (Ctrl-C)."""
 
@@ -190,11 +199,7 @@ class Engine:
         if not prompt:
             raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
         target, options, stats = self.target, self.options, self.stats
-        if len(prompt) >= target.n_ctx:
-            raise PromptError(
-                f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}",
-                "raise --ctx-size or shorten the prompt",
-            )
+        check_prompt_fits(len(prompt), target.n_ctx)
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         target.rewind(0)

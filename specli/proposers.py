@@ -146,8 +146,7 @@ class DraftModelProposer:
             keep -= 1  # the last token must be decoded again to get its logits
         self.model.rewind(keep)
         del self._cached[keep:]
-        room = self.model.n_ctx - keep - (len(tokens) - keep)
-        max_tokens = min(max_tokens, room)
+        max_tokens = min(max_tokens, self.model.n_ctx - len(tokens))  # the draft's own context
         if max_tokens <= 0:
             return Proposal()
         row = self.model.decode(tokens[keep:])[-1]

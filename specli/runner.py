@@ -141,7 +141,7 @@ def _draft_path_or_kind(draft: str | Path) -> Path | str:
 def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
     """Run one generation, streaming to stdout. Returns the exit code."""
     from specli.backend import LoadSettings, supports_gpu_offload
-    from specli.engine import Finished, GenerationOptions, Token
+    from specli.engine import Finished, GenerationOptions, Token, check_prompt_fits
     from specli.render import JsonRenderer, TextRenderer, use_colour
     from specli.session import SessionSpec, open_session, prompt_tokens
 
@@ -223,15 +223,6 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
                 "(raise --ctx-size)\n"
             )
     return EXIT_OK
-
-
-def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
-    """The prompt and at least one generated token must fit in the context."""
-    if n_tokens >= n_ctx:
-        raise PromptError(
-            f"the prompt is {n_tokens} tokens but the context holds {n_ctx}",
-            "raise --ctx-size or shorten the prompt",
-        )
 
 
 def _finish_quietly(renderer, stats, extra) -> None:
