@@ -58,10 +58,12 @@ class Session:
         """Seconds per all-logits decode by batch size, measured once per model and settings."""
         target, load = self.target, self.spec.target_load
         info = target.path.stat()
+        sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
         key = "|".join(
             str(part)
             for part in (target.path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads,
-                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"])
+                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"],
+                         ",".join(map(str, sizes)))
         )
         token = target.bos if target.bos >= 0 else 0
 
@@ -69,7 +71,6 @@ class Session:
             if notice is not None:
                 notice()
             target.rewind(0)
-            sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
             return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
 
         return cached_calibration(cache_dir() / "calibration.json", key, measure)

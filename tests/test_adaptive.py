@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from fakes import FakeModel, plain_greedy
+
 from specli.adaptive import AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
 from specli.engine import Engine, GenerationOptions, Token
 from specli.proposers import DraftModelProposer, NGramProposer
@@ -87,6 +89,28 @@ def test_verify_cost_drops_warm_up_samples_and_interpolates():
     assert cost.cost(4) == 0.040 and cost.cost(1) == 0.010
     assert 0.010 < cost.cost(2) < cost.cost(3) < 0.040  # between measured neighbours
     assert cost.cost(8) > 0.040  # beyond: extrapolated upwards
+
+
+def paired_rows_cost(size: int) -> float:
+    """Like llama.cpp's CPU kernels here: rows go in pairs, an odd row costs a lone pass."""
+    return 0.010 + 0.004 * size + (0.012 if size % 2 and size > 1 else 0.0)
+
+
+def test_verify_cost_interpolates_odd_and_even_sizes_on_their_own_lines():
+    calibrated = {size: paired_rows_cost(size) for size in (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)}
+    cost = VerifyCost(calibrated)
+    for size in (7, 10, 11, 13, 14, 15):
+        assert cost.cost(size) == pytest.approx(paired_rows_cost(size))
+    assert cost.cost(7) > cost.cost(8)
+
+
+def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
+    calibrated = {size: paired_rows_cost(size) for size in range(1, 18)}
+    policy = AdaptiveDraftLength(max_k=16, verify_cost=VerifyCost(calibrated))
+    chosen = drive(policy, acceptance=0.9, steps=200)
+    # k drafted tokens verify as k + 1 rows: an even batch, never an odd one above 1.
+    assert all(k == 0 or (k + 1) % 2 == 0 for k in chosen[20:])
+    assert max(chosen[20:]) > 1
 
 
 def test_calibration_is_measured_once_and_cached(tmp_path):
