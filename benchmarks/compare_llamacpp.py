@@ -22,6 +22,14 @@ which likewise leaves the prompt out.
 specli side: `specli run --json ...`; the last stdout line is
 {"type": "stats", "tokens": ..., "seconds": ..., "tokens_per_second": ..., "acceptance_rate": ...}.
 
+Each tool's generated text is read back (llama.cpp echoes it on stdout, specli in its
+JSON token events) and compared: greedy near-ties can flip with the batch shape, so the
+tools may write different texts, and then their speeds measure different work. The
+report says where the texts first differ.
+
+    python benchmarks/compare_llamacpp.py -m gemma.gguf --ngram --workload code-edit \
+        -k 48 --ngram-n 12 --specli-k auto --plain
+
 Only the standard library is used.
 """
 
@@ -68,6 +76,7 @@ class Run:
     acceptance_rate: float | None = None
     threads: int | None = None  # as the tool reports it
     wall_seconds: float = 0.0
+    text: str | None = None  # the generated text, when it could be read back
 
 
 @dataclasses.dataclass
@@ -138,7 +147,30 @@ def parse_llama_output(text: str, tool: str) -> Run:
     return Run(tool, int(tokens), float(seconds), float(speed), acceptance, int(threads[0]) if threads else None)
 
 
-def run_llama(tool: str, command: Sequence[str], timeout: float) -> Run:
+def generated_text(stdout: str, prompt: str) -> str | None:
+    """What llama.cpp generated: its stdout echoes the prompt (after special tokens such as
+    <bos>) and then the generation; llama-completion may add " [end of text]"."""
+    start = stdout.find(prompt)
+    if start < 0:
+        return None
+    text = stdout[start + len(prompt):]
+    end_marker = text.rfind("[end of text]")
+    if end_marker >= 0:
+        text = text[:end_marker]
+    return text.rstrip()
+
+
+def first_difference(a: str, b: str) -> int | None:
+    """Index of the first character where the texts differ (None: identical)."""
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def run_llama(tool: str, command: Sequence[str], timeout: float, prompt: str = "") -> Run:
     started = time.perf_counter()
     result = subprocess.run(
         command, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL
@@ -150,6 +182,7 @@ def run_llama(tool: str, command: Sequence[str], timeout: float) -> Run:
         raise RunError(f"{tool} exited with {result.returncode}:\n{tail}\ncommand: {shlex.join(command)}")
     run = parse_llama_output(output, tool)
     run.wall_seconds = wall
+    run.text = generated_text(result.stdout, prompt) if prompt else None
     return run
 
 
@@ -188,6 +221,9 @@ def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
         if stats.get("type") != "stats":
             continue
         drafted = stats.get("drafted")
+        text = "".join(
+            event.get("text", "") for event in _json_lines(stdout) if event.get("type") == "token"
+        ).rstrip()
         return Run(
             tool,
             int(stats["tokens"]),
@@ -195,11 +231,24 @@ def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
             float(stats["tokens_per_second"]),
             None if drafted == 0 else stats.get("acceptance_rate"),  # plain decoding drafts nothing
             stats.get("threads"),
+            text=text,
         )
     raise RunError(f'{tool}: no {{"type": "stats", ...}} line on stdout')
 
 
-def run_specli(tool: str, command: Sequence[str], timeout: float) -> Run:
+def _json_lines(stdout: str) -> list[dict]:
+    events = []
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def run_specli(tool: str, command: Sequence[str], timeout: float, prompt: str = "") -> Run:
     started = time.perf_counter()
     env = dict(os.environ, NO_COLOR="1")
     result = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
@@ -230,7 +279,48 @@ def summarize(runs: Sequence[Run]) -> dict:
         "median_acceptance_rate": statistics.median(acceptance) if acceptance else None,
         "threads": runs[0].threads,
         "tokens_per_second": speeds,
+        "text": runs[0].text,
+        "same_text_every_run": len({r.text for r in runs}) == 1,
     }
+
+
+def text_agreement(summary: dict[str, dict]) -> list[dict]:
+    """Whether pairs of tools wrote the same text. Greedy ties can flip with the batch
+    shape, so two tools (or one tool, speculative and plain) may write different texts:
+    their speeds then measure different work."""
+    pairs = [("specli", "llama.cpp"), ("specli", "specli plain"), ("llama.cpp", "llama.cpp plain"),
+             ("specli plain", "llama.cpp plain")]
+    found = []
+    for a, b in pairs:
+        if a not in summary or b not in summary:
+            continue
+        text_a, text_b = summary[a]["text"], summary[b]["text"]
+        if text_a is None or text_b is None:
+            found.append({"tools": [a, b], "same": None})
+            continue
+        index = first_difference(text_a, text_b)
+        found.append({"tools": [a, b], "same": index is None, "first_difference": index,
+                      "chars": [len(text_a), len(text_b)]})
+    return found
+
+
+def format_agreement(agreement: list[dict], summary: dict[str, dict]) -> str:
+    lines = []
+    for entry in agreement:
+        a, b = entry["tools"]
+        if entry["same"] is None:
+            lines.append(f"text {a} vs {b}: unknown (could not read one of them back)")
+        elif entry["same"]:
+            lines.append(f"text {a} vs {b}: identical ({entry['chars'][0]} chars)")
+        else:
+            i = entry["first_difference"]
+            show = lambda tool: repr(summary[tool]["text"][max(0, i - 20): i + 20])  # noqa: E731
+            lines.append(f"text {a} vs {b}: DIFFERENT from char {i} of {entry['chars'][0]}/{entry['chars'][1]}: "
+                         f"{show(a)} vs {show(b)}")
+    for tool, s in summary.items():
+        if not s["same_text_every_run"]:
+            lines.append(f"note: {tool} wrote different texts in different runs")
+    return "\n".join(lines)
 
 
 def format_table(summary: dict[str, dict]) -> str:
@@ -258,12 +348,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("-p", "--prompt", help="Prompt text, used as is (no chat template).")
     prompt.add_argument("-f", "--prompt-file", type=Path, help="Read the prompt from this file.")
+    prompt.add_argument("-w", "--workload", help="A workload's prompt (and its token budget, unless -n is given) "
+                        "from benchmarks/workloads.toml, by name.")
     parser.add_argument("-k", "--draft-tokens", type=int, default=4, help="Draft length K (default: 4).")
     parser.add_argument(
         "--specli-k", default=None,
         help="specli's -k when it should differ from llama.cpp's, e.g. 'auto' (default: the same K).",
     )
-    parser.add_argument("-n", "--max-tokens", type=int, default=128, help="Tokens to generate (default: 128).")
+    parser.add_argument("-n", "--max-tokens", type=int, default=None,
+                        help="Tokens to generate (default: the workload's budget, else 128).")
     parser.add_argument("--runs", type=int, default=5, help="Timed runs per tool (default: 5).")
     parser.add_argument("--warmup", type=int, default=1, help="Untimed runs per tool first, to warm the page cache (default: 1).")
     parser.add_argument("--ngram-n", type=int, default=3, help="N-gram lookup length for llama.cpp's ngram-simple (default: 3).")
@@ -294,9 +387,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    max_tokens = args.max_tokens
+    if args.workload:
+        prompt, budget = shipped_workload(args.workload)
+        max_tokens = max_tokens or budget
+    else:
+        prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     work = Workload(
-        model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=args.max_tokens,
+        model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=max_tokens or 128,
         ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k,
     )
 
@@ -312,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (_, command) in commands.items():
         shown = [f"<prompt: {len(prompt)} chars>" if part == prompt and len(prompt) > 60 else part for part in command]
         print(f"{name}: {shlex.join(shown)}", file=sys.stderr)
-    tools = {name: functools.partial(runner, name, command, args.timeout) for name, (runner, command) in commands.items()}
+    tools = {name: functools.partial(runner, name, command, args.timeout, prompt)
+             for name, (runner, command) in commands.items()}
 
     names = list(tools)
     runs: dict[str, list[Run]] = {name: [] for name in names}
@@ -338,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     speedups = {
         tool: median[tool] / median[f"{tool} plain"] for tool in ("llama.cpp", "specli") if f"{tool} plain" in median
     }
+    agreement = text_agreement(summary)
 
     if args.json:
         print(json.dumps({
@@ -349,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tools": summary,
             "specli_over_llama_cpp": ratio,
             "speedup_over_plain": speedups,
+            "text_agreement": agreement,
         }))
     else:
         print(format_table(summary))
@@ -356,7 +457,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"specli / llama.cpp (median t/s): {ratio:.2f}")
         for tool, speedup in speedups.items():
             print(f"{tool} speculative / plain (median t/s): {speedup:.2f}")
+        if agreement:
+            print(format_agreement(agreement, summary))
     return 0
+
+
+def shipped_workload(name: str) -> tuple[str, int]:
+    """(prompt, max_tokens) of a workload in benchmarks/workloads.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    path = Path(__file__).resolve().parent / "workloads.toml"
+    workloads = tomllib.loads(path.read_text(encoding="utf-8")).get("workload", [])
+    for workload in workloads:
+        if workload.get("name") == name:
+            return workload["prompt"], int(workload.get("max_tokens", 128))
+    names = ", ".join(w.get("name", "?") for w in workloads)
+    raise SystemExit(f"error: no workload named {name!r} in {path} (there are: {names})")
 
 
 if __name__ == "__main__":
