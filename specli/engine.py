@@ -1,6 +1,7 @@
 """The speculative loop. A generator of small events; it never prints.
 
-One step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
+The prompt is decoded in one batch and its last row writes the first token, as in
+llama.cpp's own tools, so plain and speculative runs start from the same token. One step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
 batch with logits at every position; verification keeps the longest valid prefix and
 the target writes the next token itself (the correction, or a bonus token when every
 draft token was kept); rejected positions are removed from the target's KV cache.
@@ -58,6 +59,7 @@ class Stats:
     verify_seconds: float = 0.0
     llama_seconds: float = 0.0  # of `seconds`, time inside llama.cpp's decode (target and draft)
     finish_reason: str = ""
+    first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
     proposed_at: list[int] = field(default_factory=list)  # steps that drafted a position i
     accepted_at: list[int] = field(default_factory=list)  # steps that kept position i
     accept_lengths: list[int] = field(default_factory=list)  # histogram: steps keeping n tokens
@@ -68,7 +70,10 @@ class Stats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Tokens per second of generation. The first token, written by the prompt's decode
+        (prefill time), is left out, as in llama.cpp's "eval time ... N - 1 runs"."""
+        counted = self.tokens - 1 if self.first_token_from_prefill and self.tokens > 0 else self.tokens
+        return counted / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -203,25 +208,23 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         target.rewind(0)
-        if len(prompt) > 1:
-            target.decode(prompt[:-1])  # every prompt token but the last goes into the KV cache
+        # The whole prompt in one decode, as llama.cpp's own tools do: its last row writes
+        # the first token, so plain and speculative runs share it exactly.
+        first = self._choose(target.decode(prompt)[0]) if options.max_tokens > 0 else None
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 
         text = TextStream(options.stop)
         tokens = list(prompt)  # the committed sequence: prompt + output
-        last = prompt[-1]  # committed, not yet in the target's KV cache
         llama_before = self._llama_seconds()
         started = time.perf_counter()
+        reason = "length"
         try:
-            while True:
-                remaining = options.max_tokens - stats.tokens
-                room = target.n_ctx - target.n_past - 1  # positions left after `last`
-                if remaining <= 0 or room < 0:
-                    reason = "length" if remaining <= 0 else "context"
-                    break
-                committed, sources = self._step(tokens, last, min(remaining - 1, room))
-                last = committed[-1]
+            committed: list[int] = [] if first is None else [first]
+            sources: list[Source] = ["target"] * len(committed)
+            stats.first_token_from_prefill = bool(committed)
+            while committed:
+                # Emit what the last step committed; committed[-1] is not in the KV cache yet.
                 reason = ""
                 for token, source in zip(committed, sources):
                     tokens.append(token)
@@ -236,6 +239,12 @@ class Engine:
                         break
                 if reason:
                     break
+                remaining = options.max_tokens - stats.tokens
+                room = target.n_ctx - target.n_past - 1  # positions left after committed[-1]
+                if remaining <= 0 or room < 0:
+                    reason = "length" if remaining <= 0 else "context"
+                    break
+                committed, sources = self._step(tokens, committed[-1], min(remaining - 1, room))
             tail = text.flush()
             if tail:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
@@ -244,6 +253,12 @@ class Engine:
             stats.llama_seconds = self._llama_seconds() - llama_before
         stats.finish_reason = reason
         yield Finished(reason, stats)
+
+    def _choose(self, row: np.ndarray) -> int:
+        """The target's own token from one logits row: argmax, or a draw from the warped row."""
+        if self.options.sampling.greedy:
+            return int(np.argmax(row))
+        return warp(row, self.options.sampling).sample(self.rng)
 
     def _llama_seconds(self) -> float:
         draft_model = getattr(self.proposer, "model", None)

@@ -60,9 +60,10 @@ def test_perfect_draft_is_always_accepted_and_bonus_tokens_are_written():
     tokens, finished = run(engine, [1, 2])
     assert finished.stats.acceptance_rate == 1.0
     sources = [t.source for t in tokens]
-    # Each step keeps 4 draft tokens and the target writes the fifth.
-    assert sources[:10] == ["draft"] * 4 + ["target"] + ["draft"] * 4 + ["target"]
-    assert finished.stats.steps == 10
+    # The prompt's decode writes the first token; then each step keeps 4 draft tokens
+    # and the target writes the fifth.
+    assert sources[:11] == ["target"] + ["draft"] * 4 + ["target"] + ["draft"] * 4 + ["target"]
+    assert finished.stats.steps == 10 and finished.stats.first_token_from_prefill
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
@@ -82,7 +83,8 @@ def test_draft_none_is_plain_decoding_one_token_per_step():
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [4, 5], 30)
     assert set(target.batch_sizes[1:]) == {1}
     assert all(t.source == "target" for t in tokens)
-    assert finished.stats.drafted == 0 and finished.stats.steps == 30
+    # The prompt's decode writes the first token, each of the 29 steps one more.
+    assert finished.stats.drafted == 0 and finished.stats.steps == 29
 
 
 def test_end_of_generation_stops_even_inside_an_accepted_draft():
