@@ -19,7 +19,7 @@ from typing import Callable
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError
 from specli.proposers import NoProposer
-from specli.sampling import SamplingSettings
+from specli.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, prompt_tokens
 
 PLAIN = "plain"
@@ -101,6 +101,8 @@ class Measurement:
     speedups: list[float] = field(default_factory=list)
     stats: list[Stats] = field(default_factory=list)
     identical: list[bool] = field(default_factory=list)
+    first_difference: list[int] = field(default_factory=list)  # where a run's output left plain's
+    plain_margins: list[float] = field(default_factory=list)  # plain's top-two margin per token
 
     def summary(self) -> dict:
         drafted = sum(s.drafted for s in self.stats)
@@ -123,8 +125,17 @@ class Measurement:
             },
             "python_overhead_ms_per_step": 1000 * sum(max(0.0, s.seconds - s.llama_seconds) for s in self.stats) / steps,
             "identical_to_plain": all(self.identical) if self.identical else None,
+            "first_difference": min(self.first_difference) if self.first_difference else None,
+            "plain_margin_at_first_difference": self._margin_at_first_difference(),
             "runs": len(self.stats),
         }
+
+
+    def _margin_at_first_difference(self) -> float | None:
+        if not self.first_difference:
+            return None
+        index = min(self.first_difference)
+        return self.plain_margins[index] if index < len(self.plain_margins) else None
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
@@ -168,12 +179,19 @@ def run_bench(
                     results[_label(config)].tokens_per_second.append(stats.tokens_per_second)
             if round_index == 0:
                 reference = round_output[PLAIN]
+                if sampling.greedy:
+                    margins = plain_margins(session.target, tokens, reference)
+                    for measurement in results.values():
+                        measurement.plain_margins = margins
                 continue
             for label, speed in round_speed.items():
                 if label != PLAIN and round_speed[PLAIN] > 0:
                     results[label].speedups.append(speed / round_speed[PLAIN])
                 if sampling.greedy:
-                    results[label].identical.append(round_output[label] == reference)
+                    output = round_output[label]
+                    results[label].identical.append(output == reference)
+                    if output != reference:
+                        results[label].first_difference.append(_first_difference(output, reference))
             if progress:
                 progress(f"{workload.name}: round {round_index}/{runs}")
         summaries = {label: m.summary() for label, m in results.items()}
@@ -190,6 +208,27 @@ def run_bench(
             }
         )
     return report
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def plain_margins(target, prompt: list[int], output: list[int]) -> list[float]:
+    """The gap between the target's two best logits at each token of a plain greedy output
+    (replayed one token at a time, as plain decoding wrote it; one more for the token that
+    ended it). A speculative output that leaves plain's where this gap is small met a
+    near-tie: llama.cpp's batched kernels round differently from its one-token ones."""
+    target.rewind(0)
+    row = target.decode(prompt)[0]
+    margins = []
+    for token in output + [None]:
+        margins.append(top_two_margin(row))
+        if token is None or target.n_past >= target.n_ctx:
+            break
+        row = target.decode([token])[0]
+    target.rewind(0)
+    return margins
 
 
 def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
@@ -237,9 +276,19 @@ def render_report(report: dict, console) -> None:
                 " ".join(f"{100 * a:.0f}" for a in s["acceptance_by_position"][:6]) or "–",
                 f"{100 * split['draft']:.0f}/{100 * split['verify']:.0f}/{100 * split['overhead']:.0f}%",
                 f"{s['python_overhead_ms_per_step']:.2f}",
-                {True: "yes", False: "NO", None: "–"}[s["identical_to_plain"]],
+                _agreement(s),
             )
         console.print(table)
+
+
+def _agreement(summary: dict) -> str:
+    """'yes', or where the output first left plain's and plain's top-two margin there."""
+    if summary["identical_to_plain"] is None:
+        return "–"
+    if summary["identical_to_plain"]:
+        return "yes"
+    margin = summary["plain_margin_at_first_difference"]
+    return f"from {summary['first_difference']}" + (f" (tie {margin:.2f})" if margin is not None else "")
 
 
 def print_progress(message: str) -> None:

@@ -1,0 +1,70 @@
+"""`specli bench`: plain against speculative decoding on the same prompts, and where a
+speculative output leaves plain's, how close to a tie plain's choice was there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fakes import FakeModel, plain_greedy
+from specli.bench import parse_configs, plain_margins
+from specli.cli import app
+from specli.errors import ConfigError
+from specli.sampling import top_two_margin
+
+COPY_WORKLOAD = '''
+[[workload]]
+name = "copy"
+kind = "grounded"
+max_tokens = 24
+prompt = """def area(width, height):
+    return width * height
+
+The same function again:
+
+def area(width, height):
+"""
+'''
+
+
+def test_plain_margins_are_the_gaps_plain_decoding_saw_at_each_token():
+    prompt = [1, 2, 3]
+    output = plain_greedy(FakeModel(seed=4), prompt, 12)
+    reference = FakeModel(seed=4)
+    expected = [top_two_margin(reference.logits_after(prompt + output[:i])) for i in range(len(output) + 1)]
+    model = FakeModel(seed=4)
+    assert plain_margins(model, prompt, output) == pytest.approx(expected)
+    assert model.n_past == 0  # rewound: the bench's next run starts from an empty cache
+
+
+def test_configs_parse_with_plain_as_the_baseline():
+    assert parse_configs("auto,2,8") == ["auto", 2, 8]
+    with pytest.raises(ConfigError):
+        parse_configs("auto,0")
+
+
+def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path):
+    workloads = tmp_path / "workloads.toml"
+    workloads.write_text(COPY_WORKLOAD)
+    result = CliRunner().invoke(
+        app, ["bench", "--target", str(gemma_path), "--draft", "ngram", "--prompts", str(workloads),
+              "-k", "auto,4", "--runs", "2", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    (workload,) = report["workloads"]
+    assert workload["name"] == "copy" and workload["recommended_k"] == 4
+    configs = workload["configs"]
+    assert set(configs) == {"plain", "auto", "k=4"}
+    plain, auto, fixed = configs["plain"], configs["auto"], configs["k=4"]
+    assert plain["speedup"] is None and plain["acceptance_rate"] is None and plain["runs"] == 2
+    for measured in (auto, fixed):
+        assert measured["runs"] == 2 and measured["speedup"]["min"] <= measured["speedup"]["median"]
+        assert measured["acceptance_rate"] > 0.2  # much of the function is copied from the prompt
+        assert sum(measured["time_split"].values()) == pytest.approx(1.0, abs=0.01)
+        # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
+        if not measured["identical_to_plain"]:
+            assert measured["plain_margin_at_first_difference"] < 0.5
+    assert len(fixed["acceptance_by_position"]) == 4
