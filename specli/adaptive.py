@@ -36,7 +36,7 @@ SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
 PROBE_LENGTH = 3
 FIRST_PROBE_GAP = 1  # an unseen key is probed at once (measured: better than waiting on its prior)
-MAX_DRAFT = 48  # longest draft considered: long exact copies verify cheapest per token
+MAX_DRAFT = 96  # longest draft considered: long exact copies verify cheapest per token
 # Odd and even sizes both, up to MAX_DRAFT + 1: on CPUs, llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it
 # (measured, Gemma 3 270M, 2 cores: 7 tokens 60 ms, 8 tokens 48 ms).
@@ -207,13 +207,20 @@ class VerifyCost:
         sizes = sorted(known)
         smallest, largest = sizes[0], sizes[-1]
         per_token = known[smallest] / (1 + PRIOR_COST_SLOPE * (smallest - 1))
-        if batch > largest:
-            return known[largest] + PRIOR_COST_SLOPE * per_token * (batch - largest)
         if batch < smallest:
             return per_token * (1 + PRIOR_COST_SLOPE * (batch - 1))
+        same_parity = [s for s in sizes if s % 2 == batch % 2]
+        if batch > largest:
+            # Extend the line through the two largest sizes of the same parity (the cost of
+            # one more row in a long batch); with fewer, the prior slope from the largest.
+            if len(same_parity) >= 2:
+                below, top = same_parity[-2], same_parity[-1]
+                slope = (known[top] - known[below]) / (top - below)
+                if slope > 0:
+                    return known[top] + slope * (batch - top)
+            return known[largest] + PRIOR_COST_SLOPE * per_token * (batch - largest)
         # Interpolate between neighbours of the same parity where they bracket the size
         # (odd and even batches can lie on two different lines), else between any.
-        same_parity = [s for s in sizes if s % 2 == batch % 2]
         for candidates in (same_parity, sizes):
             below = [s for s in candidates if s < batch]
             above = [s for s in candidates if s > batch]

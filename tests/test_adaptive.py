@@ -104,6 +104,13 @@ def test_verify_cost_interpolates_odd_and_even_sizes_on_their_own_lines():
     assert cost.cost(7) > cost.cost(8)
 
 
+def test_verify_cost_extends_each_parity_past_the_largest_calibrated_size():
+    calibrated = {size: paired_rows_cost(size) for size in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33)}
+    cost = VerifyCost(calibrated)
+    for size in (48, 49, 64, 97):
+        assert cost.cost(size) == pytest.approx(paired_rows_cost(size))
+
+
 def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
     calibrated = {size: paired_rows_cost(size) for size in range(1, 18)}
     policy = AdaptiveDraftLength(max_k=16, verify_cost=VerifyCost(calibrated))
