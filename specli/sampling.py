@@ -68,32 +68,67 @@ def warp(logits: np.ndarray, settings: SamplingSettings) -> Distribution:
     """Temperature, then top-k, top-p and min-p, as one sparse distribution.
 
     Both the draft and the target go through this same function, so q and p are the
-    distributions the two models actually sample from.
+    distributions the two models actually sample from. Nothing vocabulary-sized is sorted:
+    each stage narrows the candidates to a top set (closed under ties) before ordering them.
     """
     logits = np.asarray(logits)
+    best = float(logits.max())
     # Tokens more than _NEGLIGIBLE temperature-units below the best have probability
     # under e^-50 of the best one's: together less than float64 resolution, so they are
-    # left out before anything vocabulary-sized is sorted or exponentiated.
-    ids = np.flatnonzero(logits >= logits.max() - _NEGLIGIBLE * settings.temperature)
-    if 0 < settings.top_k < ids.size:
-        ids = ids[np.argpartition(logits[ids], ids.size - settings.top_k)[ids.size - settings.top_k :]]
-    return _warp_candidates(logits, ids, settings)
-
-
-def _warp_candidates(logits: np.ndarray, ids: np.ndarray, settings: SamplingSettings) -> Distribution:
-    scaled = logits[ids].astype(np.float64) / settings.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if settings.top_p < 1.0:
-        # Most likely first (ties broken by id) so the nucleus is the smallest top set.
-        order = np.lexsort((ids, -probs))
-        ids, probs = ids[order], probs[order]
-        cut = int(np.searchsorted(np.cumsum(probs), settings.top_p, side="left")) + 1
-        ids, probs = ids[:cut], probs[:cut]
+    # never candidates.
+    floor = best - _NEGLIGIBLE * settings.temperature
+    if settings.top_k > 0:
+        ids = _top_k(logits, settings.top_k, best, floor)
+    else:
+        ids = np.flatnonzero(logits >= floor)
+    weights = np.exp((logits[ids].astype(np.float64) - best) / settings.temperature)  # the best: 1
+    total = weights.sum()
     if settings.min_p > 0.0:
-        keep = probs >= settings.min_p * probs.max()
-        ids, probs = ids[keep], probs[keep]
-    return Distribution(ids.astype(np.int64, copy=False), probs / probs.sum())
+        # min-p keeps a token whose probability is at least min_p times the best one's,
+        # whatever top-p did before it (the best token always survives top-p).
+        keep = weights >= settings.min_p
+        ids, weights = ids[keep], weights[keep]
+    elif settings.top_p < 1.0:
+        ids, weights = _top_set(ids, weights, total, settings.top_p)
+    if settings.top_p < 1.0:
+        # Most likely first (ties broken by id) so the nucleus is the smallest top set. Its
+        # mass is measured against every candidate top-k left, not only those kept here.
+        order = np.lexsort((ids, -weights))
+        ids, weights = ids[order], weights[order]
+        cut = int(np.searchsorted(np.cumsum(weights) / total, settings.top_p, side="left")) + 1
+        ids, weights = ids[:cut], weights[:cut]
+    return Distribution(ids.astype(np.int64, copy=False), weights / weights.sum())
+
+
+def _top_k(logits: np.ndarray, k: int, best: float, floor: float) -> np.ndarray:
+    """Ids of the k largest logits (or of every one above floor, if fewer).
+
+    The k largest all lie at or above the k-th largest, so a window below the best that
+    already holds k tokens contains them: it starts narrow and widens only when needed.
+    """
+    width = 4.0
+    while True:
+        cut = max(best - width, floor)
+        ids = np.flatnonzero(logits >= cut)
+        if ids.size >= k or cut <= floor:
+            break
+        width *= 4.0
+    if ids.size > k:
+        ids = ids[np.argpartition(logits[ids], ids.size - k)[ids.size - k :]]
+    return ids
+
+
+def _top_set(ids: np.ndarray, weights: np.ndarray, total: float, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest set of heaviest candidates (with every candidate tied with its lightest
+    member) that holds at least `mass` of `total`: it contains the nucleus."""
+    size = 256
+    while size < ids.size:
+        lightest = np.partition(weights, weights.size - size)[weights.size - size]
+        keep = weights >= lightest
+        if weights[keep].sum() >= mass * total:
+            return ids[keep], weights[keep]
+        size *= 4
+    return ids, weights
 
 
 def top_two_margin(row: np.ndarray) -> float:

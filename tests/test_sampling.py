@@ -152,6 +152,41 @@ def test_warp_applies_top_k_top_p_min_p():
     assert cold[0] > 0.4 and np.isclose(cold.sum(), 1.0)
 
 
+def dense_warp(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
+    """The definition, written the slow way: sort the whole vocabulary at every stage."""
+    logits = logits.astype(np.float64)
+    alive = logits >= logits.max() - 50.0 * settings.temperature
+    if settings.top_k:
+        kth = np.sort(logits[alive])[::-1][min(settings.top_k, alive.sum()) - 1]
+        alive &= logits >= kth
+    probs = np.where(alive, np.exp((logits - logits.max()) / settings.temperature), 0.0)
+    probs /= probs.sum()
+    if settings.top_p < 1.0:
+        order = np.lexsort((np.arange(probs.size), -probs))
+        cut = int(np.searchsorted(np.cumsum(probs[order]), settings.top_p, side="left")) + 1
+        nucleus = np.zeros_like(alive)
+        nucleus[order[:cut]] = True
+        alive &= nucleus
+    if settings.min_p > 0.0:
+        alive &= probs >= settings.min_p * probs.max()
+    out = np.where(alive, probs, 0.0)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 40, 5000])
+@pytest.mark.parametrize("top_p", [1.0, 0.95, 0.5])
+@pytest.mark.parametrize("min_p", [0.0, 0.05])
+@pytest.mark.parametrize("temperature", [0.3, 0.8, 2.0])
+def test_warp_on_a_full_vocabulary_matches_the_dense_definition(top_k, top_p, min_p, temperature):
+    rng = np.random.default_rng(hash((top_k, top_p, min_p, temperature)) % 2**32)
+    # Vocabulary-sized rows shaped like real logits: a few strong candidates, a long tail.
+    logits = (rng.normal(size=262_144) * 3.0).astype(np.float32)
+    logits[rng.integers(0, logits.size, 30)] += rng.uniform(5, 15, 30).astype(np.float32)
+    settings = SamplingSettings(temperature, top_k, top_p, min_p)
+    np.testing.assert_allclose(warp(logits, settings).dense(logits.size), dense_warp(logits, settings),
+                               rtol=1e-9, atol=1e-12)
+
+
 def test_sampling_is_reproducible_with_a_seed():
     d = dist([0.2, 0.3, 0.5])
     a = [d.sample(np.random.default_rng(5)) for _ in range(3)]
