@@ -21,6 +21,7 @@ with the most tokens per second; k = 0 is a plain step.
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ MAX_DRAFT = 96  # longest draft considered: long exact copies verify cheapest pe
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it
 # (measured, Gemma 3 270M, 2 cores: 7 tokens 60 ms, 8 tokens 48 ms).
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
+CALIBRATION_VERSION = 2  # part of the cache key: a change in how costs are measured re-measures them
 
 
 @dataclass
@@ -103,7 +105,7 @@ class AdaptiveDraftLength:
         limit = self.max_k if available is None else min(self.max_k, available)
         if limit <= 0:
             return 0
-        pooled = state.pooled(self._run_adjusted(state.prior))
+        pooled = state.pooled(self._run_adjusted(state))
         best_k, best_rate = 0, 1.0 / self._step_cost(0)
         expected, chain = 1.0, 1.0
         for k in range(1, limit + 1):
@@ -126,18 +128,21 @@ class AdaptiveDraftLength:
             state.probe_gap = min(state.probe_gap, 8)
         return best_k
 
-    def _run_adjusted(self, prior: float) -> float:
-        """A key's prior, corrected by how this run has fared against the priors so far.
+    def _run_adjusted(self, state: _KeyState) -> float:
+        """A key's prior, corrected by how the run's other keys have fared against theirs.
 
         The chance of a rejection is scaled by (rejections seen) / (rejections the priors
         foresaw): in a run where drafts keep failing, an unseen key is not trusted as if
         nothing had happened; a run of long exact copies (12-token matches, almost never
         rejected, as foreseen) says nothing about a 1-token match, and leaves it alone.
+        The key's own record is left out: it already counts, once, in the key's estimate
+        (with a single key, as for a draft model, the prior stays as it is).
         """
         run = self._run
-        seen = run.pooled_tested - run.pooled_kept
-        ratio = (seen + RUN_FAILURES) / (run.expected_failures + RUN_FAILURES)
-        return max(0.0, 1.0 - min(1.0, (1.0 - prior) * ratio))
+        seen = max(0.0, (run.pooled_tested - run.pooled_kept) - (state.pooled_tested - state.pooled_kept))
+        foreseen = max(0.0, run.expected_failures - state.expected_failures)
+        ratio = (seen + RUN_FAILURES) / (foreseen + RUN_FAILURES)
+        return max(0.0, 1.0 - min(1.0, (1.0 - state.prior) * ratio))
 
     def _could_pay(self, limit: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
@@ -181,14 +186,16 @@ class VerifyCost:
     Starts from a calibration when one is given, else from a prior slope, and follows
     each step's timing with a running mean. The first sample of a size not calibrated is
     dropped (it pays for building llama.cpp's graph for that size). Sizes with no
-    estimate are interpolated between neighbours; beyond the largest known size the
-    prior slope extrapolates optimistically, so a long draft gets tried and then judged
-    on its measured cost.
+    estimate are interpolated between neighbours of the same parity; beyond the largest
+    known size the line through the two largest extrapolates, so a long draft gets tried
+    and then judged on its measured cost. A batch is never priced above a longer one of
+    the same parity: where timing noise says otherwise, the longer one's cost stands.
     """
 
     def __init__(self, calibrated: dict[int, float] | None = None) -> None:
         self._mean: dict[int, float] = dict(calibrated or {})
         self._count: dict[int, int] = {size: 1 for size in self._mean}
+        self._table: list[float] | None = None  # cost by batch size, rebuilt after a change
 
     def record(self, batch: int, seconds: float) -> None:
         count = self._count.get(batch, 0)
@@ -197,19 +204,34 @@ class VerifyCost:
             return
         mean = self._mean.get(batch)
         self._mean[batch] = seconds if mean is None else mean + SMOOTHING * (seconds - mean)
+        self._table = None
 
     def cost(self, batch: int) -> float:
+        table = self._table
+        if table is None or batch + 2 >= len(table):
+            table = self._table = self._build(max(batch + 3, MAX_DRAFT + 4, len(table or ())))
+        return table[batch]
+
+    def _build(self, size: int) -> list[float]:
+        known = self._mean
+        if not known:
+            # Relative units: only ratios matter until something is measured.
+            return [0.0] + [1.0 + PRIOR_COST_SLOPE * (b - 1) for b in range(1, size)]
+        sizes = sorted(known)
+        by_parity = ([s for s in sizes if s % 2 == 0], [s for s in sizes if s % 2 == 1])
+        per_token = known[sizes[0]] / (1 + PRIOR_COST_SLOPE * (sizes[0] - 1))
+        table = [0.0] + [self._estimate(b, sizes, by_parity[b % 2], per_token) for b in range(1, size)]
+        for b in range(size - 3, 0, -1):
+            table[b] = min(table[b], table[b + 2])
+        return table
+
+    def _estimate(self, batch: int, sizes: list[int], same_parity: list[int], per_token: float) -> float:
         known = self._mean
         if batch in known:
             return known[batch]
-        if not known:
-            return 1.0 + PRIOR_COST_SLOPE * (batch - 1)  # relative units: only ratios matter yet
-        sizes = sorted(known)
         smallest, largest = sizes[0], sizes[-1]
-        per_token = known[smallest] / (1 + PRIOR_COST_SLOPE * (smallest - 1))
         if batch < smallest:
             return per_token * (1 + PRIOR_COST_SLOPE * (batch - 1))
-        same_parity = [s for s in sizes if s % 2 == batch % 2]
         if batch > largest:
             # Extend the line through the two largest sizes of the same parity (the cost of
             # one more row in a long batch); with fewer, the prior slope from the largest.
@@ -222,10 +244,9 @@ class VerifyCost:
         # Interpolate between neighbours of the same parity where they bracket the size
         # (odd and even batches can lie on two different lines), else between any.
         for candidates in (same_parity, sizes):
-            below = [s for s in candidates if s < batch]
-            above = [s for s in candidates if s > batch]
-            if below and above:
-                lower, upper = below[-1], above[0]
+            i = bisect.bisect_left(candidates, batch)
+            if 0 < i < len(candidates):
+                lower, upper = candidates[i - 1], candidates[i]
                 weight = (batch - lower) / (upper - lower)
                 return known[lower] + weight * (known[upper] - known[lower])
         raise AssertionError("unreachable: smallest < batch < largest")
@@ -234,17 +255,28 @@ class VerifyCost:
 def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
               sizes: tuple[int, ...] = CALIBRATION_SIZES, repeats: int = 2) -> dict[int, float]:
     """Time an all-logits decode of each batch size on an empty cache, keeping the fastest
-    of `repeats` runs: the machine's cost, not its noise (nor a first run's graph building)."""
+    of `repeats` runs: the machine's cost, not its noise (nor a first run's graph building).
+
+    The repeats go over all sizes in turn, so a burst of noise hits one sample of a few
+    sizes rather than every sample of one. A size that still costs more than a longer one
+    of the same parity was caught by noise: it is measured again (twice at most).
+    """
     costs: dict[int, float] = {}
-    for size in sizes:
-        tokens = [token] * size
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            decode(tokens)
-            best = min(best, time.perf_counter() - started)
-            rewind(0)
-        costs[size] = best
+
+    def measure(size: int) -> None:
+        started = time.perf_counter()
+        decode([token] * size)
+        costs[size] = min(costs.get(size, float("inf")), time.perf_counter() - started)
+        rewind(0)
+
+    for _ in range(repeats):
+        for size in sizes:
+            measure(size)
+    for _ in range(2):
+        suspects = [size for size in sizes
+                    if any(other > size and other % 2 == size % 2 and costs[other] < costs[size] for other in sizes)]
+        for size in suspects:
+            measure(size)
     return costs
 
 

@@ -138,6 +138,26 @@ def test_calibration_is_measured_once_and_cached(tmp_path):
     assert len(calls) == 2
 
 
+def test_calibration_measures_again_a_size_that_noise_made_dearer_than_a_longer_one(monkeypatch):
+    """Sizes are timed in turn, twice; a size still dearer than a longer one of its parity is
+    timed again, so one burst of noise does not price it out of the policy's choices."""
+    clock = {"now": 0.0}
+    timings = {12: [0.245, 0.240, paired_rows_cost(12)]}  # two noisy samples, then the true cost
+    calls = []
+
+    def decode(tokens):
+        size = len(tokens)
+        calls.append(size)
+        clock["now"] += timings[size].pop(0) if timings.get(size) else paired_rows_cost(size)
+
+    monkeypatch.setattr("specli.adaptive.time.perf_counter", lambda: clock["now"])
+    costs = calibrate(decode, lambda n: None, 1, sizes=(1, 2, 8, 12, 16))
+    assert calls[:10] == [1, 2, 8, 12, 16] * 2  # in turn, not size by size
+    assert calls[10:] == [12]
+    assert costs[12] == pytest.approx(paired_rows_cost(12))
+    assert costs[8] == pytest.approx(paired_rows_cost(8))
+
+
 def test_auto_policy_keeps_greedy_output_identical():
     target = FakeModel(seed=0)
     draft = FakeModel(seed=0, noise_seed=1, noise=1.0)
