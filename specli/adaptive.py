@@ -30,6 +30,7 @@ from typing import Callable
 
 PRIOR_ACCEPTANCE = 0.6  # belief about an unseen key: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind that belief
+UNTESTED_WEIGHT = 16.0  # ... and behind it for positions no draft of the key has reached yet
 RUN_FAILURES = 1.0  # pseudo-failures behind "this run fails as often as the priors say"
 POSITION_SHRINK = 4.0  # pseudo-observations pulling a position towards its key's pooled rate
 DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
@@ -37,7 +38,7 @@ SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
 PROBE_LENGTH = 3
 FIRST_PROBE_GAP = 1  # an unseen key is probed at once (measured: better than waiting on its prior)
-MAX_DRAFT = 96  # longest draft considered: long exact copies verify cheapest per token
+MAX_DRAFT = 48  # longest draft considered: past ~48 rows a verify costs no less per row here
 # Odd and even sizes both, up to MAX_DRAFT + 1: on CPUs, llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it
 # (measured, Gemma 3 270M, 2 cores: 7 tokens 60 ms, 8 tokens 48 ms).
@@ -59,10 +60,16 @@ class _KeyState:
     def pooled(self, prior: float) -> float:
         return (self.pooled_kept + PRIOR_WEIGHT * prior) / (self.pooled_tested + PRIOR_WEIGHT)
 
-    def acceptance(self, position: int, pooled: float) -> float:
+    def untested(self, prior: float) -> float:
+        """Acceptance at a position no draft of this key has reached: the pooled rate, held
+        closer to the prior. A copy that was kept 30 tokens long says little about token 60
+        (copies end), and the longest drafts lose the most when they fail."""
+        return (self.pooled_kept + UNTESTED_WEIGHT * prior) / (self.pooled_tested + UNTESTED_WEIGHT)
+
+    def acceptance(self, position: int, pooled: float, untested: float) -> float:
         if position < len(self.tested):
             return (self.kept[position] + POSITION_SHRINK * pooled) / (self.tested[position] + POSITION_SHRINK)
-        return pooled
+        return untested
 
     def observe(self, drafted: int, accepted: int, prior: float | None = None) -> None:
         self.pooled_kept *= DECAY
@@ -105,11 +112,12 @@ class AdaptiveDraftLength:
         limit = self.max_k if available is None else min(self.max_k, available)
         if limit <= 0:
             return 0
-        pooled = state.pooled(self._run_adjusted(state))
+        prior = self._run_adjusted(state)
+        pooled, untested = state.pooled(prior), state.untested(prior)
         best_k, best_rate = 0, 1.0 / self._step_cost(0)
         expected, chain = 1.0, 1.0
         for k in range(1, limit + 1):
-            chain *= state.acceptance(k - 1, pooled)
+            chain *= state.acceptance(k - 1, pooled, untested)
             expected += chain
             rate = expected / self._step_cost(k)
             if rate > best_rate:
