@@ -11,19 +11,62 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
+from specli.backend import LoadSettings
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
-from specli.errors import ConfigError
+from specli.errors import ConfigError, UsageError
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, prompt_tokens
 
 PLAIN = "plain"
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """`specli bench` as data: which models, which workloads, which draft lengths."""
+
+    pair: str | None = None
+    target: Path | None = None
+    draft: str | None = None  # a path or "ngram"; None: the pair's draft, else ngram
+    prompts: Path | None = None  # None: the shipped workloads
+    draft_tokens: str = "auto,2,4,8,16"
+    runs: int = 5
+    draft_min_p: float | None = None  # None: the runner's default
+    max_tokens: int | None = None  # None: each workload's own budget
+    temperature: float = 0.0
+    seed: int = 0
+    load: LoadSettings = LoadSettings()
+    verbose: bool = False
+
+
+def execute(request: BenchRequest, progress: Callable[[str], None] | None = None) -> dict:
+    """Load the models, run every configuration on every workload; the report as a dict."""
+    from specli.runner import DEFAULT_DRAFT_MIN_P, RunRequest, resolve_models
+    from specli.session import SessionSpec, open_session
+
+    configs = parse_configs(request.draft_tokens)
+    workloads = load_workloads(request.prompts)
+    if request.max_tokens:
+        workloads = [replace(w, max_tokens=request.max_tokens) for w in workloads]
+    models = resolve_models(RunRequest(pair=request.pair, target=request.target, draft=request.draft))
+    if models.draft == "none":
+        raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
+    temperature = request.temperature
+    sampling = SamplingSettings(temperature, 40, 0.95, 0.05) if temperature > 0 else SamplingSettings()
+    min_p = DEFAULT_DRAFT_MIN_P if request.draft_min_p is None else request.draft_min_p
+    spec = SessionSpec(models.target, models.draft, request.load, request.load, sampling, request.seed, min_p,
+                       verbose=request.verbose)
+    with open_session(spec) as session:
+        report = run_bench(session, workloads, configs, request.runs, sampling, progress)
+    report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
+                  temperature=temperature, seed=request.seed)
+    return report
 
 
 @dataclass(frozen=True)

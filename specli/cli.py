@@ -280,39 +280,24 @@ def bench(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
-    import dataclasses
     import json
 
     from rich.console import Console
 
     from specli.backend import LoadSettings
-    from specli.bench import load_workloads, parse_configs, print_progress, render_report, run_bench
-    from specli.runner import DEFAULT_DRAFT_MIN_P, RunRequest, resolve_models
-    from specli.sampling import SamplingSettings
-    from specli.session import SessionSpec, open_session
+    from specli.bench import BenchRequest, execute, print_progress, render_report
 
     with user_errors():
-        configs = parse_configs(draft_tokens)
-        workloads = load_workloads(prompts)
-        if max_tokens:
-            workloads = [dataclasses.replace(w, max_tokens=max_tokens) for w in workloads]
-        models = resolve_models(RunRequest(pair=model, target=target, draft=draft))
-        if models.draft == "none":
-            raise typer.BadParameter("bench compares against plain decoding; give a draft model or ngram", param_hint="--draft")
-        load = LoadSettings(gpu_layers, ctx_size, threads=threads, repack=repack)
-        sampling = SamplingSettings(temp, 40, 0.95, 0.05) if temp > 0 else SamplingSettings()
-        min_p = DEFAULT_DRAFT_MIN_P if draft_min_p is None else draft_min_p
-        spec = SessionSpec(models.target, models.draft, load, load, sampling, seed, min_p, verbose=verbose)
-        with open_session(spec) as session:
-            report = run_bench(session, workloads, configs, runs, sampling,
-                               progress=None if json_output else print_progress)
-        report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
-                      temperature=temp, seed=seed)
+        request = BenchRequest(
+            pair=model, target=target, draft=draft, prompts=prompts, draft_tokens=draft_tokens, runs=runs,
+            draft_min_p=draft_min_p, max_tokens=max_tokens, temperature=temp, seed=seed,
+            load=LoadSettings(gpu_layers, ctx_size, threads=threads, repack=repack), verbose=verbose,
+        )
+        report = execute(request, progress=None if json_output else print_progress)
         if json_output:
             print(json.dumps(report, indent=1))
         else:
             render_report(report, Console())
-
 
 
 def _print_error(message: str, hint: str | None = None) -> None:

@@ -17,6 +17,12 @@ class SpecliError(Exception):
         return self.message if not self.hint else f"{self.message} (hint: {self.hint})"
 
 
+class UsageError(SpecliError):
+    """Options that cannot work together; exits 2, like any other usage error."""
+
+    exit_code = 2
+
+
 class ModelFileError(SpecliError):
     """A model path that is missing, not a file, not a GGUF, or that llama.cpp cannot load."""
 

@@ -68,3 +68,10 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         if not measured["identical_to_plain"]:
             assert measured["plain_margin_at_first_difference"] < 0.5
     assert len(fixed["acceptance_by_position"]) == 4
+
+
+def test_bench_without_a_proposer_is_a_usage_error(gemma_path):
+    result = CliRunner().invoke(app, ["bench", "--target", str(gemma_path), "--draft", "none", "--runs", "1"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("specli: error: bench compares against plain decoding")
+    assert result.stderr.count("\n") == 1
