@@ -173,7 +173,6 @@ class Measurement:
             "runs": len(self.stats),
         }
 
-
     def _margin_at_first_difference(self) -> float | None:
         if not self.first_difference:
             return None

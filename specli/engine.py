@@ -1,7 +1,8 @@
 """The speculative loop. A generator of small events; it never prints.
 
 The prompt is decoded in one batch and its last row writes the first token, as in
-llama.cpp's own tools, so plain and speculative runs start from the same token. One step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
+llama.cpp's own tools, so plain and speculative runs start from the same token. Then
+each step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
 batch with logits at every position; verification keeps the longest valid prefix and
 the target writes the next token itself (the correction, or a bonus token when every
 draft token was kept); rejected positions are removed from the target's KV cache.
