@@ -113,8 +113,10 @@ class JsonRenderer:
 
 def format_stats(stats: Stats, extra: dict) -> str:
     """One line: throughput, time split, and how well the draft did."""
+    # With no step after the prompt's decode (-n 1, or an immediate end), there is no rate.
+    rate = f"{stats.tokens_per_second:.1f} tok/s" if stats.steps else "no decode step"
     parts = [
-        f"{stats.tokens} tokens, {stats.tokens_per_second:.1f} tok/s",
+        f"{stats.tokens} tokens, {rate}",
         f"prefill {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s, decode {stats.seconds:.2f}s",
     ]
     if stats.proposer != "none":
