@@ -59,6 +59,8 @@ class Stats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     llama_seconds: float = 0.0  # of `seconds`, time inside llama.cpp's decode (target and draft)
+    read_seconds: float = 0.0  # of `seconds`, time reading the target's logits rows to verify
+    rows_read: int = 0  # logits rows read to verify (a vocabulary-sized scan each)
     finish_reason: str = ""
     first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
     proposed_at: list[int] = field(default_factory=list)  # steps that drafted a position i
@@ -92,6 +94,18 @@ class Stats:
         return 1000 * max(0.0, self.seconds - self.llama_seconds) / self.steps if self.steps else 0.0
 
     @property
+    def loop_overhead_ms_per_step(self) -> float:
+        """The Python overhead less the logits reads: what a step costs whatever its length."""
+        spent = self.seconds - self.llama_seconds - self.read_seconds
+        return 1000 * max(0.0, spent) / self.steps if self.steps else 0.0
+
+    @property
+    def read_us_per_row(self) -> float:
+        """Microseconds to read one logits row (argmax, or warping when sampling). A row is
+        n_vocab floats (1 MiB for a 262k vocabulary): memory bandwidth sets this cost."""
+        return 1e6 * self.read_seconds / self.rows_read if self.rows_read else 0.0
+
+    @property
     def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
 
@@ -118,6 +132,8 @@ class Stats:
             mean_accepted_length=self.mean_accepted_length,
             overhead_seconds=self.overhead_seconds,
             python_overhead_ms_per_step=self.python_overhead_ms_per_step,
+            loop_overhead_ms_per_step=self.loop_overhead_ms_per_step,
+            read_us_per_row=self.read_us_per_row,
             acceptance_by_position=self.acceptance_by_position,
         )
         return data
@@ -293,10 +309,13 @@ class Engine:
         else:
             target_dists = _WarpedRows(logits, self.options.sampling)
             accepted, written = verify_sampled(draft, proposal.dists, target_dists, self.rng)
+        t3 = time.perf_counter()
         # Keep `last` and the accepted draft tokens; the written token is the new `last`.
         target.rewind(target.n_past - (len(draft) - accepted))
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
+        stats.read_seconds += t3 - t2
+        stats.rows_read += accepted + 1  # rows after the first rejection are never read
         stats.record_step(len(draft), accepted)
         self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1, proposal.key, overhead)
         self._last_step = t2

@@ -64,6 +64,10 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         assert measured["runs"] == 2 and measured["speedup"]["min"] <= measured["speedup"]["median"]
         assert measured["acceptance_rate"] > 0.2  # much of the function is copied from the prompt
         assert sum(measured["time_split"].values()) == pytest.approx(1.0, abs=0.01)
+        # The Python time per step splits into the loop's part and the logits rows read.
+        assert measured["rows_read_per_step"] > 1  # long copies: many rows verified per step
+        assert measured["python_overhead_ms_per_step"] == pytest.approx(
+            measured["loop_overhead_ms_per_step"] + measured["rows_read_per_step"] * measured["read_us_per_row"] / 1000)
         # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
         if not measured["identical_to_plain"]:
             assert measured["plain_margin_at_first_difference"] < 0.5

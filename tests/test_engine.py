@@ -49,6 +49,9 @@ def test_rejections_happen_and_are_rewound():
     tokens, finished = run(engine, [1, 2, 3])
     stats = finished.stats
     assert 0 < stats.accepted < stats.drafted, "the noisy draft must be partly rejected"
+    # Each step reads its accepted rows and the one that writes the target's token, no more.
+    assert stats.rows_read == stats.accepted + stats.steps
+    assert 0 < stats.read_seconds < stats.seconds
     assert {t.source for t in tokens} == {"draft", "target"}
     assert max(target.batch_sizes[1:]) == 5  # [last] + 4 draft tokens in one decode
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [1, 2, 3], 80)

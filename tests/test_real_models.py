@@ -120,6 +120,25 @@ def test_ngram_rejections_leave_the_kv_cache_consistent(target, plain_runs):
     assert cached_next == fresh_next
 
 
+def test_logits_rows_follow_each_decode_as_the_buffer_grows(gemma_path):
+    """decode() returns a view of llama.cpp's output buffer, reused between decodes: each
+    call must still see exactly its own rows, also after the buffer has grown."""
+    with Model(gemma_path, LoadSettings(ctx_size=512)) as model:
+        tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
+        model.decode(tokens[:8])
+        one = model.decode(tokens[8:9], all_logits=True).copy()
+        model.rewind(8)
+        three = model.decode(tokens[8:11], all_logits=True).copy()
+        assert one.shape == (1, model.n_vocab) and three.shape == (3, model.n_vocab)
+        model.rewind(8)
+        grown = model.decode(tokens[8:60], all_logits=True).copy()  # more rows than ever before
+        assert grown.shape == (52, model.n_vocab) and np.isfinite(grown).all()
+        # The same batch gives the same rows, bit for bit, whichever decode came before.
+        for batch, expected in ((tokens[8:9], one), (tokens[8:11], three), (tokens[8:60], grown), (tokens[8:9], one)):
+            model.rewind(8)
+            np.testing.assert_array_equal(model.decode(batch, all_logits=True), expected)
+
+
 def test_self_draft_accepts_everything_without_repacking(gemma_path, plain_runs):
     """With repacking off, the draft (one-token kernels) and the verify batch agree."""
     settings = LoadSettings(ctx_size=1024, repack=False)
