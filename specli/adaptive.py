@@ -55,7 +55,7 @@ class _KeyState:
     tested: list[float] = field(default_factory=list)
     expected_failures: float = 0.0  # decayed: rejections the tested positions' priors foresaw
     idle_steps: int = 0  # steps since this key last drafted
-    probe_gap: int = field(default_factory=lambda: FIRST_PROBE_GAP)  # idle steps before the next probe
+    probe_gap: int = FIRST_PROBE_GAP  # idle steps before the next probe
 
     def pooled(self, prior: float) -> float:
         return (self.pooled_kept + PRIOR_WEIGHT * prior) / (self.pooled_tested + PRIOR_WEIGHT)

@@ -311,7 +311,8 @@ class Engine:
             accepted, written = verify_sampled(draft, proposal.dists, target_dists, self.rng)
         t3 = time.perf_counter()
         # Keep `last` and the accepted draft tokens; the written token is the new `last`.
-        target.rewind(target.n_past - (len(draft) - accepted))
+        if accepted < len(draft):
+            target.rewind(target.n_past - (len(draft) - accepted))
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         stats.read_seconds += t3 - t2

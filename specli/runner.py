@@ -16,6 +16,7 @@ from specli.errors import PromptError, SpecliError
 from specli.sampling import SamplingSettings
 
 EXIT_OK = 0
+EXIT_INTERRUPTED = 130
 # A draft model stops drafting once its top probability falls below --draft-min-p. Off by
 # default: how confidence maps to acceptance depends on the pair (a draft with flat
 # distributions can still agree with its target), and -k auto already sizes drafts from
@@ -23,7 +24,6 @@ EXIT_OK = 0
 # 16.5 tok/s against 35.4 without it.
 DEFAULT_DRAFT_MIN_P = 0.0
 CALIBRATION_NOTICE = "specli: timing this model's verify batches for -k auto (once per model and settings)\n"
-EXIT_INTERRUPTED = 130
 
 
 @dataclass
