@@ -1,0 +1,237 @@
+"""Replay `-k auto` offline against recorded greedy outputs: draft-length policies compared
+exactly, without timing noise.
+
+On a small CPU box `specli bench` moves by ±15% between rounds, more than most changes to
+the draft-length policy gain or lose. But greedy n-gram speculation is deterministic once
+the target's plain output is known: which draft tokens a step keeps depends only on the
+text. So this script records, once per model, each workload's plain greedy output and the
+target's verify cost for every batch size (at a realistic context length), and then
+replays a policy step by step: the real `NGramProposer` and `AdaptiveDraftLength` choose
+each draft, the recorded text decides how much of it is kept, and each step costs the
+recorded verify time plus Python's share. Optional noise (lognormal, per step, several
+seeds) keeps a policy from being tuned to one lucky trajectory.
+
+    python benchmarks/replay.py record -m gemma.gguf -o benchmarks/out/replay.json \\
+        --prompts benchmarks/workloads.toml --prompts benchmarks/heldout.toml
+    python benchmarks/replay.py replay benchmarks/out/replay.json --seeds 12
+
+For each workload the report gives the speedup over plain decoding of `-k auto`, of an
+ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
+otherwise a plain step) and of the best fixed K, and the geometric mean over workloads.
+
+What it leaves out: greedy near-ties that a batched verify resolves differently from
+plain decoding (the replay follows plain's text), the first use of a batch size in a
+process (llama.cpp grows its buffers then: +4 ms at 8 rows, +37 ms at 48 here), and
+draft models (their proposals depend on the draft's own logits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength, VerifyCost
+from specli.proposers import NGramProposer
+
+LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
+ROW_SECONDS = 0.000045  # reading one verified logits row (262k vocabulary, 2-core CPU)
+LLAMA_N, LLAMA_M = 12, 48  # llama.cpp ngram-simple defaults: match length, draft length
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str
+    prompt: list[int]
+    output: list[int]  # plain greedy output; shorter than max_tokens if generation ended
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Replayed:
+    tokens: int  # generated tokens after the first (the prompt's decode writes that one)
+    seconds: float
+    steps: list[tuple[object, int, int]]  # (proposal key, drafted, accepted) per step
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Costs:
+    """Seconds per target decode by batch size; past the largest recorded size, the
+    cost of one more row at the top of the curve."""
+
+    def __init__(self, by_size: dict[int, float]) -> None:
+        self.by_size = dict(by_size)
+        top = max(self.by_size)
+        below = max((s for s in self.by_size if s < top and s % 2 == top % 2), default=None)
+        self._slope = (self.by_size[top] - self.by_size[below]) / (top - below) if below else 0.0
+        self._top = top
+
+    def __call__(self, batch: int) -> float:
+        if batch in self.by_size:
+            return self.by_size[batch]
+        if batch > self._top:
+            return self.by_size[self._top] + self._slope * (batch - self._top)
+        lower = max(s for s in self.by_size if s < batch)
+        upper = min(s for s in self.by_size if s > batch)
+        return self.by_size[lower] + (batch - lower) * (self.by_size[upper] - self.by_size[lower]) / (upper - lower)
+
+
+def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, float] | None = None, *,
+           noise: float = 0.0, seed: int | None = None, loop_seconds: float = LOOP_SECONDS,
+           row_seconds: float = ROW_SECONDS) -> Replayed:
+    """One generation as the engine runs it, with the recorded text deciding acceptance.
+
+    policy: "auto" (`-k auto` with n-gram lookup), "ngram-simple" (a draft of LLAMA_M after
+    an LLAMA_N-token match), or a fixed K (n-gram lookup, every length)."""
+    rng = random.Random(seed)
+    proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
+    proposer.prepare(case.prompt)
+    adaptive = (AdaptiveDraftLength(verify_cost=VerifyCost(calibration), prior=proposer.prior)
+                if policy == "auto" else None)
+    fixed = LLAMA_M if policy == "ngram-simple" else (policy if isinstance(policy, int) else None)
+    output = case.output
+    if not output:
+        return Replayed(0, 0.0, [])
+    tokens = case.prompt + output[:1]
+    produced, seconds, steps = 1, 0.0, []
+    while produced < case.max_tokens and produced < len(output):
+        limit = case.max_tokens - produced - 1  # as the engine: the step's own token is extra
+        proposal = proposer.propose(tokens, min(MAX_DRAFT, limit)) if limit > 0 else None
+        if proposal is None or not proposal.tokens:
+            k = 0
+        elif adaptive is not None:
+            k = adaptive.next(proposal.key, len(proposal.tokens))
+        else:
+            k = min(fixed, len(proposal.tokens))
+        draft = proposal.tokens[:k] if k else []
+        accepted = 0
+        while accepted < k and produced + accepted < len(output) and draft[accepted] == output[produced + accepted]:
+            accepted += 1
+        verify = costs(k + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
+        if adaptive is not None:
+            adaptive.record(k, accepted, 0.0, verify, proposal.key if proposal else None, loop_seconds)
+        committed = min(accepted + 1, len(output) - produced)
+        tokens += output[produced : produced + committed]
+        produced += committed
+        seconds += verify + loop_seconds + row_seconds * (accepted + 1)
+        steps.append((proposal.key if k else None, k, accepted))
+    return Replayed(produced - 1, seconds, steps)
+
+
+# --- record -------------------------------------------------------------------------
+
+def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
+    from specli.bench import load_workloads
+    from specli.engine import FixedDraftLength, GenerationOptions, Token
+    from specli.session import SessionSpec, open_session, prompt_tokens
+
+    cases = []
+    with open_session(SessionSpec(model, "none")) as session:
+        target = session.target
+        for prompt_file in prompt_files:
+            for workload in load_workloads(prompt_file):
+                prompt = prompt_tokens(target, workload.prompt, chat=workload.chat)
+                engine = session.engine(FixedDraftLength(0), GenerationOptions(max_tokens=workload.max_tokens))
+                output = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
+                cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
+                                  max_tokens=workload.max_tokens))
+                print(f"recorded {workload.name}: {len(prompt)} + {len(output)} tokens", file=sys.stderr)
+        calibration = session.verify_costs()
+        # In situ: after a context as long as a typical prompt, in the engine's order of
+        # calls (decode, then rewind), each size `repeats` times, the median kept.
+        filler = [t for case in cases for t in case["prompt"] + case["output"]]
+        context = int(statistics.median(len(case["prompt"]) for case in cases)) + 32
+        samples: dict[int, list[float]] = {size: [] for size in range(1, MAX_DRAFT + 2)}
+        target.rewind(0)
+        target.decode(filler[:context])
+        for _ in range(repeats):
+            for size in samples:
+                started = time.perf_counter()
+                target.decode(filler[context : context + size], all_logits=True)
+                samples[size].append(time.perf_counter() - started)
+                target.rewind(context)
+    return dict(model=str(model), context=context, calibration={str(k): v for k, v in calibration.items()},
+                costs={str(size): statistics.median(v) for size, v in samples.items()}, workloads=cases)
+
+
+# --- report -------------------------------------------------------------------------
+
+def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_seconds: float,
+           row_seconds: float) -> list[dict]:
+    costs = Costs({int(k): v for k, v in recording["costs"].items()})
+    calibration = {int(k): v for k, v in recording["calibration"].items()}
+    rows = []
+    for data in recording["workloads"]:
+        case = Case(**data)
+        if len(case.output) < 2:
+            continue
+        options = dict(loop_seconds=loop_seconds, row_seconds=row_seconds)
+        plain = replay(case, 0, costs, **options).tokens_per_second
+
+        def speedup(policy: str | int) -> float:
+            if policy != "auto" or seeds <= 1 or noise <= 0:
+                return replay(case, policy, costs, calibration, **options).tokens_per_second / plain
+            runs = [replay(case, policy, costs, calibration, noise=noise, seed=seed, **options).tokens_per_second
+                    for seed in range(seeds)]
+            return statistics.geometric_mean(runs) / plain
+
+        best_k, best = max(((k, speedup(k)) for k in fixed_ks), key=lambda pair: pair[1])
+        rows.append(dict(name=case.name, kind=case.kind, auto=speedup("auto"), ngram_simple=speedup("ngram-simple"),
+                         best_k=best_k, best_fixed=best))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record", help="record plain greedy outputs and the verify-cost curve")
+    rec.add_argument("-m", "--model", type=Path, required=True)
+    rec.add_argument("--prompts", type=Path, action="append", help="workloads TOML (repeatable; default: the shipped ones)")
+    rec.add_argument("--repeats", type=int, default=3, help="timings per batch size (median kept)")
+    rec.add_argument("-o", "--output", type=Path, required=True)
+    rep = commands.add_parser("replay", help="replay the policies against a recording")
+    rep.add_argument("recording", type=Path)
+    rep.add_argument("--seeds", type=int, default=12, help="noisy replays of -k auto per workload")
+    rep.add_argument("--noise", type=float, default=0.06, help="lognormal sigma of each step's verify time")
+    rep.add_argument("-k", default="2,4,8,16", help="fixed Ks to compare")
+    rep.add_argument("--loop-ms", type=float, default=LOOP_SECONDS * 1e3)
+    rep.add_argument("--row-us", type=float, default=ROW_SECONDS * 1e6)
+    rep.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.command == "record":
+        recording = record(args.model, args.prompts or [None], args.repeats)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        temporary = args.output.with_name(args.output.name + ".tmp")
+        temporary.write_text(json.dumps(recording))
+        temporary.replace(args.output)
+        print(args.output)
+        return 0
+
+    recording = json.loads(args.recording.read_text())
+    rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")],
+                  args.loop_ms / 1e3, args.row_us / 1e6)
+    geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
+    if args.json:
+        print(json.dumps(dict(workloads=rows, auto_geomean=geomean)))
+        return 0
+    print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13}")
+    for row in rows:
+        print(f"{row['name']:16} {row['kind']:9} {row['auto']:5.2f}x {row['ngram_simple']:11.2f}x "
+              f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x")
+    print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""benchmarks/replay.py: the offline replay follows the engine's steps exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.replay import Case, Costs, replay
+
+# A CPU-like curve: 10 ms for one token, 3 ms per extra row.
+COSTS = Costs({size: 0.010 + 0.003 * (size - 1) for size in (1, 2, 4, 8, 16, 32, 48, 49)})
+
+
+def copy_case(max_tokens: int = 60) -> Case:
+    """The prompt holds a 30-token passage and the start of its copy; the output finishes it."""
+    passage = list(range(100, 130))
+    return Case("copy", "grounded", prompt=passage + [7] + passage[:12], output=passage[12:] + [5] * 60,
+                max_tokens=max_tokens)
+
+
+def test_costs_interpolate_and_extend_the_top_of_the_curve():
+    assert COSTS(3) == pytest.approx(0.016)
+    assert COSTS(50) == pytest.approx(COSTS(48) + 2 * 0.003)
+
+
+def test_plain_replay_is_one_decode_per_token():
+    result = replay(copy_case(), 0, COSTS, loop_seconds=0.001, row_seconds=0.0)
+    assert result.tokens == 59  # the first token comes from the prompt's decode
+    assert result.seconds == pytest.approx(59 * 0.011)
+    assert all(k == 0 for _, k, _ in result.steps)
+
+
+def test_fixed_k_keeps_the_copy_and_stops_where_the_text_leaves_it():
+    result = replay(copy_case(), 8, COSTS, loop_seconds=0.0, row_seconds=0.0)
+    # 17 passage tokens remain after the first: two full drafts of 8 (+1 each) copy them,
+    # and the second step's own token is the first after the passage. Nothing earlier
+    # ends with it, so a plain step follows; then the repeated token is drafted in full.
+    assert result.steps[:3] == [(12, 8, 8), (12, 8, 8), (None, 0, 0)]
+    assert result.steps[3] == (1, 8, 8)  # a run of one token, continued periodically
+    assert result.tokens == 59
+    committed = sum(accepted + 1 for _, _, accepted in result.steps)
+    assert committed == 59
+
+
+def test_ngram_simple_drafts_only_after_a_long_match():
+    case = Case("no-repeat", "creative", prompt=[1, 2, 3], output=list(range(10, 40)), max_tokens=30)
+    result = replay(case, "ngram-simple", COSTS)
+    assert all(k == 0 for _, k, _ in result.steps)
+    result = replay(copy_case(), "ngram-simple", COSTS, loop_seconds=0.0, row_seconds=0.0)
+    assert result.steps[0] == (12, 48, 17)
+
+
+def test_auto_replay_beats_plain_on_a_copy_and_is_reproducible():
+    plain = replay(copy_case(), 0, COSTS)
+    first = replay(copy_case(), "auto", COSTS, noise=0.1, seed=3)
+    again = replay(copy_case(), "auto", COSTS, noise=0.1, seed=3)
+    assert first == again
+    assert first.tokens == plain.tokens
+    assert first.tokens_per_second > 1.5 * plain.tokens_per_second
