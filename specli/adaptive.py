@@ -36,8 +36,11 @@ POSITION_SHRINK = 4.0  # pseudo-observations pulling a position towards its key'
 DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
 SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
-PROBE_LENGTH = 3
-FIRST_PROBE_GAP = 1  # an unseen key is probed at once (measured: better than waiting on its prior)
+# A probe drafts one token: it tests the first position, the one every longer draft needs,
+# and on a CPU a batch of 2 costs ~1.7 plain steps against ~2.4 for a batch of 4.
+PROBE_LENGTH = 1
+FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
+# (PROBE_LENGTH and FIRST_PROBE_GAP chosen by benchmarks/replay.py over 19 recorded workloads.)
 MAX_DRAFT = 48  # longest draft considered: past ~48 rows a verify costs no less per row here
 # Odd and even sizes both, up to MAX_DRAFT + 1: on CPUs, llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it
