@@ -40,7 +40,7 @@ PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, befor
 # and on a CPU a batch of 2 costs ~1.7 plain steps against ~2.4 for a batch of 4.
 PROBE_LENGTH = 1
 FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
-# (PROBE_LENGTH and FIRST_PROBE_GAP chosen by benchmarks/replay.py over 19 recorded workloads.)
+# (Both chosen by replaying -k auto over 20 recorded workloads, benchmarks/replay.py.)
 MAX_DRAFT = 48  # longest draft considered: past ~48 rows a verify costs no less per row here
 # Odd and even sizes both, up to MAX_DRAFT + 1: on CPUs, llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it
