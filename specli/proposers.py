@@ -104,9 +104,9 @@ class NGramProposer:
         """Expected acceptance of a proposal from an n-token match, before any is judged:
         0.4 for one token, 0.85 for four, 0.95 for twelve. On Gemma 3 270M's greedy outputs
         for 20 workloads (the shipped ones, benchmarks/heldout.toml, prompts/copy.txt), the
-        first drafted token was kept 42-58% of the time after
-        a 1-token match, 48-53% (2), 65-67% (3), 78-83% (4), 87% (6), 77-87% (8) and 97-99%
-        after 12 or more; the run's own record soon replaces these."""
+        first drafted token was kept 42-58% of the time after a 1-token match, 48-53% (2),
+        65-67% (3), 78-83% (4), 87% (6), 77-87% (8) and 97-99% after 12 or more; the run's
+        own record soon replaces these."""
         return 1.0 - 0.6 / key if isinstance(key, int) and key > 0 else 0.6
 
     def close(self) -> None:
