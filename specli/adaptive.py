@@ -5,12 +5,13 @@ average, where ai is the chance that position i is accepted once the positions b
 it were, and costs draft(k) + verify(k + 1) + overhead seconds. The policy picks the k
 with the most tokens per second; k = 0 is a plain step.
 
-- Acceptance is tracked per context key (for n-gram lookup: the length of the match
-  behind the proposal; a 12-token match predicts far better than a 1-token one), with
-  recent steps weighted most, starting from the proposer's prior for that key (scaled by
-  how often this run's drafts have failed against what their priors foresaw). A position
-  seen rarely borrows strength from the key's pooled rate, so one unlucky rejection does
-  not rule out long drafts for good.
+- Acceptance: the proposer states a prior for each position, 1 - h, from the context
+  behind it (n-gram lookup: the match's length, plus one for each drafted token before
+  it, since a kept token lengthens the match; a 40-token copy in progress is trusted
+  further than a fresh 12-token match). The run scales every hazard h by a ratio it
+  measures per context key (for n-gram lookup: the n that matched): rejections seen /
+  rejections the priors foresaw, recent steps weighted most, and before a key has a
+  record of its own, the same ratio over the run's other keys.
 - Verify cost by batch size comes from a calibration (timed once per model and
   settings, cached on disk) and is refined by every step's timing. Odd and even batch
   sizes are interpolated separately: on CPUs an odd batch can cost more than a longer
@@ -24,15 +25,15 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-PRIOR_ACCEPTANCE = 0.6  # belief about an unseen key: optimistic enough to try drafting
-PRIOR_WEIGHT = 2.0  # pseudo-observations behind that belief
-UNTESTED_WEIGHT = 16.0  # ... and behind it for positions no draft of the key has reached yet
-RUN_FAILURES = 1.0  # pseudo-failures behind "this run fails as often as the priors say"
-POSITION_SHRINK = 4.0  # pseudo-observations pulling a position towards its key's pooled rate
+PRIOR_ACCEPTANCE = 0.6  # without a proposer's prior (a draft model): optimistic enough to try
+# Pseudo-rejections behind "a key is rejected as often as its priors foresee": a key's own
+# record counts against KEY_WEIGHT of the run's, the run's against RUN_WEIGHT of the priors'.
+KEY_WEIGHT = 1.0
+RUN_WEIGHT = 1.0
 DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
 SMOOTHING = 0.15  # running means of timings
 PRIOR_COST_SLOPE = 0.3  # verify cost of each extra token relative to one, before measuring
@@ -51,47 +52,18 @@ CALIBRATION_VERSION = 2  # part of the cache key: a change in how costs are meas
 
 @dataclass
 class _KeyState:
-    prior: float = PRIOR_ACCEPTANCE
-    pooled_kept: float = 0.0
-    pooled_tested: float = 0.0
-    kept: list[float] = field(default_factory=list)  # by position, decayed counts
-    tested: list[float] = field(default_factory=list)
-    expected_failures: float = 0.0  # decayed: rejections the tested positions' priors foresaw
+    rejected: float = 0.0  # decayed: drafts rejected before their end
+    foreseen: float = 0.0  # decayed: rejections the priors foresaw at the positions tested
     idle_steps: int = 0  # steps since this key last drafted
     probe_gap: int = FIRST_PROBE_GAP  # idle steps before the next probe
 
-    def pooled(self, prior: float) -> float:
-        return (self.pooled_kept + PRIOR_WEIGHT * prior) / (self.pooled_tested + PRIOR_WEIGHT)
-
-    def untested(self, prior: float) -> float:
-        """Acceptance at a position no draft of this key has reached: the pooled rate, held
-        closer to the prior. A copy that was kept 30 tokens long says little about token 60
-        (copies end), and the longest drafts lose the most when they fail."""
-        return (self.pooled_kept + UNTESTED_WEIGHT * prior) / (self.pooled_tested + UNTESTED_WEIGHT)
-
-    def acceptance(self, position: int, pooled: float, untested: float) -> float:
-        if position < len(self.tested):
-            return (self.kept[position] + POSITION_SHRINK * pooled) / (self.tested[position] + POSITION_SHRINK)
-        return untested
-
-    def observe(self, drafted: int, accepted: int, prior: float | None = None) -> None:
-        self.pooled_kept *= DECAY
-        self.pooled_tested *= DECAY
-        self.expected_failures *= DECAY
-        for i in range(len(self.tested)):
-            self.kept[i] *= DECAY
-            self.tested[i] *= DECAY
-        for i in range(min(drafted, accepted + 1)):
-            # Position i was tested: every position before it had been accepted.
-            if i >= len(self.tested):
-                self.kept.append(0.0)
-                self.tested.append(0.0)
-            kept = 1.0 if i < accepted else 0.0
-            self.kept[i] += kept
-            self.tested[i] += 1.0
-            self.pooled_kept += kept
-            self.pooled_tested += 1.0
-            self.expected_failures += 1.0 - (prior if prior is not None else self.prior)
+    def observe(self, hazards: list[float], drafted: int, accepted: int) -> None:
+        self.rejected *= DECAY
+        self.foreseen *= DECAY
+        # Positions 0..accepted were tested, each once the ones before it were kept.
+        self.foreseen += sum(hazards[: min(drafted, accepted + 1)])
+        if accepted < drafted:
+            self.rejected += 1.0
 
 
 class AdaptiveDraftLength:
@@ -99,28 +71,30 @@ class AdaptiveDraftLength:
         self,
         max_k: int = MAX_DRAFT,
         verify_cost: VerifyCost | None = None,
-        prior: Callable[[object], float] | None = None,
+        prior: Callable[[object, int], float] | None = None,
     ) -> None:
         self.max_k = max_k
-        self._prior = prior  # the proposer's belief about a key it has not seen judged yet
+        # The proposer's belief: acceptance of a drafted token under a key, after a context
+        # of that many tokens. None: PRIOR_ACCEPTANCE everywhere.
+        self._prior = prior
         self._keys: dict[object, _KeyState] = {}
         self._run = _KeyState()  # every key together
         self._verify = verify_cost or VerifyCost()
         self._draft_seconds_per_token: float | None = None
         self._overhead_seconds = 0.0
 
-    def next(self, key: object = None, available: int | None = None) -> int:
-        """Draft length for the next step (0: a plain step)."""
+    def next(self, key: object = None, available: int | None = None, extent: int = 0) -> int:
+        """Draft length for the next step (0: a plain step). extent: the context behind
+        the proposal's first token (Proposal.extent)."""
         state = self._state(key)
         limit = self.max_k if available is None else min(self.max_k, available)
         if limit <= 0:
             return 0
-        prior = self._run_adjusted(state)
-        pooled, untested = state.pooled(prior), state.untested(prior)
+        ratio = self._hazard_ratio(state)
         best_k, best_rate = 0, 1.0 / self._step_cost(0)
         expected, chain = 1.0, 1.0
-        for k in range(1, limit + 1):
-            chain *= state.acceptance(k - 1, pooled, untested)
+        for k, hazard in enumerate(self._hazards(key, extent, limit), start=1):
+            chain *= max(0.0, 1.0 - ratio * hazard)
             expected += chain
             rate = expected / self._step_cost(k)
             if rate > best_rate:
@@ -139,23 +113,27 @@ class AdaptiveDraftLength:
             state.probe_gap = min(state.probe_gap, 8)
         return best_k
 
-    def _run_adjusted(self, state: _KeyState) -> float:
-        """A key's prior, corrected by how the run's other keys have fared against theirs.
+    def _hazards(self, key: object, extent: int, count: int) -> list[float]:
+        """The prior chance that each of `count` drafted positions is rejected once the
+        ones before it were kept: position i follows a context of extent + i tokens."""
+        if self._prior is None:
+            return [1.0 - PRIOR_ACCEPTANCE] * count
+        return [1.0 - self._prior(key, extent + i) for i in range(count)]
 
-        The chance of a rejection is scaled by (rejections seen) / (rejections the priors
-        foresaw): in a run where drafts keep failing, an unseen key is not trusted as if
-        nothing had happened. The correction works both ways: a long exact copy, rejected
-        less often than its key's prior foresaw, makes short matches look better too (after
-        summarise's copy, 3- and 5-token drafts on 1- and 2-token matches). Clamping the
-        ratio at 1 was replayed (benchmarks/replay.py): +0.5% over 19 workloads, but
-        code-edit 2.06x -> 1.87x, so it stays two-sided. The key's own record is left out: it already counts, once, in the key's estimate
-        (with a single key, as for a draft model, the prior stays as it is).
+    def _hazard_ratio(self, state: _KeyState) -> float:
+        """How many times more often than its priors foresaw this key's drafts are rejected.
+
+        (rejected + KEY_WEIGHT·r) / (foreseen + KEY_WEIGHT), where r is the same ratio over
+        the run's other keys, held to 1 by RUN_WEIGHT: a run whose drafts keep failing
+        does not trust an unseen key as if nothing had happened, and a run of clean copies
+        trusts it a little more. A ratio learnt from a few accepted drafts moves little,
+        since their priors foresaw few rejections in the first place.
         """
         run = self._run
-        seen = max(0.0, (run.pooled_tested - run.pooled_kept) - (state.pooled_tested - state.pooled_kept))
-        foreseen = max(0.0, run.expected_failures - state.expected_failures)
-        ratio = (seen + RUN_FAILURES) / (foreseen + RUN_FAILURES)
-        return max(0.0, 1.0 - min(1.0, (1.0 - state.prior) * ratio))
+        seen = max(0.0, run.rejected - state.rejected)
+        foreseen = max(0.0, run.foreseen - state.foreseen)
+        run_ratio = (seen + RUN_WEIGHT) / (foreseen + RUN_WEIGHT)
+        return (state.rejected + KEY_WEIGHT * run_ratio) / (state.foreseen + KEY_WEIGHT)
 
     def _could_pay(self, limit: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
@@ -164,8 +142,7 @@ class AdaptiveDraftLength:
     def _state(self, key: object) -> _KeyState:
         state = self._keys.get(key)
         if state is None:
-            prior = self._prior(key) if self._prior is not None else PRIOR_ACCEPTANCE
-            state = self._keys[key] = _KeyState(prior=prior)
+            state = self._keys[key] = _KeyState()
         return state
 
     def _step_cost(self, k: int) -> float:
@@ -180,11 +157,13 @@ class AdaptiveDraftLength:
         verify_seconds: float,
         key: object = None,
         overhead_seconds: float = 0.0,
+        extent: int = 0,
     ) -> None:
-        state = self._state(key)
         if drafted:
-            state.observe(drafted, accepted)
-            self._run.observe(drafted, accepted, state.prior)
+            hazards = self._hazards(key, extent, min(drafted, accepted + 1))
+            state = self._state(key)
+            state.observe(hazards, drafted, accepted)
+            self._run.observe(hazards, drafted, accepted)
             state.idle_steps = 0
             per_token = draft_seconds / drafted
             prior = self._draft_seconds_per_token

@@ -158,7 +158,7 @@ class DraftLength(Protocol):
 
     max_k: int
 
-    def next(self, key: object = None, available: int | None = None) -> int: ...
+    def next(self, key: object = None, available: int | None = None, extent: int = 0) -> int: ...
 
     def record(
         self,
@@ -168,6 +168,7 @@ class DraftLength(Protocol):
         verify_seconds: float,
         key: object = None,
         overhead_seconds: float = 0.0,
+        extent: int = 0,
     ) -> None: ...
 
 
@@ -175,7 +176,7 @@ class DraftLength(Protocol):
 class FixedDraftLength:
     max_k: int
 
-    def next(self, key: object = None, available: int | None = None) -> int:
+    def next(self, key: object = None, available: int | None = None, extent: int = 0) -> int:
         return self.max_k if available is None else min(self.max_k, available)
 
     def record(self, *args: object, **kwargs: object) -> None:
@@ -289,7 +290,7 @@ class Engine:
         if self.proposer.cheap:
             # Proposing is free (n-gram lookup): look first, then decide how much to verify.
             proposal = self.proposer.propose(tokens, min(policy.max_k, limit))
-            k = policy.next(proposal.key, len(proposal.tokens)) if proposal.tokens else 0
+            k = policy.next(proposal.key, len(proposal.tokens), proposal.extent) if proposal.tokens else 0
         else:
             k = policy.next(None, limit)
             proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
@@ -318,7 +319,7 @@ class Engine:
         stats.read_seconds += t3 - t2
         stats.rows_read += accepted + 1  # rows after the first rejection are never read
         stats.record_step(len(draft), accepted)
-        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1, proposal.key, overhead)
+        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1, proposal.key, overhead, proposal.extent)
         self._last_step = t2
         committed = draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * accepted + ["target"]

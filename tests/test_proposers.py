@@ -1,4 +1,4 @@
-from specli.proposers import NGramProposer, _common_prefix_length
+from specli.proposers import EXTENT_LIMIT, NGramProposer, _common_prefix_length
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():
@@ -7,6 +7,34 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     proposer.prepare(tokens[:3])
     assert proposer.propose(tokens, 2).tokens == [7, 8]  # latest occurrence of 2 3 4
     assert proposer.last_match_length == 3
+
+
+def test_ngram_reports_how_far_back_the_match_goes():
+    proposer = NGramProposer(lengths=(3, 2, 1))
+    passage = list(range(10, 50))
+    tokens = passage + [1] + passage[:30]  # the copy so far matches 30 tokens, keyed by 3
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 4)
+    assert proposal.tokens == passage[30:34] and proposal.key == 3 and proposal.extent == 30
+    tokens = [1, 2, 3, 9, 2, 3]  # matches 2 3 only: 1 != 9
+    proposer.prepare(tokens)
+    assert proposer.propose(tokens, 1).extent == 2
+
+
+def test_ngram_match_extent_stops_at_its_limit():
+    proposer = NGramProposer()
+    passage = [t % 251 for t in range(3 * EXTENT_LIMIT)]
+    tokens = passage + [999] + passage[: 2 * EXTENT_LIMIT]
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 1)
+    assert proposal.key == 12 and proposal.extent == EXTENT_LIMIT
+
+
+def test_ngram_prior_grows_with_the_match_and_a_drafted_token_extends_it():
+    prior = NGramProposer.prior
+    assert prior(1) < prior(2) < prior(4) < prior(8) < prior(12) < prior(12, 24) < prior(12, 200) < 1.0
+    assert prior(2, 9) == prior(8, 9)  # what counts is how long the context is, not the key
+    assert 0.4 < prior(1) < 0.5 and 0.94 < prior(12) < 0.96 and prior(12, 200) > 0.99
 
 
 def test_ngram_continues_a_repetition_periodically():
