@@ -14,6 +14,7 @@ seeds) keeps a policy from being tuned to one lucky trajectory.
     python benchmarks/replay.py record -m gemma.gguf -o benchmarks/out/replay.json \\
         --prompts benchmarks/workloads.toml --prompts benchmarks/heldout.toml
     python benchmarks/replay.py replay benchmarks/out/replay.json --seeds 12
+    python benchmarks/replay.py hazard benchmarks/out/replay.json   # the data behind the n-gram prior
 
 For each workload the report gives the speedup over plain decoding of `-k auto`, of an
 ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
@@ -110,7 +111,7 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
         if proposal is None or not proposal.tokens:
             k = 0
         elif adaptive is not None:
-            k = adaptive.next(proposal.key, len(proposal.tokens))
+            k = adaptive.next(proposal.key, len(proposal.tokens), proposal.extent)
         else:
             k = min(fixed, len(proposal.tokens))
         draft = proposal.tokens[:k] if k else []
@@ -119,7 +120,8 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
             accepted += 1
         verify = costs(k + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
         if adaptive is not None:
-            adaptive.record(k, accepted, 0.0, verify, proposal.key if proposal else None, loop_seconds)
+            adaptive.record(k, accepted, 0.0, verify, proposal.key if proposal else None, loop_seconds,
+                            proposal.extent if proposal else 0)
         committed = min(accepted + 1, len(output) - produced)
         tokens += output[produced : produced + committed]
         produced += committed
@@ -162,6 +164,63 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
                 target.rewind(context)
     return dict(model=str(model), context=context, calibration={str(k): v for k, v in calibration.items()},
                 costs={str(size): statistics.median(v) for size, v in samples.items()}, workloads=cases)
+
+
+# --- hazard -------------------------------------------------------------------------
+
+HAZARD_BINS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96)
+
+
+def hazard_samples(recording: dict) -> list[tuple[int, int, bool]]:
+    """(context length, draft position, rejected) for every drafted token an n-gram proposal
+    tests when drafting MAX_DRAFT at each step of each recorded output, up to its first
+    rejection: the context of position i is the match's extent plus i."""
+    samples = []
+    for data in recording["workloads"]:
+        case = Case(**data)
+        proposer = NGramProposer()
+        proposer.prepare(case.prompt)
+        for t in range(1, len(case.output)):
+            proposal = proposer.propose(case.prompt + case.output[:t], MAX_DRAFT)
+            for i, token in enumerate(proposal.tokens[: len(case.output) - t]):
+                rejected = token != case.output[t + i]
+                samples.append((proposal.extent + i, i, rejected))
+                if rejected:
+                    break
+    return samples
+
+
+def fit_hazard(samples: list[tuple[int, int, bool]]) -> tuple[float, float, float]:
+    """Maximum-likelihood (scale, length, floor) of h(x) = scale·exp(-x/length) + floor, on a grid."""
+    import numpy as np
+
+    x = np.array([min(s[0], 256) for s in samples], dtype=float)
+    y = np.array([s[2] for s in samples], dtype=float)
+    best, best_ll = (0.0, 1.0, 0.0), -math.inf
+    for scale in np.arange(0.4, 1.001, 0.05):
+        for length in np.arange(2.0, 10.001, 0.25):
+            for floor in (0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.03):
+                h = np.clip(scale * np.exp(-x / length) + floor, 1e-9, 1 - 1e-9)
+                ll = float((y * np.log(h) + (1 - y) * np.log(1 - h)).sum())
+                if ll > best_ll:
+                    best, best_ll = (round(float(scale), 3), round(float(length), 3), floor), ll
+    return best
+
+
+def hazard_report(recording: dict) -> None:
+    samples = hazard_samples(recording)
+    print(f"{'context':>9} {'first drafted token':>22} {'later drafted tokens':>22} {'h(x)':>7}")
+    for i, low in enumerate(HAZARD_BINS):
+        high = HAZARD_BINS[i + 1] if i + 1 < len(HAZARD_BINS) else math.inf
+        cells = []
+        for first in (True, False):
+            picked = [s[2] for s in samples if low <= s[0] < high and (s[1] == 0) == first]
+            cells.append(f"{statistics.fmean(picked):6.3f} of {len(picked):6d}" if picked else f"{'-':>16}")
+        label = f"{low}-{high - 1}" if high != math.inf and high - 1 > low else (f"{low}+" if high == math.inf else str(low))
+        print(f"{label:>9} {cells[0]:>22} {cells[1]:>22} {1 - NGramProposer.prior(0, low):7.3f}")
+    scale, length, floor = fit_hazard(samples)
+    print("rejected fraction by context length x; h(x) = 1 - NGramProposer.prior(0, x) at the bin's low end")
+    print(f"maximum-likelihood fit: h(x) = {scale}·exp(-x/{length}) + {floor} ({len(samples)} drafted tokens)")
 
 
 # --- report -------------------------------------------------------------------------
@@ -207,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--loop-ms", type=float, default=LOOP_SECONDS * 1e3)
     rep.add_argument("--row-us", type=float, default=ROW_SECONDS * 1e6)
     rep.add_argument("--json", action="store_true")
+    haz = commands.add_parser("hazard", help="how often a drafted n-gram token is rejected, by context length, "
+                                             "and the fit behind NGramProposer.prior")
+    haz.add_argument("recording", type=Path)
     args = parser.parse_args(argv)
 
     if args.command == "record":
@@ -219,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     recording = json.loads(args.recording.read_text())
+    if args.command == "hazard":
+        hazard_report(recording)
+        return 0
     rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")],
                   args.loop_ms / 1e3, args.row_us / 1e6)
     geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
