@@ -172,9 +172,9 @@ HAZARD_BINS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96)
 
 
 def hazard_samples(recording: dict) -> list[tuple[int, int, bool]]:
-    """(context length, draft position, rejected) for every drafted token an n-gram proposal
+    """(match length, draft position, rejected) for every drafted token an n-gram proposal
     tests when drafting MAX_DRAFT at each step of each recorded output, up to its first
-    rejection: the context of position i is the match's extent plus i."""
+    rejection: position i follows a match of the proposal's true length plus i."""
     samples = []
     for data in recording["workloads"]:
         case = Case(**data)
@@ -184,7 +184,7 @@ def hazard_samples(recording: dict) -> list[tuple[int, int, bool]]:
             proposal = proposer.propose(case.prompt + case.output[:t], MAX_DRAFT)
             for i, token in enumerate(proposal.tokens[: len(case.output) - t]):
                 rejected = token != case.output[t + i]
-                samples.append((proposal.extent + i, i, rejected))
+                samples.append((proposer.last_match_extent + i, i, rejected))
                 if rejected:
                     break
     return samples

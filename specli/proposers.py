@@ -18,7 +18,9 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     dists: list[Distribution] | None = None  # None: deterministic (q is a point mass)
     key: object = None  # what kind of proposal this is, for the draft-length policy
-    extent: int = 0  # tokens of context behind the first one (n-gram lookup: the match's true length)
+    # A copy in progress (n-gram lookup: a match of the longest n): how many tokens the match
+    # really spans; each drafted token that is kept lengthens it. 0: the key says it all.
+    extent: int = 0
 
 
 class Proposer(Protocol):
@@ -57,10 +59,11 @@ class NGramProposer:
     (the longest n first) and propose what followed it.
 
     A longer match predicts better. The proposal's key is the n that matched (the policy
-    keeps a record per key) and its extent how far back the match really goes (a copy in
-    progress matches far more than 12 tokens, and predicts better still). Committed tokens
-    only ever grow, so the index is extended incrementally: each n-gram maps to the
-    position right after its most recent occurrence.
+    keeps a record per key). A match of the longest n is a copy in progress, and the
+    proposal's extent says how far back it really goes: often far more than 12 tokens,
+    and the longer, the better it predicts. Committed tokens only ever grow, so the index
+    is extended incrementally: each n-gram maps to the position right after its most
+    recent occurrence.
     """
 
     name = "ngram"
@@ -71,7 +74,8 @@ class NGramProposer:
         self.lengths = tuple(sorted(set(lengths), reverse=True))
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.lengths}
         self._indexed = 0  # n-grams ending before this position are in the index
-        self.last_match_length = 0
+        self.last_match_length = 0  # the n of the last proposal's match
+        self.last_match_extent = 0  # ... and how many tokens it really spans
 
     def prepare(self, prompt: list[int]) -> None:
         self._index = {n: {} for n in self.lengths}
@@ -80,7 +84,7 @@ class NGramProposer:
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         self._extend_index(tokens)
-        self.last_match_length = 0
+        self.last_match_length = self.last_match_extent = 0
         if max_tokens <= 0:
             return Proposal()
         end = len(tokens)
@@ -90,7 +94,8 @@ class NGramProposer:
             start = self._index[n].get(tuple(tokens[end - n :]))
             if start is not None:
                 self.last_match_length = n
-                extent = _match_extent(tokens, start, end, n)
+                self.last_match_extent = _match_extent(tokens, start, end, n)
+                extent = self.last_match_extent if n == self.lengths[0] else 0
                 return Proposal(_continuation(tokens, start, max_tokens), key=n, extent=extent)
         return Proposal()
 
@@ -105,17 +110,17 @@ class NGramProposer:
 
     @staticmethod
     def prior(key: object, context: int = 0) -> float:
-        """Expected acceptance of a drafted token that continues a match `context` tokens
-        long (at least the key's length): the match's own length for the first drafted
-        token, one more for each drafted token before it (kept, it lengthens the match).
+        """Expected acceptance of a drafted token after a match of max(key, context) tokens:
+        1 - (0.7·exp(-x/4.25) + 0.0075), 0.44 for one token, 0.72 for four, 0.95 for
+        twelve, 0.99 past 25.
 
-        1 - (0.7·exp(-context/4.25) + 0.0075): 0.44 for one token, 0.72 for four, 0.95
-        for twelve, 0.99 past 25. Fitted (maximum likelihood) to Gemma 3 270M's greedy
-        outputs for 19 workloads (benchmarks/replay.py `hazard`), where a token after a
-        match of 1, 2, 4, 8, 12 and 16-23 tokens was rejected 61%, 45%, 30%, 12%, 2.4% and
-        1.2% of the time. A drafted token deep in a draft was rejected as often as a first
-        token after a match of the same total length, so one curve serves both. The run's
-        own record scales it (adaptive.py)."""
+        Fitted (maximum likelihood) to Gemma 3 270M's greedy outputs for 19 workloads
+        (benchmarks/replay.py `hazard`), where a token after a match of 1, 2, 4, 8, 12 and
+        16-23 tokens was rejected 61%, 45%, 30%, 12%, 2.4% and 1.2% of the time. In a copy
+        in progress the policy passes the match's extent plus the drafted tokens before
+        the one judged (a token deep in a draft was rejected as often as a first token
+        after a match of the same total length). The run's own record scales it
+        (adaptive.py)."""
         length = max(key if isinstance(key, int) else 0, context)
         if length <= 0:
             return 0.6

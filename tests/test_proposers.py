@@ -16,9 +16,13 @@ def test_ngram_reports_how_far_back_the_match_goes():
     proposer.prepare(tokens)
     proposal = proposer.propose(tokens, 4)
     assert proposal.tokens == passage[30:34] and proposal.key == 3 and proposal.extent == 30
-    tokens = [1, 2, 3, 9, 2, 3]  # matches 2 3 only: 1 != 9
+    tokens = [5, 3, 2, 3, 9, 5, 3, 2, 3]  # the longest n, 3, matches 4 tokens: a copy in progress
     proposer.prepare(tokens)
-    assert proposer.propose(tokens, 1).extent == 2
+    assert proposer.propose(tokens, 1).extent == 4 and proposer.last_match_extent == 4
+    tokens = [7, 1, 2, 3, 9, 7, 2, 3]  # 2 3 only, shorter than the longest n: not a copy
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 1)
+    assert proposal.key == 2 and proposal.extent == 0 and proposer.last_match_extent == 2
 
 
 def test_ngram_match_extent_stops_at_its_limit():
