@@ -4,7 +4,9 @@ Both tools decode the same prompt greedily with the same target, the same
 proposer (a draft model, or n-gram lookup in the context) and the same draft
 length K. Runs alternate between the tools, and the order flips every round,
 so drift (thermal, page cache, other load) hits both alike. The report gives
-each tool's median generation speed, its spread, and the ratio of medians.
+each tool's median generation speed, its spread, the ratio of medians, and the
+median (and range) of the ratios taken within each round, the steadier figure on a
+box whose speed drifts.
 
     python benchmarks/compare_llamacpp.py \\
         --llama-bin benchmarks/out/llama.cpp-src/build-0.3.36/bin/llama-speculative-simple \\
@@ -17,7 +19,8 @@ whose stderr line "decoded N tokens in X seconds, speed: Y t/s" times the
 generation loop after the prompt. `--llama-plain-bin` (or $LLAMA_COMPLETION_BIN)
 adds llama.cpp's plain greedy decoding as a reference row: `llama-completion`,
 timed by its "eval time = ... ms / N runs (..., Y tokens per second)" line,
-which likewise leaves the prompt out.
+which likewise leaves the prompt out, and also its sampler (timed apart as "sampling
+time"), so that row is a little faster than the loop it stands for.
 
 specli side: `specli run --json ...`; the last stdout line is
 {"type": "stats", "tokens": ..., "seconds": ..., "tokens_per_second": ..., "acceptance_rate": ...}.
@@ -284,6 +287,26 @@ def summarize(runs: Sequence[Run]) -> dict:
     }
 
 
+def paired_ratios(runs: dict[str, list[Run]], a: str, b: str) -> dict | None:
+    """a's speed over b's, round by round: runs of one round are minutes apart, so a box
+    whose speed drifts (a busy neighbour, thermal limits) moves both sides of each ratio
+    alike, where a ratio of medians can pair a fast spell of one tool with a slow one of
+    the other. Median, min, max and every round's ratio; None when a tool did not run."""
+    if not runs.get(a) or not runs.get(b):
+        return None
+    ratios = [x.tokens_per_second / y.tokens_per_second for x, y in zip(runs[a], runs[b]) if y.tokens_per_second > 0]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "rounds": ratios}
+
+
+def format_ratio(label: str, of_medians: float, paired: dict | None) -> str:
+    line = f"{label} (median t/s): {of_medians:.2f}"
+    if paired is not None:
+        line += f"; same round: median {paired['median']:.2f} ({paired['min']:.2f}-{paired['max']:.2f})"
+    return line
+
+
 def text_agreement(summary: dict[str, dict]) -> list[dict]:
     """Whether pairs of tools wrote the same text. Greedy ties can flip with the batch
     shape, so two tools (or one tool, speculative and plain) may write different texts:
@@ -437,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     speedups = {
         tool: median[tool] / median[f"{tool} plain"] for tool in ("llama.cpp", "specli") if f"{tool} plain" in median
     }
+    paired = {"specli / llama.cpp": paired_ratios(runs, "specli", "llama.cpp"),
+              **{f"{tool} / {tool} plain": paired_ratios(runs, tool, f"{tool} plain") for tool in ("llama.cpp", "specli")}}
     agreement = text_agreement(summary)
 
     if args.json:
@@ -449,14 +474,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tools": summary,
             "specli_over_llama_cpp": ratio,
             "speedup_over_plain": speedups,
+            "same_round_ratios": {label: value for label, value in paired.items() if value is not None},
             "text_agreement": agreement,
         }))
     else:
         print(format_table(summary))
         if ratio is not None:
-            print(f"specli / llama.cpp (median t/s): {ratio:.2f}")
+            print(format_ratio("specli / llama.cpp", ratio, paired["specli / llama.cpp"]))
         for tool, speedup in speedups.items():
-            print(f"{tool} speculative / plain (median t/s): {speedup:.2f}")
+            print(format_ratio(f"{tool} speculative / plain", speedup, paired[f"{tool} / {tool} plain"]))
         if agreement:
             print(format_agreement(agreement, summary))
     return 0
