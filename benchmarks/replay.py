@@ -18,7 +18,9 @@ seeds) keeps a policy from being tuned to one lucky trajectory.
 
 For each workload the report gives the speedup over plain decoding of `-k auto`, of an
 ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
-otherwise a plain step) and of the best fixed K, and the geometric mean over workloads.
+otherwise a plain step), of the best fixed K and of a clairvoyant policy (the same
+proposals, each verified to exactly the length that will be kept: a bound no real policy
+reaches), and the geometric mean over workloads.
 
 What it leaves out: greedy near-ties that a batched verify resolves differently from
 plain decoding (the replay follows plain's text), the first use of a batch size in a
@@ -128,6 +130,46 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
         seconds += verify + loop_seconds + row_seconds * (accepted + 1)
         steps.append((proposal.key if k else None, k, accepted))
     return Replayed(produced - 1, seconds, steps)
+
+
+def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
+                row_seconds: float = ROW_SECONDS) -> Replayed:
+    """The fastest any draft-length policy could be with the same n-gram proposals and
+    costs: one that knows the text in advance. Each step it picks how much of the proposal
+    to verify (k), knowing how much would be kept; a shortest-time schedule over positions
+    (dynamic programming: the proposal at a position depends only on the text before it).
+    Not reachable (no policy can see the future); it bounds what a better policy could gain."""
+    output = case.output
+    end = min(case.max_tokens, len(output))
+    if end < 1:
+        return Replayed(0, 0.0, [])
+    proposer = NGramProposer()
+    proposer.prepare(case.prompt)
+    best = [math.inf] * (end + 1)  # best[t]: least seconds to have produced t tokens
+    choice: list[tuple[int, object, int, int] | None] = [None] * (end + 1)  # (from, key, k, kept)
+    best[1] = 0.0
+    for t in range(1, end):
+        limit = case.max_tokens - t - 1
+        proposal = proposer.propose(case.prompt + output[:t], min(MAX_DRAFT, limit)) if limit > 0 else None
+        if best[t] == math.inf:
+            continue
+        draft = proposal.tokens if proposal else []
+        match = 0
+        while match < len(draft) and t + match < len(output) and draft[match] == output[t + match]:
+            match += 1
+        for k in range(len(draft) + 1):
+            kept = min(k, match)
+            after = min(t + kept + 1, end)
+            seconds = best[t] + costs(k + 1) + loop_seconds + row_seconds * (kept + 1)
+            if seconds < best[after]:
+                best[after], choice[after] = seconds, (t, proposal.key if k else None, k, kept)
+    steps = []
+    t = end
+    while t > 1:
+        start, key, k, kept = choice[t]
+        steps.append((key, k, kept))
+        t = start
+    return Replayed(end - 1, best[end], steps[::-1])
 
 
 # --- record -------------------------------------------------------------------------
@@ -245,8 +287,9 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
             return statistics.geometric_mean(runs) / plain
 
         best_k, best = max(((k, speedup(k)) for k in fixed_ks), key=lambda pair: pair[1])
+        bound = clairvoyant(case, costs, **options).tokens_per_second / plain
         rows.append(dict(name=case.name, kind=case.kind, auto=speedup("auto"), ngram_simple=speedup("ngram-simple"),
-                         best_k=best_k, best_fixed=best))
+                         best_k=best_k, best_fixed=best, clairvoyant=bound))
     return rows
 
 
@@ -288,13 +331,18 @@ def main(argv: list[str] | None = None) -> int:
                   args.loop_ms / 1e3, args.row_us / 1e6)
     geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
     if args.json:
-        print(json.dumps(dict(workloads=rows, auto_geomean=geomean)))
+        bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
+        print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound)))
         return 0
-    print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13}")
+    print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13} "
+          f"{'clairvoyant':>11}")
     for row in rows:
         print(f"{row['name']:16} {row['kind']:9} {row['auto']:5.2f}x {row['ngram_simple']:11.2f}x "
-              f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x")
-    print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x")
+              f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x "
+              f"{row['clairvoyant']:10.2f}x")
+    bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
+    print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x; "
+          f"clairvoyant bound {bound:.3f}x")
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.replay import Case, Costs, replay
+from benchmarks.replay import Case, Costs, clairvoyant, replay
 
 # A CPU-like curve: 10 ms for one token, 3 ms per extra row.
 COSTS = Costs({size: 0.010 + 0.003 * (size - 1) for size in (1, 2, 4, 8, 16, 32, 48, 49)})
@@ -70,3 +70,18 @@ def test_auto_trusts_a_copy_more_the_longer_it_runs():
     copy = [drafted for _, drafted, accepted in steps if drafted and drafted == accepted]
     assert 12 <= copy[0] < copy[1] and copy[1] >= 24
     assert len(steps) <= 8
+
+
+def test_the_clairvoyant_schedule_bounds_every_policy_and_verifies_only_what_is_kept():
+    case = copy_case()
+    bound = clairvoyant(case, COSTS, loop_seconds=0.001, row_seconds=0.0)
+    assert bound.tokens == 59
+    # It never drafts a token that will be rejected: every step keeps all it verified.
+    assert all(kept == k for _, k, kept in bound.steps)
+    assert sum(kept + 1 for _, _, kept in bound.steps) == 59
+    for policy in (0, 2, 8, 16, "auto", "ngram-simple"):
+        result = replay(case, policy, COSTS, loop_seconds=0.001, row_seconds=0.0)
+        assert bound.seconds <= result.seconds + 1e-12, policy
+    # On this curve verifying more rows always pays once they will be kept: the 17 passage
+    # tokens left go in one step (a longer draft would only be cut by the text's end).
+    assert bound.steps[0] == (12, 17, 17)
