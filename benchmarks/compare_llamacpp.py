@@ -288,7 +288,7 @@ def summarize(runs: Sequence[Run]) -> dict:
 
 
 def paired_ratios(runs: dict[str, list[Run]], a: str, b: str) -> dict | None:
-    """a's speed over b's, round by round: runs of one round are minutes apart, so a box
+    """a's speed over b's, round by round: runs of one round are seconds apart, so a box
     whose speed drifts (a busy neighbour, thermal limits) moves both sides of each ratio
     alike, where a ratio of medians can pair a fast spell of one tool with a slow one of
     the other. Median, min, max and every round's ratio; None when a tool did not run."""
