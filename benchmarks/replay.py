@@ -330,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")],
                   args.loop_ms / 1e3, args.row_us / 1e6)
     geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
+    bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
     if args.json:
-        bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
         print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound)))
         return 0
     print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13} "
@@ -340,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['name']:16} {row['kind']:9} {row['auto']:5.2f}x {row['ngram_simple']:11.2f}x "
               f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x "
               f"{row['clairvoyant']:10.2f}x")
-    bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
     print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x; "
           f"clairvoyant bound {bound:.3f}x")
     return 0
