@@ -59,6 +59,31 @@ def test_rejected_drafts_lead_to_plain_steps_with_rare_probes():
     assert 0 < sum(1 for k in tail if k) <= 8, "probes continue, with growing gaps"
 
 
+def test_probes_are_paid_for_by_what_drafting_saved():
+    """Drafts that keep failing: a run whose drafting has so far only lost time skips the
+    early probes that a run with savings from a long copy makes, and probes again later
+    on, as its budget (a share of the run's time) grows."""
+
+    def trusted_copies(key: object, context: int) -> float:
+        return 0.999 if key == "copy" else 0.6  # the copy's clean record leaves the run's trust as it was
+
+    def drafting_steps(savings: bool) -> list[int]:
+        policy = AdaptiveDraftLength(verify_cost=cpu_cost(), prior=trusted_copies)
+        if savings:
+            curve = dict(policy._verify._mean)
+            for _ in range(20):  # 17 tokens a step for the price of ~6 plain steps
+                policy.record(16, 16, 0.0, curve[17], "copy")
+        chosen = drive(policy, acceptance=0.0, steps=400, key="short")
+        return [step for step, k in enumerate(chosen) if k]
+
+    losing, saving = drafting_steps(savings=False), drafting_steps(savings=True)
+    # Both first draft on the prior (steps 0-2), then learn that the key fails: from then
+    # on every draft is a probe.
+    probes = range(10, 40)
+    assert sum(step in probes for step in losing) < sum(step in probes for step in saving)
+    assert sum(step >= 40 for step in losing) >= 2, "probes resume as the run goes on"
+
+
 def test_steep_verify_cost_means_no_speculation_even_when_accepted():
     policy = AdaptiveDraftLength(verify_cost=steep_cost())
     assert policy.next(None, 16) == 0 or drive(policy, 0.5, 30)[-1] == 0
