@@ -46,8 +46,8 @@ PROBE_LENGTH = 1
 FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
 # (Both chosen by replaying -k auto over 20 recorded workloads, benchmarks/replay.py.)
 # Probes stop while drafting's net loss against plain steps exceeds this share of the run's
-# time (replayed over 19 workloads and 19 calibrations: lowest workload 0.92x -> 0.95x
-# plain, geometric mean 1.545x -> 1.552x; unchanged where batches are cheap, as on a GPU).
+# time. Replayed over 19 workloads: lowest 0.92x -> 0.95x plain; with each of 19 calibrations,
+# mean geometric mean 1.545x -> 1.552x; unchanged where batches are cheap, as on a GPU.
 PROBE_BUDGET = 0.02
 MAX_DRAFT = 48  # longest draft considered: past ~48 rows a verify costs no less per row here
 # Odd and even sizes both, up to MAX_DRAFT + 1: on CPUs, llama.cpp's matrix kernels take
