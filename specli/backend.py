@@ -8,6 +8,7 @@ is valid until the next decode on the same model.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -407,6 +408,16 @@ def llama_cpp_build() -> dict[str, str | None]:
         "ggml_commit": _c_string(ggml, "ggml_commit"),
         "system_info": library_versions()["system_info"],
     }
+
+
+def compute_fingerprint() -> str:
+    """A short digest of what decides decode speed besides the model and its settings: the
+    llama.cpp build (its CPU instruction sets and GPU backends) and the devices it sees. A
+    reinstall with other flags (CUDA, AVX-512) or another GPU changes it."""
+    build = llama_cpp_build()
+    parts = [build["llama_cpp_python"], build["ggml_commit"], build["system_info"]]
+    parts += [f"{device.name}:{device.description}" for device in backend_devices() or []]
+    return hashlib.sha256("\n".join(str(part) for part in parts).encode()).hexdigest()[:12]
 
 
 def backend_devices() -> list[BackendDevice] | None:

@@ -9,7 +9,7 @@ from typing import Callable, Literal, Union
 import numpy as np
 
 from specli.adaptive import CALIBRATION_SIZES, CALIBRATION_VERSION, AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
-from specli.backend import LoadSettings, Model, check_vocab_compatible, library_versions
+from specli.backend import LoadSettings, Model, check_vocab_compatible, compute_fingerprint, library_versions
 from specli.config import cache_dir
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
 from specli.errors import PromptError
@@ -62,7 +62,7 @@ class Session:
         key = "|".join(
             str(part)
             for part in (target.path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads,
-                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"],
+                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"], compute_fingerprint(),
                          ",".join(map(str, sizes)), f"v{CALIBRATION_VERSION}")
         )
         token = target.bos if target.bos >= 0 else 0

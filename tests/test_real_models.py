@@ -182,3 +182,19 @@ def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs
                         np.random.default_rng(1234))
         outputs.append([e.id for e in engine.generate(tokens) if isinstance(e, Token)])
     assert outputs[0] == outputs[1]
+
+
+def test_calibration_is_reused_only_by_the_same_build(smollm_path, monkeypatch):
+    """A reinstall with other flags (CUDA, AVX-512) decodes at other speeds: the cached
+    verify costs of the old build must not steer the new one."""
+    from specli import session as session_module
+
+    spec = session_module.SessionSpec(smollm_path, "ngram", LoadSettings(ctx_size=64))
+    measured = []
+    with session_module.open_session(spec) as opened:
+        first = opened.verify_costs(lambda: measured.append("first"))
+        again = opened.verify_costs(lambda: measured.append("again"))
+        monkeypatch.setattr(session_module, "compute_fingerprint", lambda: "another-build")
+        rebuilt = opened.verify_costs(lambda: measured.append("rebuilt"))
+    assert measured == ["first", "rebuilt"]
+    assert again == first and set(rebuilt) == set(first) and 1 in first and 49 in first
