@@ -7,6 +7,7 @@ check that fails becomes a problem in the report (and exit code 1), never an exc
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +19,21 @@ GPU_INSTALL = {
     "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {PIP_REINSTALL}',
     "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {PIP_REINSTALL}',
 }
+# x86 instruction sets that ggml has CPU kernels for: the name in /proc/cpuinfo's flags, in
+# llama.cpp's system info, and the CMake option that builds for it. `-DGGML_NATIVE=OFF` (the
+# portable build, and the way around the AMX crash) stops at AVX2/FMA/F16C: on a CPU with
+# AVX-512 the batched verify then runs slower kernels (measured on a 2-core AVX-512 box,
+# Gemma 3 270M: a 16- to 48-token verify ~25% slower, a single token the same).
+CPU_FEATURES = (
+    ("avx2", "AVX2", "GGML_AVX2"),
+    ("fma", "FMA", "GGML_FMA"),
+    ("f16c", "F16C", "GGML_F16C"),
+    ("avx_vnni", "AVX_VNNI", "GGML_AVX_VNNI"),
+    ("avx512f", "AVX512", "GGML_AVX512"),
+    ("avx512vbmi", "AVX512_VBMI", "GGML_AVX512_VBMI"),
+    ("avx512_vnni", "AVX512_VNNI", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "AVX512_BF16", "GGML_AVX512_BF16"),
+)
 GPU_INSTALL_HINT = (
     f"for an NVIDIA GPU reinstall llama-cpp-python with CUDA: {GPU_INSTALL['cuda']}; "
     f"on a Mac with Metal: {GPU_INSTALL['metal']}"
@@ -42,6 +58,10 @@ class Backend:
     gpu_offload: bool | None = None
     devices: list[Device] | None = None
     error: str | None = None
+    # Instruction sets this CPU has and the build does not use (llama.cpp's names), and the
+    # reinstall that uses them; None where the CPU's features cannot be read (not Linux x86).
+    unused_cpu_features: list[str] | None = None
+    cpu_install: str | None = None
 
 
 @dataclass
@@ -77,6 +97,7 @@ class Report:
     storage: Storage
     registry: RegistryState
     problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)  # faster settings; not problems (exit code 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +111,10 @@ def diagnose() -> Report:
         problems.append(f"llama-cpp-python: {backend.error}")
     if registry.error:
         problems.append(f"registry: {registry.error}")
+    hints = []
+    if backend.unused_cpu_features and not backend.gpu_offload:  # with a GPU the CPU kernels matter little
+        hints.append(f"this CPU has {', '.join(backend.unused_cpu_features)}, which this llama.cpp build does not use; "
+                     f"its batched verify is faster with them: {backend.cpu_install}")
     return Report(
         specli=__version__,
         python=platform.python_version(),
@@ -99,6 +124,7 @@ def diagnose() -> Report:
         storage=check_storage(),
         registry=registry,
         problems=problems,
+        hints=hints,
     )
 
 
@@ -110,13 +136,44 @@ def check_backend() -> Backend:
     try:
         build = backend.llama_cpp_build()
         devices = backend.backend_devices()
+        unused = unused_cpu_features(cpu_flags(), build.get("system_info"))
         return Backend(
             **build,
             gpu_offload=backend.supports_gpu_offload(),
             devices=None if devices is None else [Device(**asdict(device)) for device in devices],
+            unused_cpu_features=None if unused is None else [name for name, _ in unused],
+            cpu_install=cpu_install_command(unused) if unused else None,
         )
     except Exception as error:
         return Backend(error=f"cannot report its build ({type(error).__name__}: {error})")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+    """The CPU's feature flags as Linux lists them, or None where they cannot be read."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        label, _, value = line.partition(":")
+        if label.strip() == "flags":
+            return set(value.split())
+    return None
+
+
+def unused_cpu_features(flags: set[str] | None, system_info: str | None) -> list[tuple[str, str]] | None:
+    """(llama.cpp name, CMake option) of each CPU_FEATURES entry the CPU has and the build
+    lacks; None when either side is unknown. llama.cpp's system info lists what its CPU
+    backend was built for as "NAME = 1"."""
+    if flags is None or not system_info:
+        return None
+    built = set(re.findall(r"\b([A-Z0-9_]+) = 1\b", system_info))
+    return [(name, option) for flag, name, option in CPU_FEATURES if flag in flags and name not in built]
+
+
+def cpu_install_command(unused: list[tuple[str, str]]) -> str:
+    options = " ".join(f"-D{option}=ON" for _, option in unused)
+    return f'CMAKE_ARGS="-DGGML_NATIVE=OFF {options}" {PIP_REINSTALL}'
 
 
 def check_storage() -> Storage:
@@ -214,5 +271,7 @@ def print_report(report: Report, console) -> None:
             pairs.add_row(Text(pair.name), pair.status, format_size(pair.size_bytes) if pair.size_bytes else "-")
         console.print()
         console.print(pairs)
+    for hint in report.hints:
+        console.print(Text.assemble(("hint: ", "yellow"), hint))
     for problem in report.problems:
         console.print(Text.assemble(("problem: ", "red"), problem))

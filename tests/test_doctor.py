@@ -1,0 +1,57 @@
+"""`specli doctor`'s CPU check: instruction sets the CPU has and the llama.cpp build does not use."""
+
+from __future__ import annotations
+
+from specli import doctor
+
+NATIVE_OFF = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
+AVX512_BUILD = NATIVE_OFF + "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
+AVX512_CPU = {"fpu", "sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512vbmi", "avx512_vnni", "avx512_bf16"}
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\nprocessor\t: 1\n")
+    assert doctor.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512f", "avx512_vnni"}
+    assert doctor.cpu_flags(tmp_path / "absent") is None
+    (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert doctor.cpu_flags(tmp_path / "arm") is None
+
+
+def test_a_portable_build_on_an_avx512_cpu_misses_avx512():
+    unused = doctor.unused_cpu_features(AVX512_CPU, NATIVE_OFF)
+    assert unused == [("AVX512", "GGML_AVX512"), ("AVX512_VBMI", "GGML_AVX512_VBMI"),
+                      ("AVX512_VNNI", "GGML_AVX512_VNNI"), ("AVX512_BF16", "GGML_AVX512_BF16")]
+    command = doctor.cpu_install_command(unused)
+    assert command.startswith('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON ')
+    assert command.endswith('" pip install --force-reinstall --no-cache-dir llama-cpp-python')
+
+
+def test_nothing_is_missing_where_the_build_matches_the_cpu():
+    assert doctor.unused_cpu_features(AVX512_CPU, AVX512_BUILD) == []
+    assert doctor.unused_cpu_features({"avx2", "fma", "f16c"}, NATIVE_OFF) == []
+    # AVX512 built but not AVX512_BF16 (a CPU without it): only what the CPU has counts.
+    assert doctor.unused_cpu_features({"avx2", "avx512f"}, AVX512_BUILD.replace("AVX512_BF16 = 1 | ", "")) == []
+    # A build without AVX2 on an AVX2 CPU.
+    assert doctor.unused_cpu_features({"avx2"}, "CPU : SSE3 = 1 | AVX = 1 | ") == [("AVX2", "GGML_AVX2")]
+
+
+def test_unknown_cpu_or_build_says_nothing():
+    assert doctor.unused_cpu_features(None, NATIVE_OFF) is None
+    assert doctor.unused_cpu_features(AVX512_CPU, None) is None
+
+
+def test_the_report_hints_at_the_faster_build_without_failing(monkeypatch):
+    monkeypatch.setattr(doctor, "cpu_flags", lambda: AVX512_CPU)
+    report = doctor.diagnose()
+    assert report.backend.error is None
+    if report.backend.gpu_offload:
+        assert report.hints == []  # the GPU does the verifying
+        return
+    built = report.backend.system_info
+    if "AVX512 = 1" in built:
+        assert report.hints == []
+    else:
+        assert report.backend.unused_cpu_features[0] == "AVX512"
+        assert len(report.hints) == 1 and "-DGGML_AVX512=ON" in report.hints[0]
+    assert report.problems == []
