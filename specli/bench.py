@@ -16,7 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from specli.backend import LoadSettings
+from specli.backend import LoadSettings, library_versions
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError, UsageError
 from specli.proposers import NoProposer
@@ -65,7 +65,7 @@ def execute(request: BenchRequest, progress: Callable[[str], None] | None = None
     with open_session(spec) as session:
         report = run_bench(session, workloads, configs, request.runs, sampling, progress)
     report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
-                  temperature=temperature, seed=request.seed)
+                  temperature=temperature, seed=request.seed, llama_cpp=library_versions())
     return report
 
 
@@ -173,7 +173,12 @@ class Measurement:
                 1000 * sum(max(0.0, s.seconds - s.llama_seconds - s.read_seconds) for s in self.stats) / steps,
             "read_us_per_row": 1e6 * sum(s.read_seconds for s in self.stats) / rows if rows else None,
             "rows_read_per_step": rows / steps,
+            "tokens": _spread([float(s.tokens) for s in self.stats]),  # generated per run
             "identical_to_plain": all(self.identical) if self.identical else None,
+            # Runs whose output left plain's: a near-tie can fall either way from run to run (the
+            # batch shapes follow measured timings), and a run that writes other text, or more of
+            # it past plain's end, measures other work.
+            "runs_differing": self.identical.count(False) if self.identical else None,
             "first_difference": min(self.first_difference) if self.first_difference else None,
             "plain_margin_at_first_difference": self._margin_at_first_difference(),
             "runs": len(self.stats),
@@ -300,8 +305,14 @@ def _generate(session: Session, config: str | int, tokens: list[int], max_tokens
 
 
 def render_report(report: dict, console) -> None:
-    """A Rich table per workload."""
+    """A line naming the llama.cpp build (its kernels decide the costs), then a Rich table per
+    workload."""
     from rich.table import Table
+    from rich.text import Text
+
+    build = report.get("llama_cpp")
+    if build:
+        console.print(Text(f"llama-cpp-python {build['llama_cpp_python']}: {build['system_info']}", style="dim"))
 
     for workload in report["workloads"]:
         table = Table(
@@ -339,13 +350,15 @@ def _python_overhead(summary: dict) -> str:
 
 
 def _agreement(summary: dict) -> str:
-    """'yes', or where the output first left plain's and plain's top-two margin there."""
+    """'yes', or how many runs left plain's output, the earliest token where one did and
+    plain's top-two margin there: '2/5 from 77 (tie 0.12)'."""
     if summary["identical_to_plain"] is None:
         return "–"
     if summary["identical_to_plain"]:
         return "yes"
     margin = summary["plain_margin_at_first_difference"]
-    return f"from {summary['first_difference']}" + (f" (tie {margin:.2f})" if margin is not None else "")
+    text = f"{summary['runs_differing']}/{summary['runs']} from {summary['first_difference']}"
+    return text + (f" (tie {margin:.2f})" if margin is not None else "")
 
 
 def print_progress(message: str) -> None:

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fakes import FakeModel, plain_greedy
-from specli.bench import parse_configs, plain_margins
+from specli.bench import Measurement, _agreement, parse_configs, plain_margins
 from specli.cli import app
+from specli.engine import Stats
 from specli.errors import ConfigError
 from specli.sampling import top_two_margin
 
@@ -39,6 +40,19 @@ def test_plain_margins_are_the_gaps_plain_decoding_saw_at_each_token():
     assert model.n_past == 0  # rewound: the bench's next run starts from an empty cache
 
 
+def test_the_agreement_column_counts_the_runs_that_left_plain_output():
+    measurement = Measurement(stats=[Stats(tokens=78), Stats(tokens=160), Stats(tokens=160)],
+                              identical=[True, False, False], first_difference=[77, 77],
+                              plain_margins=[5.0] * 77 + [0.12])
+    summary = measurement.summary()
+    assert summary["runs_differing"] == 2 and summary["identical_to_plain"] is False
+    assert summary["tokens"] == {"median": 160.0, "min": 78.0, "max": 160.0}
+    assert _agreement(summary) == "2/3 from 77 (tie 0.12)"
+    same = Measurement(stats=[Stats(tokens=78)] * 2, identical=[True, True]).summary()
+    assert same["runs_differing"] == 0 and _agreement(same) == "yes"
+    assert _agreement(Measurement(stats=[Stats(tokens=9)]).summary()) == "–"  # sampled: nothing to compare
+
+
 def test_configs_parse_with_plain_as_the_baseline():
     assert parse_configs("auto,2,8") == ["auto", 2, 8]
     with pytest.raises(ConfigError):
@@ -54,6 +68,7 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
+    assert report["llama_cpp"]["llama_cpp_python"] and "CPU :" in report["llama_cpp"]["system_info"]
     (workload,) = report["workloads"]
     assert workload["name"] == "copy" and workload["recommended_k"] == 4
     configs = workload["configs"]
@@ -69,8 +84,12 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         assert measured["python_overhead_ms_per_step"] == pytest.approx(
             measured["loop_overhead_ms_per_step"] + measured["rows_read_per_step"] * measured["read_us_per_row"] / 1000)
         # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
-        if not measured["identical_to_plain"]:
+        if measured["identical_to_plain"]:
+            assert measured["runs_differing"] == 0
+        else:
+            assert 1 <= measured["runs_differing"] <= 2
             assert measured["plain_margin_at_first_difference"] < 0.5
+        assert measured["tokens"]["min"] >= 1
     assert len(fixed["acceptance_by_position"]) == 4
 
 
