@@ -12,8 +12,8 @@ with the most tokens per second; k = 0 is a plain step.
   it measures per key: rejections seen / rejections the priors foresaw, recent steps
   weighted most, and before a key has a record of its own, the same ratio over the run's
   other keys.
-- Verify cost by batch size comes from a calibration (timed once per model and
-  settings, cached on disk) and is refined by every step's timing. Odd and even batch
+- Verify cost by batch size comes from a calibration (timed once per model, settings
+  and llama.cpp build, cached on disk) and is refined by every step's timing. Odd and even batch
   sizes are interpolated separately: on CPUs an odd batch can cost more than a longer
   even one, and the policy then drafts one token more.
 - When drafting stops paying for a key, the policy probes it again now and then, with
