@@ -4,13 +4,17 @@ Every configuration (plain, `-k auto`, fixed K values) runs each workload once a
 warm-up, then `runs` times in rounds; the order of configurations rotates from round to
 round so drift on the machine falls on all of them alike. A speedup is the ratio of the
 speculative run to the plain run of the same round; the report gives its median and
-spread. Greedy outputs are compared with plain decoding as a losslessness check.
+spread. Greedy outputs are compared with plain decoding as a losslessness check. A run whose
+output leaves plain's (a near-tie that a batched verify rounds the other way) writes other
+text, or more of it past plain's end, so it is also timed on the text it shares with plain:
+the time to its last shared token against plain's time to the same token.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
@@ -146,6 +150,10 @@ class Measurement:
     identical: list[bool] = field(default_factory=list)
     first_difference: list[int] = field(default_factory=list)  # where a run's output left plain's
     plain_margins: list[float] = field(default_factory=list)  # plain's top-two margin per token
+    # Each run timed on the opening text it shares with the same round's plain run
+    # (shared_text_speedup): like for like where a run's output leaves plain's.
+    shared_speedups: list[float] = field(default_factory=list)
+    shared_tokens: list[int] = field(default_factory=list)
 
     def summary(self) -> dict:
         drafted = sum(s.drafted for s in self.stats)
@@ -179,6 +187,8 @@ class Measurement:
             # batch shapes follow measured timings), and a run that writes other text, or more of
             # it past plain's end, measures other work.
             "runs_differing": self.identical.count(False) if self.identical else None,
+            "speedup_on_plain_text": _spread(self.shared_speedups) if self.shared_speedups else None,
+            "plain_text_tokens": min(self.shared_tokens) if self.shared_tokens else None,
             "first_difference": min(self.first_difference) if self.first_difference else None,
             "plain_margin_at_first_difference": self._margin_at_first_difference(),
             "runs": len(self.stats),
@@ -223,10 +233,12 @@ def run_bench(
             order = all_configs[round_index % len(all_configs):] + all_configs[: round_index % len(all_configs)]
             round_speed: dict[str, float] = {}
             round_output: dict[str, list[int]] = {}
+            round_times: dict[str, list[float]] = {}
             for config in order:
-                output, stats = _generate(session, config, tokens, workload.max_tokens, sampling)
+                output, times, stats = _generate(session, config, tokens, workload.max_tokens, sampling)
                 round_speed[_label(config)] = stats.tokens_per_second
                 round_output[_label(config)] = output
+                round_times[_label(config)] = times
                 if round_index > 0:
                     results[_label(config)].stats.append(stats)
                     results[_label(config)].tokens_per_second.append(stats.tokens_per_second)
@@ -245,6 +257,12 @@ def run_bench(
                     results[label].identical.append(output == reference)
                     if output != reference:
                         results[label].first_difference.append(_first_difference(output, reference))
+                    if label != PLAIN:
+                        shared, ratio = shared_text_speedup(output, round_times[label], round_output[PLAIN],
+                                                            round_times[PLAIN])
+                        if ratio is not None:
+                            results[label].shared_speedups.append(ratio)
+                            results[label].shared_tokens.append(shared)
             if progress:
                 progress(f"{workload.name}: round {round_index}/{runs}")
         summaries = {label: m.summary() for label, m in results.items()}
@@ -267,6 +285,19 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def shared_text_speedup(output: list[int], times: list[float], plain_output: list[int],
+                        plain_times: list[float]) -> tuple[int, float | None]:
+    """How many opening tokens a run shares with plain decoding's output, and how many times
+    faster than plain it released them. times[i]: seconds from the release of the first token
+    (the prompt's decode writes it, so it is left out, as in tokens_per_second) to that of
+    token i. None: fewer than two tokens shared, nothing to time."""
+    shared = _first_difference(output, plain_output)
+    if shared < 2:
+        return shared, None
+    spent, plain_spent = times[shared - 1], plain_times[shared - 1]
+    return shared, (plain_spent / spent if spent > 0 else None)
+
+
 def plain_margins(target, prompt: list[int], output: list[int]) -> list[float]:
     """The gap between the target's two best logits at each token of a plain greedy output
     (replayed one token at a time, as plain decoding wrote it; one more for the token that
@@ -285,7 +316,8 @@ def plain_margins(target, prompt: list[int], output: list[int]) -> list[float]:
 
 
 def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
-              sampling: SamplingSettings) -> tuple[list[int], Stats]:
+              sampling: SamplingSettings) -> tuple[list[int], list[float], Stats]:
+    """The output, when each of its tokens was released (seconds after the first), and the stats."""
     options = GenerationOptions(max_tokens=max_tokens, sampling=sampling)
     if config == PLAIN:
         engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.rng)
@@ -293,15 +325,17 @@ def _generate(session: Session, config: str | int, tokens: list[int], max_tokens
         draft_length = session.draft_length(None if config == AUTO else int(config))
         engine = session.engine(draft_length, options)
     output: list[int] = []
+    released: list[float] = []
     stats = None
     for event in engine.generate(tokens):
         if isinstance(event, Token):
             if event.id >= 0:
                 output.append(event.id)
+                released.append(time.perf_counter())
         else:
             stats = event.stats
     assert stats is not None
-    return output, stats
+    return output, [t - released[0] for t in released], stats
 
 
 def render_report(report: dict, console) -> None:
@@ -350,15 +384,18 @@ def _python_overhead(summary: dict) -> str:
 
 
 def _agreement(summary: dict) -> str:
-    """'yes', or how many runs left plain's output, the earliest token where one did and
-    plain's top-two margin there: '2/5 from 77 (tie 0.12)'."""
+    """'yes', or how many runs left plain's output, the earliest token where one did, plain's
+    top-two margin there, and the speedup on the text the runs shared with plain:
+    '2/5 from 77 (tie 0.12), 1.91× to there'."""
     if summary["identical_to_plain"] is None:
         return "–"
     if summary["identical_to_plain"]:
         return "yes"
     margin = summary["plain_margin_at_first_difference"]
     text = f"{summary['runs_differing']}/{summary['runs']} from {summary['first_difference']}"
-    return text + (f" (tie {margin:.2f})" if margin is not None else "")
+    text += f" (tie {margin:.2f})" if margin is not None else ""
+    shared = summary.get("speedup_on_plain_text")
+    return text + (f", {shared['median']:.2f}× to there" if shared else "")
 
 
 def print_progress(message: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fakes import FakeModel, plain_greedy
-from specli.bench import Measurement, _agreement, parse_configs, plain_margins
+from specli.bench import Measurement, _agreement, parse_configs, plain_margins, shared_text_speedup
 from specli.cli import app
 from specli.engine import Stats
 from specli.errors import ConfigError
@@ -48,9 +48,24 @@ def test_the_agreement_column_counts_the_runs_that_left_plain_output():
     assert summary["runs_differing"] == 2 and summary["identical_to_plain"] is False
     assert summary["tokens"] == {"median": 160.0, "min": 78.0, "max": 160.0}
     assert _agreement(summary) == "2/3 from 77 (tie 0.12)"
+    summary["speedup_on_plain_text"] = {"median": 1.91, "min": 1.8, "max": 2.0}
+    assert _agreement(summary) == "2/3 from 77 (tie 0.12), 1.91× to there"
     same = Measurement(stats=[Stats(tokens=78)] * 2, identical=[True, True]).summary()
     assert same["runs_differing"] == 0 and _agreement(same) == "yes"
     assert _agreement(Measurement(stats=[Stats(tokens=9)]).summary()) == "–"  # sampled: nothing to compare
+
+
+def test_a_run_that_leaves_plain_output_is_timed_on_the_text_it_shares():
+    plain = [5, 6, 7, 8, 9]
+    plain_times = [0.0, 1.0, 2.0, 3.0, 4.0]  # one token a second after the first
+    # Four tokens in one step, then past plain's end of text: timed to plain's last token.
+    longer, longer_times = plain + [1, 2, 3], [0.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    assert shared_text_speedup(longer, longer_times, plain, plain_times) == (5, 4.0)
+    # Leaves plain's text at token 3: timed on tokens 1-2 only, not on its own faster tail.
+    other, other_times = [5, 6, 7, 4, 4], [0.0, 1.0, 1.0, 1.5, 1.5]
+    assert shared_text_speedup(other, other_times, plain, plain_times) == (3, 2.0)
+    assert shared_text_speedup(plain, plain_times, plain, plain_times) == (5, 1.0)
+    assert shared_text_speedup([5, 1], [0.0, 0.5], plain, plain_times) == (1, None)  # nothing to time
 
 
 def test_configs_parse_with_plain_as_the_baseline():
@@ -90,6 +105,10 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
             assert 1 <= measured["runs_differing"] <= 2
             assert measured["plain_margin_at_first_difference"] < 0.5
         assert measured["tokens"]["min"] >= 1
+        # Timed again on the text each run shares with plain: every run shares its opening.
+        shared = measured["speedup_on_plain_text"]
+        assert 0 < shared["min"] <= shared["median"] <= shared["max"]
+        assert 2 <= measured["plain_text_tokens"] <= plain["tokens"]["max"]
     assert len(fixed["acceptance_by_position"]) == 4
 
 
