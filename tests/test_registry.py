@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specli.errors import ConfigError, UnknownPairError
-from specli.registry import ModelRef, load_registry, read_pairs, shipped_registry_file, split_parts
+from specli.registry import ModelRef, Part, load_registry, read_pairs, shipped_registry_file, split_parts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,6 +139,36 @@ draft = { package = "some-package" }
     assert registry.get("llama-3.1-8b").target.repo  # shipped pairs remain
 
 
+def test_user_pairs_pin_a_commit_and_every_part_of_a_split_model():
+    write_user_registry(
+        f"""
+[pairs."split.pair"]
+target = {{ repo = "me/big-GGUF", file = "big-00001-of-00002.gguf", revision = "{COMMIT.upper()}", parts = [
+    {{ sha256 = "{SHA_A.upper()}", size = 100 }},
+    {{ sha256 = "{SHA_B}", size = 23 }},
+] }}
+draft = {{ repo = "me/small-GGUF", file = "small.gguf", revision = "v1.0", sha256 = "{SHA_A}", size = 7 }}
+
+[pairs.partly]
+target = {{ repo = "me/big-GGUF", file = "big-00001-of-00002.gguf", parts = [{{ size = 1 }}, {{ sha256 = "{SHA_B}" }}], unpinned = "no public source gives part 1's sha256" }}
+draft = "ngram"
+"""
+    )
+    pairs = load_registry().pairs
+    target, draft = pairs["split.pair"].target, pairs["split.pair"].draft
+    assert target.revision == COMMIT and target.revision_is_commit
+    assert target.file_sha256("big-00001-of-00002.gguf") == SHA_A
+    assert target.file_sha256("big-00002-of-00002.gguf") == SHA_B
+    assert target.file_size("big-00002-of-00002.gguf") == 23
+    assert target.pinned and target.download_size == 123
+    assert draft.revision == "v1.0" and not draft.revision_is_commit and not draft.pinned
+    assert pairs["split.pair"].download_size == 130
+    partly = pairs["partly"].target
+    assert not partly.pinned and partly.download_size is None
+    assert partly.parts == [Part(size=1), Part(sha256=SHA_B)]
+    assert pairs["partly"].download_size is None
+
+
 def test_unknown_pair_suggests_close_names():
     with pytest.raises(UnknownPairError) as caught:
         load_registry().get("qwen3-8")
@@ -153,6 +183,9 @@ def test_split_parts_names_every_part():
 # --- validation errors: one line naming the file, the pair and the key -------------------------
 
 GOOD_TARGET = 'target = { repo = "a/b-GGUF", file = "t.gguf" }'
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.mark.parametrize(
@@ -167,11 +200,23 @@ GOOD_TARGET = 'target = { repo = "a/b-GGUF", file = "t.gguf" }'
         ('target = { repo = "a/b" }\ndraft = "ngram"', "pairs.foo.target: 'repo' and 'file' go together"),
         ('target = { repo = "a/b", file = "t.gguf", path = "x.gguf" }\ndraft = "ngram"', "pairs.foo.target: give exactly one source"),
         ('target = { path = "x.gguf", sha256 = "00" }\ndraft = "ngram"', "pairs.foo.target.sha256: must be 64 hexadecimal digits"),
-        ('target = { path = "x.gguf", revision = "v1" }\ndraft = "ngram"', "'revision' and 'sha256' apply to 'repo' + 'file' models only"),
+        ('target = { path = "x.gguf", revision = "v1" }\ndraft = "ngram"', "pairs.foo.target: 'revision' applies to 'repo' + 'file' models only"),
         ('target = { repo = "a/b", file = "t.bin" }\ndraft = "ngram"', "pairs.foo.target.file: Value error, 't.bin' is not a .gguf file"),
         ('target = { repo = "a/b", file = "t-00002-of-00003.gguf" }\ndraft = "ngram"', "is not the first part of a split GGUF"),
         ('target = { repo = "not a repo", file = "t.gguf" }\ndraft = "ngram"', "pairs.foo.target.repo"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\nname = "bar"', "pairs.foo.name: unknown key"),
+        ('target = { repo = "a/b", file = "t.gguf", revision = "not a ref" }\ndraft = "ngram"', "pairs.foo.target.revision: Value error, 'not a ref' is neither a commit (40 hexadecimal digits) nor a branch or tag name"),
+        ('target = { repo = "a/b", file = "t.gguf", size = 0 }\ndraft = "ngram"', "pairs.foo.target.size: Input should be greater than or equal to 1"),
+        (f'target = {{ repo = "a/b", file = "t-00001-of-00002.gguf", sha256 = "{SHA_A}" }}\ndraft = "ngram"', "pairs.foo.target: a split GGUF gives 'sha256' and 'size' per part, in 'parts' (2 entries)"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", size = 9 }\ndraft = "ngram"', "in 'parts' (2 entries)"),
+        (f'target = {{ repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{{ sha256 = "{SHA_A}" }}] }}\ndraft = "ngram"', "pairs.foo.target: 'parts' has 1 entries for a split GGUF of 2 parts"),
+        ('target = { repo = "a/b", file = "t.gguf", parts = [{ size = 9 }] }\ndraft = "ngram"', "pairs.foo.target: 'parts' is for a split GGUF"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, {}] }\ndraft = "ngram"', "pairs.foo.target.parts.1: a part gives 'sha256', 'size' or both"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, { sha = "00" }] }\ndraft = "ngram"', "pairs.foo.target.parts.1.sha: unknown key"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, { sha256 = "00" }] }\ndraft = "ngram"', "pairs.foo.target.parts.1.sha256: must be 64 hexadecimal digits"),
+        (f'target = {{ repo = "a/b", file = "t.gguf", revision = "{COMMIT}", sha256 = "{SHA_A}", unpinned = "no source" }}\ndraft = "ngram"', "pairs.foo.target: 'unpinned' gives a reason, but the revision is a commit and every file has a sha256"),
+        ('target = { repo = "a/b", file = "t.gguf", unpinned = " " }\ndraft = "ngram"', "pairs.foo.target.unpinned: give the reason the model is not pinned"),
+        ('target = { path = "x.gguf", size = 9, unpinned = "local" }\ndraft = "ngram"', "pairs.foo.target: 'size', 'unpinned' apply to 'repo' + 'file' models only"),
     ],
 )
 def test_invalid_pair_is_one_line_naming_file_pair_and_key(body, expected):
