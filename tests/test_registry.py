@@ -11,21 +11,23 @@ from pathlib import Path
 import pytest
 
 from specli.errors import ConfigError, UnknownPairError
-from specli.registry import ModelRef, Part, load_registry, read_pairs, shipped_registry_file, split_parts
+from specli.registry import ModelRef, Part, load_registry, read_pairs, shipped_registry_file, split_parts, tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# Families whose members share one vocabulary, recognised from repo and file names.
+# Families whose members share one vocabulary, recognised from the repo name after the owner.
 FAMILIES = {
-    "qwen2.5": r"qwen2\.5",  # Qwen2.5 and Qwen2.5-Coder
-    "qwen3": r"qwen3",
-    "llama3": r"llama-3\.[123]",  # Llama 3.1, 3.2, 3.3
-    "gemma3": r"gemma-3-",
+    "qwen2.5": r"/qwen2\.5-",  # Qwen2.5 and Qwen2.5-Coder
+    "qwen3": r"/qwen3-",  # Qwen3 and Qwen3-Coder
+    "llama3": r"/(meta-)?llama-3\.[123]-",  # Llama 3.1, 3.2, 3.3
+    "gemma3": r"/gemma-3-",
+    "deepseek-r1-qwen": r"/deepseek-r1-(distill|draft)-qwen",  # R1's Qwen2.5 tokenizer, its own special tokens
+    "mistral-small": r"/(alamios_)?mistral-small-3\.1-",  # the draft carries Mistral Small 3.1's vocabulary
 }
 
 
 def family(ref: ModelRef) -> str:
-    text = f"{ref.repo}/{ref.file}".lower()
+    text = ref.repo.lower()
     found = [name for name, pattern in FAMILIES.items() if re.search(pattern, text)]
     assert len(found) == 1, f"{ref.label} matches families {found}"
     return found[0]
@@ -71,14 +73,70 @@ def test_every_shipped_pair_drafts_within_its_family():
 def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
     pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
     targets = [parameters_in_billions(pair.target) for pair in pairs]
-    assert min(targets) == 7 and max(targets) == 70
+    assert min(targets) == 7 and max(targets) >= 70
     for pair in pairs:
         assert parameters_in_billions(pair.draft) <= 1.0, pair.name
 
 
-def test_shipped_families_cover_qwen_llama_and_gemma():
+def test_shipped_families_cover_qwen_llama_gemma_deepseek_and_mistral():
     families = {family(pair.target) for pair in load_registry().pairs.values() if pair.target.repo}
     assert families == set(FAMILIES)
+
+
+def shipped_hub_models() -> list[tuple[str, str, ModelRef]]:
+    return [
+        (pair.name, role, ref)
+        for pair in load_registry().pairs.values()
+        for role, ref in pair.models()
+        if ref.repo
+    ]
+
+
+def test_every_shipped_hub_model_is_pinned_or_says_why_not():
+    models = shipped_hub_models()
+    assert models
+    for name, role, ref in models:
+        where = f"{name} {role}"
+        if ref.unpinned is None:
+            assert ref.revision_is_commit, f"{where}: revision {ref.revision!r} is not a commit"
+            for file in ref.files:
+                assert ref.file_sha256(file), f"{where}: no sha256 for {file}"
+        else:
+            assert not ref.pinned, where
+            assert len(ref.unpinned.split()) >= 3, f"{where}: 'unpinned' should give a reason"
+
+
+def test_most_shipped_hub_models_are_fully_pinned_with_sizes():
+    models = shipped_hub_models()
+    pinned = [ref for _, _, ref in models if ref.pinned]
+    assert len(pinned) >= len(models) - 4
+    for ref in pinned:
+        assert ref.download_size, ref.label
+
+
+def test_shipped_split_models_pin_every_part():
+    split = [ref for _, _, ref in shipped_hub_models() if len(ref.files) > 1]
+    assert split
+    for ref in split:
+        assert ref.sha256 is None and ref.size is None
+        assert ref.parts is not None and len(ref.parts) == len(ref.files)
+        assert all(ref.file_sha256(file) and ref.file_size(file) for file in ref.files), ref.label
+
+
+def test_shipped_pair_sizes_add_up_their_hub_files():
+    pair = load_registry().pairs["qwen2.5-coder-7b"]
+    assert pair.target.download_size == 4683073536
+    assert pair.download_size == 4683073536 + pair.draft.download_size
+    assert load_registry().pairs["gemma-3-270m"].download_size is None  # nothing from the Hub
+
+
+def test_shipped_file_names_pairs_flat_for_any_toml_reader():
+    with open(shipped_registry_file(), "rb") as handle:
+        raw = tomllib.load(handle)
+    for name, table in raw["pairs"].items():
+        assert "target" in table, f"[pairs.{name}] nests: quote a pair name that holds dots"
+    assert set(raw["pairs"]) == set(load_registry().pairs)
+    assert "qwen2.5-coder-7b" in raw["pairs"]
 
 
 def test_the_issue_example_parses_with_its_dotted_name():
