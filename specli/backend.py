@@ -343,32 +343,37 @@ class DecodeError(ModelFileError):
 def check_vocab_compatible(target: Model, draft: Model) -> None:
     """Refuse a draft whose tokens would not mean the same thing to the target.
 
-    Same rules as llama.cpp's speculative examples: vocabulary type, BOS/EOS handling,
-    size within 128 tokens, and identical token texts from id 5 on.
+    The rule of llama.cpp's common/speculative.cpp (common_speculative_are_compatible), in its
+    order: the same vocabulary type; the same add_bos flag and, when BOS is added, the same BOS
+    id; the same add_eos flag and, when EOS is added, the same EOS id; sizes at most 128 tokens
+    apart; and the same text for every token from id 5 up to the smaller size. A BOS or EOS the
+    tokenizer does not add is not compared (Gemma 3 GGUFs end turns with different EOS ids).
     """
     names = f"draft {draft.path.name} and target {target.path.name}"
+    hint = "pick a draft from the same model family"
     if target.vocab_type != draft.vocab_type:
         raise VocabMismatchError(
             f"{names} use different tokenizers "
             f"({VOCAB_TYPES.get(draft.vocab_type, draft.vocab_type)} vs {VOCAB_TYPES.get(target.vocab_type, target.vocab_type)})",
-            "pick a draft from the same model family",
+            hint,
         )
     if target.add_bos != draft.add_bos or (target.add_bos and target.bos != draft.bos):
         raise VocabMismatchError(
             f"{names} disagree on the BOS token (draft {draft.bos}, add={draft.add_bos}; "
             f"target {target.bos}, add={target.add_bos})",
-            "pick a draft from the same model family",
+            hint,
         )
-    if target.add_eos != draft.add_eos or target.eos != draft.eos:
+    if target.add_eos != draft.add_eos or (target.add_eos and target.eos != draft.eos):
         raise VocabMismatchError(
-            f"{names} disagree on the EOS token (draft {draft.eos}, target {target.eos})",
-            "pick a draft from the same model family",
+            f"{names} disagree on the EOS token (draft {draft.eos}, add={draft.add_eos}; "
+            f"target {target.eos}, add={target.add_eos})",
+            hint,
         )
     if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
         raise VocabMismatchError(
             f"{names} have vocabularies of {draft.n_vocab} and {target.n_vocab} tokens "
             f"(more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)",
-            "pick a draft from the same model family",
+            hint,
         )
     if target.path.resolve() == draft.path.resolve():
         return  # the same file: identical by construction
@@ -377,7 +382,7 @@ def check_vocab_compatible(target: Model, draft: Model) -> None:
             raise VocabMismatchError(
                 f"{names} differ at token id {token} "
                 f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
-                "pick a draft from the same model family",
+                hint,
             )
 
 

@@ -41,6 +41,9 @@ NGRAM = "ngram"
 # `name-00001-of-00003.gguf`, the naming llama.cpp's gguf-split gives the parts of a split model.
 SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# A Hub revision is a commit (40 hex digits: a pin) or a branch or tag name (which can move).
+COMMIT_HEX = re.compile(r"^[0-9a-f]{40}$")
+REF_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 PAIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -53,8 +56,39 @@ def split_parts(filename: str) -> list[str]:
     return [f"{match['stem']}-{part:05d}-of-{count:05d}.gguf" for part in range(1, count + 1)]
 
 
+def _sha256_hex(value: Optional[str]) -> Optional[str]:
+    if value is not None and not SHA256_HEX.match(value.lower()):
+        raise ValueError("must be 64 hexadecimal digits")
+    return value.lower() if value else value
+
+
+class Part(BaseModel):
+    """The pin of one part of a split GGUF: its sha256 and its size in bytes, as a public source states them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: Optional[str] = None
+    size: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, value: Optional[str]) -> Optional[str]:
+        return _sha256_hex(value)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Part:
+        if self.sha256 is None and self.size is None:
+            raise ValueError("a part gives 'sha256', 'size' or both")
+        return self
+
+
 class ModelRef(BaseModel):
-    """Where one model file comes from: exactly one of `repo` + `file`, `path`, or `package`."""
+    """Where one model file comes from: exactly one of `repo` + `file`, `path`, or `package`.
+
+    A Hub model may be pinned: `revision` a commit, and the content of each file by its sha256
+    (`sha256` for one file, one entry of `parts` per part of a split GGUF). `size` (or each part's
+    `size`) is the download in bytes. `unpinned` says why a Hub model is not fully pinned.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,6 +96,9 @@ class ModelRef(BaseModel):
     file: Optional[str] = None
     revision: Optional[str] = None
     sha256: Optional[str] = None
+    size: Optional[int] = Field(default=None, ge=1)
+    parts: Optional[list[Part]] = None
+    unpinned: Optional[str] = None
     path: Optional[Path] = None
     package: Optional[str] = None
 
@@ -81,12 +118,28 @@ class ModelRef(BaseModel):
             raise ValueError(f"{value!r} is not the first part of a split GGUF (name part 00001 instead)")
         return value
 
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        if COMMIT_HEX.match(value.lower()):
+            return value.lower()
+        if not REF_NAME.match(value) or ".." in value:
+            raise ValueError(f"{value!r} is neither a commit (40 hexadecimal digits) nor a branch or tag name")
+        return value
+
     @field_validator("sha256")
     @classmethod
     def _sha256(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not SHA256_HEX.match(value.lower()):
-            raise ValueError("must be 64 hexadecimal digits")
-        return value.lower() if value else value
+        return _sha256_hex(value)
+
+    @field_validator("unpinned")
+    @classmethod
+    def _reason(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError("give the reason the model is not pinned")
+        return value
 
     @field_validator("path")
     @classmethod
@@ -104,16 +157,55 @@ class ModelRef(BaseModel):
         sources = [name for name, given in (("repo", self.repo), ("path", self.path), ("package", self.package)) if given]
         if len(sources) != 1:
             raise ValueError("give exactly one source: 'repo' + 'file', 'path', or 'package'")
-        if self.repo is None and (self.revision or self.sha256):
-            raise ValueError("'revision' and 'sha256' apply to 'repo' + 'file' models only")
-        if self.sha256 and len(self.files) > 1:
-            raise ValueError("'sha256' cannot check a split GGUF: its parts have one hash each")
+        hub_only = [key for key in ("revision", "sha256", "size", "parts", "unpinned") if getattr(self, key) is not None]
+        if self.repo is None and hub_only:
+            verb = "applies" if len(hub_only) == 1 else "apply"
+            raise ValueError(f"{', '.join(repr(key) for key in hub_only)} {verb} to 'repo' + 'file' models only")
+        if self.repo is None:
+            return self
+        count = len(self.files)
+        if count > 1:
+            if self.sha256 is not None or self.size is not None:
+                raise ValueError(f"a split GGUF gives 'sha256' and 'size' per part, in 'parts' ({count} entries)")
+            if self.parts is not None and len(self.parts) != count:
+                raise ValueError(f"'parts' has {len(self.parts)} entries for a split GGUF of {count} parts")
+        elif self.parts is not None:
+            raise ValueError("'parts' is for a split GGUF (a file named ...-00001-of-0000N.gguf)")
+        if self.unpinned is not None and self.pinned:
+            raise ValueError("'unpinned' gives a reason, but the revision is a commit and every file has a sha256")
         return self
 
     @property
     def files(self) -> list[str]:
         """Files to fetch from `repo`: one, or every part of a split GGUF."""
         return split_parts(self.file) if self.file else []
+
+    @property
+    def revision_is_commit(self) -> bool:
+        return self.revision is not None and COMMIT_HEX.match(self.revision) is not None
+
+    def file_sha256(self, filename: str) -> Optional[str]:
+        """The sha256 the registry gives for one of `files`, if any."""
+        if self.parts is not None:
+            return self.parts[self.files.index(filename)].sha256
+        return self.sha256 if filename == self.file else None
+
+    def file_size(self, filename: str) -> Optional[int]:
+        """The size in bytes the registry gives for one of `files`, if any."""
+        if self.parts is not None:
+            return self.parts[self.files.index(filename)].size
+        return self.size if filename == self.file else None
+
+    @property
+    def pinned(self) -> bool:
+        """The revision is a commit and every file has a sha256: the bytes cannot change under the name."""
+        return self.revision_is_commit and all(self.file_sha256(name) for name in self.files)
+
+    @property
+    def download_size(self) -> Optional[int]:
+        """Bytes of all the model's files, when the registry gives the size of each."""
+        sizes = [self.file_size(name) for name in self.files]
+        return sum(sizes) if sizes and all(size is not None for size in sizes) else None
 
     @property
     def label(self) -> str:
@@ -150,6 +242,13 @@ class Pair(BaseModel):
         if isinstance(self.draft, ModelRef):
             roles.append(("draft", self.draft))
         return roles
+
+    @property
+    def download_size(self) -> Optional[int]:
+        """Bytes to download from the Hub for the pair, when the registry gives every Hub file's size."""
+        hub = [ref for _, ref in self.models() if ref.repo]
+        sizes = [ref.download_size for ref in hub]
+        return sum(sizes) if hub and all(size is not None for size in sizes) else None
 
 
 class _PairsFile(BaseModel):

@@ -11,21 +11,23 @@ from pathlib import Path
 import pytest
 
 from specli.errors import ConfigError, UnknownPairError
-from specli.registry import ModelRef, load_registry, read_pairs, shipped_registry_file, split_parts
+from specli.registry import ModelRef, Part, load_registry, read_pairs, shipped_registry_file, split_parts, tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# Families whose members share one vocabulary, recognised from repo and file names.
+# Families whose members share one vocabulary, recognised from the repo name after the owner.
 FAMILIES = {
-    "qwen2.5": r"qwen2\.5",  # Qwen2.5 and Qwen2.5-Coder
-    "qwen3": r"qwen3",
-    "llama3": r"llama-3\.[123]",  # Llama 3.1, 3.2, 3.3
-    "gemma3": r"gemma-3-",
+    "qwen2.5": r"/qwen2\.5-",  # Qwen2.5 and Qwen2.5-Coder
+    "qwen3": r"/qwen3-",  # Qwen3 and Qwen3-Coder
+    "llama3": r"/(meta-)?llama-3\.[123]-",  # Llama 3.1, 3.2, 3.3
+    "gemma3": r"/gemma-3-",
+    "deepseek-r1-qwen": r"/deepseek-r1-(distill|draft)-qwen",  # R1's Qwen2.5 tokenizer, its own special tokens
+    "mistral-small": r"/(alamios_)?mistral-small-3\.1-",  # the draft carries Mistral Small 3.1's vocabulary
 }
 
 
 def family(ref: ModelRef) -> str:
-    text = f"{ref.repo}/{ref.file}".lower()
+    text = ref.repo.lower()
     found = [name for name, pattern in FAMILIES.items() if re.search(pattern, text)]
     assert len(found) == 1, f"{ref.label} matches families {found}"
     return found[0]
@@ -71,14 +73,70 @@ def test_every_shipped_pair_drafts_within_its_family():
 def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
     pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
     targets = [parameters_in_billions(pair.target) for pair in pairs]
-    assert min(targets) == 7 and max(targets) == 70
+    assert min(targets) == 7 and max(targets) >= 70
     for pair in pairs:
         assert parameters_in_billions(pair.draft) <= 1.0, pair.name
 
 
-def test_shipped_families_cover_qwen_llama_and_gemma():
+def test_shipped_families_cover_qwen_llama_gemma_deepseek_and_mistral():
     families = {family(pair.target) for pair in load_registry().pairs.values() if pair.target.repo}
     assert families == set(FAMILIES)
+
+
+def shipped_hub_models() -> list[tuple[str, str, ModelRef]]:
+    return [
+        (pair.name, role, ref)
+        for pair in load_registry().pairs.values()
+        for role, ref in pair.models()
+        if ref.repo
+    ]
+
+
+def test_every_shipped_hub_model_is_pinned_or_says_why_not():
+    models = shipped_hub_models()
+    assert models
+    for name, role, ref in models:
+        where = f"{name} {role}"
+        if ref.unpinned is None:
+            assert ref.revision_is_commit, f"{where}: revision {ref.revision!r} is not a commit"
+            for file in ref.files:
+                assert ref.file_sha256(file), f"{where}: no sha256 for {file}"
+        else:
+            assert not ref.pinned, where
+            assert len(ref.unpinned.split()) >= 3, f"{where}: 'unpinned' should give a reason"
+
+
+def test_most_shipped_hub_models_are_fully_pinned_with_sizes():
+    models = shipped_hub_models()
+    pinned = [ref for _, _, ref in models if ref.pinned]
+    assert len(pinned) >= len(models) - 4
+    for ref in pinned:
+        assert ref.download_size, ref.label
+
+
+def test_shipped_split_models_pin_every_part():
+    split = [ref for _, _, ref in shipped_hub_models() if len(ref.files) > 1]
+    assert split
+    for ref in split:
+        assert ref.sha256 is None and ref.size is None
+        assert ref.parts is not None and len(ref.parts) == len(ref.files)
+        assert all(ref.file_sha256(file) and ref.file_size(file) for file in ref.files), ref.label
+
+
+def test_shipped_pair_sizes_add_up_their_hub_files():
+    pair = load_registry().pairs["qwen2.5-coder-7b"]
+    assert pair.target.download_size == 4683073536
+    assert pair.download_size == 4683073536 + pair.draft.download_size
+    assert load_registry().pairs["gemma-3-270m"].download_size is None  # nothing from the Hub
+
+
+def test_shipped_file_names_pairs_flat_for_any_toml_reader():
+    with open(shipped_registry_file(), "rb") as handle:
+        raw = tomllib.load(handle)
+    for name, table in raw["pairs"].items():
+        assert "target" in table, f"[pairs.{name}] nests: quote a pair name that holds dots"
+    assert set(raw["pairs"]) == set(load_registry().pairs)
+    assert "qwen2.5-coder-7b" in raw["pairs"]
 
 
 def test_the_issue_example_parses_with_its_dotted_name():
@@ -139,6 +197,36 @@ draft = { package = "some-package" }
     assert registry.get("llama-3.1-8b").target.repo  # shipped pairs remain
 
 
+def test_user_pairs_pin_a_commit_and_every_part_of_a_split_model():
+    write_user_registry(
+        f"""
+[pairs."split.pair"]
+target = {{ repo = "me/big-GGUF", file = "big-00001-of-00002.gguf", revision = "{COMMIT.upper()}", parts = [
+    {{ sha256 = "{SHA_A.upper()}", size = 100 }},
+    {{ sha256 = "{SHA_B}", size = 23 }},
+] }}
+draft = {{ repo = "me/small-GGUF", file = "small.gguf", revision = "v1.0", sha256 = "{SHA_A}", size = 7 }}
+
+[pairs.partly]
+target = {{ repo = "me/big-GGUF", file = "big-00001-of-00002.gguf", parts = [{{ size = 1 }}, {{ sha256 = "{SHA_B}" }}], unpinned = "no public source gives part 1's sha256" }}
+draft = "ngram"
+"""
+    )
+    pairs = load_registry().pairs
+    target, draft = pairs["split.pair"].target, pairs["split.pair"].draft
+    assert target.revision == COMMIT and target.revision_is_commit
+    assert target.file_sha256("big-00001-of-00002.gguf") == SHA_A
+    assert target.file_sha256("big-00002-of-00002.gguf") == SHA_B
+    assert target.file_size("big-00002-of-00002.gguf") == 23
+    assert target.pinned and target.download_size == 123
+    assert draft.revision == "v1.0" and not draft.revision_is_commit and not draft.pinned
+    assert pairs["split.pair"].download_size == 130
+    partly = pairs["partly"].target
+    assert not partly.pinned and partly.download_size is None
+    assert partly.parts == [Part(size=1), Part(sha256=SHA_B)]
+    assert pairs["partly"].download_size is None
+
+
 def test_unknown_pair_suggests_close_names():
     with pytest.raises(UnknownPairError) as caught:
         load_registry().get("qwen3-8")
@@ -153,6 +241,9 @@ def test_split_parts_names_every_part():
 # --- validation errors: one line naming the file, the pair and the key -------------------------
 
 GOOD_TARGET = 'target = { repo = "a/b-GGUF", file = "t.gguf" }'
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.mark.parametrize(
@@ -167,11 +258,23 @@ GOOD_TARGET = 'target = { repo = "a/b-GGUF", file = "t.gguf" }'
         ('target = { repo = "a/b" }\ndraft = "ngram"', "pairs.foo.target: 'repo' and 'file' go together"),
         ('target = { repo = "a/b", file = "t.gguf", path = "x.gguf" }\ndraft = "ngram"', "pairs.foo.target: give exactly one source"),
         ('target = { path = "x.gguf", sha256 = "00" }\ndraft = "ngram"', "pairs.foo.target.sha256: must be 64 hexadecimal digits"),
-        ('target = { path = "x.gguf", revision = "v1" }\ndraft = "ngram"', "'revision' and 'sha256' apply to 'repo' + 'file' models only"),
+        ('target = { path = "x.gguf", revision = "v1" }\ndraft = "ngram"', "pairs.foo.target: 'revision' applies to 'repo' + 'file' models only"),
         ('target = { repo = "a/b", file = "t.bin" }\ndraft = "ngram"', "pairs.foo.target.file: Value error, 't.bin' is not a .gguf file"),
         ('target = { repo = "a/b", file = "t-00002-of-00003.gguf" }\ndraft = "ngram"', "is not the first part of a split GGUF"),
         ('target = { repo = "not a repo", file = "t.gguf" }\ndraft = "ngram"', "pairs.foo.target.repo"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\nname = "bar"', "pairs.foo.name: unknown key"),
+        ('target = { repo = "a/b", file = "t.gguf", revision = "not a ref" }\ndraft = "ngram"', "pairs.foo.target.revision: Value error, 'not a ref' is neither a commit (40 hexadecimal digits) nor a branch or tag name"),
+        ('target = { repo = "a/b", file = "t.gguf", size = 0 }\ndraft = "ngram"', "pairs.foo.target.size: Input should be greater than or equal to 1"),
+        (f'target = {{ repo = "a/b", file = "t-00001-of-00002.gguf", sha256 = "{SHA_A}" }}\ndraft = "ngram"', "pairs.foo.target: a split GGUF gives 'sha256' and 'size' per part, in 'parts' (2 entries)"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", size = 9 }\ndraft = "ngram"', "in 'parts' (2 entries)"),
+        (f'target = {{ repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{{ sha256 = "{SHA_A}" }}] }}\ndraft = "ngram"', "pairs.foo.target: 'parts' has 1 entries for a split GGUF of 2 parts"),
+        ('target = { repo = "a/b", file = "t.gguf", parts = [{ size = 9 }] }\ndraft = "ngram"', "pairs.foo.target: 'parts' is for a split GGUF"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, {}] }\ndraft = "ngram"', "pairs.foo.target.parts.1: a part gives 'sha256', 'size' or both"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, { sha = "00" }] }\ndraft = "ngram"', "pairs.foo.target.parts.1.sha: unknown key"),
+        ('target = { repo = "a/b", file = "t-00001-of-00002.gguf", parts = [{ size = 9 }, { sha256 = "00" }] }\ndraft = "ngram"', "pairs.foo.target.parts.1.sha256: must be 64 hexadecimal digits"),
+        (f'target = {{ repo = "a/b", file = "t.gguf", revision = "{COMMIT}", sha256 = "{SHA_A}", unpinned = "no source" }}\ndraft = "ngram"', "pairs.foo.target: 'unpinned' gives a reason, but the revision is a commit and every file has a sha256"),
+        ('target = { repo = "a/b", file = "t.gguf", unpinned = " " }\ndraft = "ngram"', "pairs.foo.target.unpinned: give the reason the model is not pinned"),
+        ('target = { path = "x.gguf", size = 9, unpinned = "local" }\ndraft = "ngram"', "pairs.foo.target: 'size', 'unpinned' apply to 'repo' + 'file' models only"),
     ],
 )
 def test_invalid_pair_is_one_line_naming_file_pair_and_key(body, expected):
