@@ -12,15 +12,29 @@ The verification rules are the ones that make speculative decoding lossless:
 
 A proposer without probabilities (n-gram lookup) proposes with q = one-hot(x): it is kept
 with probability p(x), and the residual is p with x removed.
+
+- keyed sampling (the default): the token at each position of the sequence is the
+  Gumbel-max draw argmax(log p(x) + g(seed, position, x)), with noise g that depends on the
+  seed, the position and the token id only. It is distributed as p, independently at each
+  position, and it does not depend on how the positions were batched: a draft token is
+  kept when it equals that draw, so a seed writes the same text with any proposer and any
+  draft length. A draft model drafting with the same noise agrees with the target often.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 _NEGLIGIBLE = 50.0
+
+
+# The command line's defaults for sampled runs, as llama.cpp's.
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,13 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @classmethod
+    def for_temperature(cls, temperature: float) -> SamplingSettings:
+        """Greedy at 0, else the command line's default top-k, top-p and min-p."""
+        if temperature <= 0.0:
+            return cls()
+        return cls(temperature, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P)
 
 
 @dataclass(frozen=True)
@@ -130,6 +151,52 @@ def _top_set(ids: np.ndarray, weights: np.ndarray, total: float, mass: float) ->
             return ids[keep], weights[keep]
         size *= 4
     return ids, weights
+
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every input bit moves every output bit."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """Uniforms in (0, 1), one per token id, fixed by (seed, position, id) alone."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.uint64(seed % (1 << 64)) * _GOLDEN + np.uint64(1))
+        key = _mix(key ^ (np.uint64(position % (1 << 64)) * _GOLDEN))
+        bits = _mix(key ^ (np.asarray(ids, dtype=np.uint64) * _GOLDEN))
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def keyed_choice(dist: Distribution, seed: int, position: int) -> int:
+    """The token at `position` for this seed: a Gumbel-max draw from dist, exact in
+    distribution, the same whichever batch the position is verified in."""
+    if dist.ids.size == 1:
+        return int(dist.ids[0])
+    gumbel = -np.log(-np.log(keyed_uniforms(seed, position, dist.ids)))
+    with np.errstate(divide="ignore"):
+        return int(dist.ids[np.argmax(np.log(dist.probs) + gumbel)])
+
+
+def verify_keyed(draft_tokens: list[int], target_dists: Sequence[Distribution], seed: int,
+                 position: int) -> tuple[int, int]:
+    """Keep draft tokens while each equals the target's keyed draw at its position (the
+    first draft token stands at `position`); the draw at the first mismatch, or after the
+    last draft token, is the token the target writes. Rows after a mismatch are never read."""
+    for i, token in enumerate(draft_tokens):
+        chosen = keyed_choice(target_dists[i], seed, position + i)
+        if chosen != token:
+            return i, chosen
+    n = len(draft_tokens)
+    return n, keyed_choice(target_dists[n], seed, position + n)
 
 
 def top_two_margin(row: np.ndarray) -> float:
