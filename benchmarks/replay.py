@@ -40,7 +40,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength, VerifyCost
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
+from specli.costs import CALIBRATION_SIZES, StepCosts
+from specli.engine import StepRecord
 from specli.proposers import NGramProposer
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
@@ -99,8 +101,8 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
     rng = random.Random(seed)
     proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
     proposer.prepare(case.prompt)
-    adaptive = (AdaptiveDraftLength(verify_cost=VerifyCost(calibration), prior=proposer.prior)
-                if policy == "auto" else None)
+    calibrated = StepCosts(calibration or {size: costs(size) for size in CALIBRATION_SIZES}, 0.0, loop_seconds)
+    adaptive = AdaptiveDraftLength(calibrated, prior=proposer.prior) if policy == "auto" else None
     fixed = LLAMA_M if policy == "ngram-simple" else (policy if isinstance(policy, int) else None)
     output = case.output
     if not output:
@@ -113,7 +115,7 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
         if proposal is None or not proposal.tokens:
             k = 0
         elif adaptive is not None:
-            k = adaptive.next(proposal.key, len(proposal.tokens), proposal.extent)
+            k = adaptive.next(proposal.key, proposal.extent, len(proposal.tokens))
         else:
             k = min(fixed, len(proposal.tokens))
         draft = proposal.tokens[:k] if k else []
@@ -122,8 +124,8 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
             accepted += 1
         verify = costs(k + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
         if adaptive is not None:
-            adaptive.record(k, accepted, 0.0, verify, proposal.key if proposal else None, loop_seconds,
-                            proposal.extent if proposal else 0)
+            adaptive.record(StepRecord(k, accepted, 0.0, verify, 0.0, loop_seconds, proposal.key if proposal else None,
+                                       proposal.extent if proposal else 0))
         committed = min(accepted + 1, len(output) - produced)
         tokens += output[produced : produced + committed]
         produced += committed
@@ -190,7 +192,7 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
                                   max_tokens=workload.max_tokens))
                 print(f"recorded {workload.name}: {len(prompt)} + {len(output)} tokens", file=sys.stderr)
-        calibration = session.verify_costs()
+        calibration = session.calibrate().verify
         # In situ: after a context as long as a typical prompt, in the engine's order of
         # calls (decode, then rewind), each size `repeats` times, the median kept.
         filler = [t for case in cases for t in case["prompt"] + case["output"]]

@@ -22,56 +22,31 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
-from specli.backend import LoadSettings, library_versions
-from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
+from specli.backend import library_versions
+from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError, UsageError
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
-from specli.session import Session, prompt_tokens
+from specli.session import Session, SessionSpec, open_session, prompt_tokens
 
 PLAIN = "plain"
 AUTO = "auto"
 
 
-@dataclass(frozen=True)
-class BenchRequest:
-    """`specli bench` as data: which models, which workloads, which draft lengths."""
-
-    pair: str | None = None
-    target: Path | None = None
-    draft: str | None = None  # a path or "ngram"; None: the pair's draft, else ngram
-    prompts: Path | None = None  # None: the shipped workloads
-    draft_tokens: str = "auto,2,4,8,16"
-    runs: int = 5
-    draft_min_p: float | None = None  # None: the runner's default
-    max_tokens: int | None = None  # None: each workload's own budget
-    temperature: float = 0.0
-    seed: int = 0
-    load: LoadSettings = LoadSettings()
-    verbose: bool = False
-
-
-def execute(request: BenchRequest, progress: Callable[[str], None] | None = None) -> dict:
+def execute(spec: SessionSpec, workloads: list[Workload], configs: list[str | int], runs: int,
+            max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Load the models, run every configuration on every workload; the report as a dict."""
-    from specli.runner import DEFAULT_DRAFT_MIN_P, RunRequest, resolve_models
-    from specli.session import SessionSpec, open_session
-
-    configs = parse_configs(request.draft_tokens)
-    workloads = load_workloads(request.prompts)
-    if request.max_tokens:
-        workloads = [replace(w, max_tokens=request.max_tokens) for w in workloads]
-    models = resolve_models(RunRequest(pair=request.pair, target=request.target, draft=request.draft))
-    if models.draft == "none":
-        raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
-    temperature = request.temperature
-    sampling = SamplingSettings(temperature, 40, 0.95, 0.05) if temperature > 0 else SamplingSettings()
-    min_p = DEFAULT_DRAFT_MIN_P if request.draft_min_p is None else request.draft_min_p
-    spec = SessionSpec(models.target, models.draft, request.load, request.load, sampling, request.seed, min_p,
-                       verbose=request.verbose)
-    with open_session(spec) as session:
-        report = run_bench(session, workloads, configs, request.runs, sampling, progress)
-    report.update(target=models.target.name, draft=str(getattr(models.draft, "name", models.draft)),
-                  temperature=temperature, seed=request.seed, llama_cpp=library_versions())
+    if max_tokens:
+        workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
+    with open_session(spec, progress) as session:
+        if AUTO in configs and session.costs().source != "calibrated":
+            if progress:
+                progress("timing the target's verify batches for -k auto (stored for later runs)")
+            session.calibrate()
+        report = run_bench(session, workloads, configs, runs, spec.sampling, progress)
+        report.update(exact=spec.exact, exact_batch=session.exact_batch, repack=session.spec.target_load.repack)
+    report.update(target=spec.target.name, draft=str(getattr(spec.draft, "name", spec.draft)),
+                  temperature=spec.sampling.temperature, seed=spec.seed, llama_cpp=library_versions())
     return report
 
 
@@ -135,12 +110,12 @@ def parse_configs(text: str) -> list[str | int]:
         try:
             k = int(part)
         except ValueError:
-            raise ConfigError(f"-k: {part!r} is not a number or 'auto'") from None
+            raise UsageError(f"-k: {part!r} is not a number or 'auto'") from None
         if k < 1:
-            raise ConfigError(f"-k: {k} must be at least 1")
+            raise UsageError(f"-k: {k} must be at least 1 (plain decoding is always measured)")
         configs.append(k)
     if not configs:
-        raise ConfigError("-k: give at least one value, e.g. auto,4,8")
+        raise UsageError("-k: give at least one value, e.g. auto,4,8")
     return configs
 
 
@@ -158,31 +133,25 @@ class Measurement:
     shared_tokens: list[int] = field(default_factory=list)
 
     def summary(self) -> dict:
-        drafted = sum(s.drafted for s in self.stats)
-        accepted = sum(s.accepted for s in self.stats)
-        steps_drafting = sum(sum(s.accept_lengths) for s in self.stats)
-        seconds = sum(s.seconds for s in self.stats) or 1e-9
-        steps = sum(s.steps for s in self.stats) or 1
-        rows = sum(s.rows_read for s in self.stats)
-        proposed_at = _sum_lists([s.proposed_at for s in self.stats])
-        accepted_at = _sum_lists([s.accepted_at for s in self.stats])
+        total = Stats.combine(self.stats)
+        steps = total.steps or 1
+        seconds = total.seconds or 1e-9
         return {
             "tokens_per_second": _spread(self.tokens_per_second),
             "speedup": _spread(self.speedups) if self.speedups else None,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_length": accepted / steps_drafting if steps_drafting else None,
-            "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)],
+            "acceptance_rate": total.acceptance_rate if total.drafted else None,
+            "mean_accepted_length": total.mean_accepted_length if total.drafted else None,
+            "acceptance_by_position": total.acceptance_by_position,
             "time_split": {
-                "draft": sum(s.draft_seconds for s in self.stats) / seconds,
-                "verify": sum(s.verify_seconds for s in self.stats) / seconds,
-                "overhead": sum(s.overhead_seconds for s in self.stats) / seconds,
+                "draft": total.draft_seconds / seconds,
+                "verify": total.verify_seconds / seconds,
+                "overhead": total.overhead_seconds / seconds,
             },
-            "python_overhead_ms_per_step": 1000 * sum(max(0.0, s.seconds - s.llama_seconds) for s in self.stats) / steps,
+            "python_overhead_ms_per_step": total.python_overhead_ms_per_step,
             # ... split into what every step pays and what each logits row read adds.
-            "loop_overhead_ms_per_step":
-                1000 * sum(max(0.0, s.seconds - s.llama_seconds - s.read_seconds) for s in self.stats) / steps,
-            "read_us_per_row": 1e6 * sum(s.read_seconds for s in self.stats) / rows if rows else None,
-            "rows_read_per_step": rows / steps,
+            "loop_overhead_ms_per_step": total.loop_overhead_ms_per_step,
+            "read_us_per_row": total.read_us_per_row if total.rows_read else None,
+            "rows_read_per_step": total.rows_read / steps,
             "tokens": _spread([float(s.tokens) for s in self.stats]),  # generated per run
             "identical_to_plain": all(self.identical) if self.identical else None,
             # Runs whose output left plain's: a near-tie can fall either way from run to run (the
@@ -201,11 +170,6 @@ class Measurement:
             return None
         index = min(self.first_difference)
         return self.plain_margins[index] if index < len(self.plain_margins) else None
-
-
-def _sum_lists(lists: list[list[int]]) -> list[int]:
-    size = max((len(x) for x in lists), default=0)
-    return [sum(x[i] for x in lists if i < len(x)) for i in range(size)]
 
 
 def _spread(values: list[float]) -> dict:
@@ -326,7 +290,7 @@ def _generate(session: Session, config: str | int, tokens: list[int], max_tokens
     """The output, when each of its tokens was released (seconds after the first), and the stats."""
     options = GenerationOptions(max_tokens=max_tokens, sampling=sampling)
     if config == PLAIN:
-        engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.rng)
+        engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.seed)
     else:
         draft_length = session.draft_length(None if config == AUTO else int(config))
         engine = session.engine(draft_length, options)
@@ -338,7 +302,7 @@ def _generate(session: Session, config: str | int, tokens: list[int], max_tokens
             if event.id >= 0:
                 output.append(event.id)
                 released.append(time.perf_counter())
-        else:
+        elif isinstance(event, Finished):
             stats = event.stats
     assert stats is not None
     return output, [t - released[0] for t in released], stats

@@ -12,7 +12,10 @@ import typer
 
 from specli import __version__
 from specli.config import debug_enabled
-from specli.errors import SpecliError
+from specli.errors import SpecliError, UsageError
+from specli.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P
+
+DEFAULT_MAX_TOKENS = 256
 
 app = typer.Typer(
     name="specli",
@@ -75,7 +78,9 @@ def _draft_tokens(value: str) -> Optional[int]:
 
 
 @app.command("run")
+@app.command("chat", help="Chat with the target, turn by turn: the same options as run, and no prompt.")
 def run(
+    ctx: typer.Context,
     prompt: Annotated[
         Optional[str],
         typer.Argument(help="The prompt. Use - to read it from stdin (read too when stdin is piped and no prompt is given)."),
@@ -97,14 +102,14 @@ def run(
         str, typer.Option("-k", "--draft-tokens", help="Draft tokens per step: a number, or 'auto' to adapt to what is accepted.")
     ] = "auto",
     draft_min_p: Annotated[
-        Optional[float],
-        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off, the default)."),
-    ] = None,
-    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens.")] = 256,
+        float,
+        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off)."),
+    ] = 0.0,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens (default 256; in a chat, the context's room).")] = None,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (1: off).")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the best one's probability (0: off).")] = 0.05,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = DEFAULT_TOP_K,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (1: off).")] = DEFAULT_TOP_P,
+    min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the best one's probability (0: off).")] = DEFAULT_MIN_P,
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed for sampling; the same seed repeats a run exactly.")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.")] = None,
     chat: Annotated[
@@ -118,45 +123,66 @@ def run(
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[
         bool,
-        typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking; --no-repack makes batched and one-token logits agree more often (slower on CPU)."),
+        typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking (--exact chooses it itself)."),
     ] = True,
+    exact: Annotated[
+        bool,
+        typer.Option("--exact", help="Write exactly what --draft none --exact writes on this build: verify batches are capped at the size whose logits are bit-identical to one-token decoding."),
+    ] = False,
     color: Annotated[ColorMode, typer.Option("--color", help="Colour drafted vs target-written text.")] = ColorMode.auto,
     json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object per token, then stats.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No legend and no stats line on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
-    from specli.runner import RunRequest, execute
+    from specli import runner
+    from specli.engine import GenerationOptions
     from specli.sampling import SamplingSettings
 
-    request = RunRequest(
-        prompt=prompt,
-        prompt_file=file,
-        system=system,
-        pair=model,
-        target=target,
-        draft=draft,
-        draft_tokens=_draft_tokens(draft_tokens),
-        draft_min_p=draft_min_p,
-        max_tokens=max_tokens,
-        sampling=SamplingSettings(temp, top_k, top_p, min_p),
+    conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
+    with user_errors():
+        if conversation and json_output:
+            raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
+        text = None if conversation else runner.read_prompt(prompt, file, sys.stdin)
+        if gpu_layers is not None or draft_gpu_layers is not None:
+            runner.warn_without_gpu(sys.stderr)
+        models = runner.resolve_models(model, target, draft)
+        sampling = SamplingSettings(temp, top_k, top_p, min_p)
+        spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, draft_gpu_layers, ctx_size, threads,
+                             repack, exact, verbose)
+        limit = max_tokens or (1 << 30 if conversation else DEFAULT_MAX_TOKENS)
+        options = GenerationOptions(limit, sampling, tuple(stop or ()))
+        k = _draft_tokens(draft_tokens) or models.draft_tokens
+        output = runner.Output(color.value, json_output, quiet)
+        if text is None:
+            from specli.chat import chat as converse
+
+            code = converse(spec, options, k, output, system)
+        else:
+            code = runner.execute(spec, runner.Prompt(text, system, chat), options, k, output)
+    raise typer.Exit(code)
+
+
+def _session_spec(models, sampling, seed: int | None, draft_min_p: float, gpu_layers: int | None,
+                  draft_gpu_layers: int | None, ctx_size: int, threads: int | None, repack: bool, exact: bool,
+                  verbose: bool):
+    """run's and bench's models and settings as one SessionSpec."""
+    from specli.backend import LoadSettings
+    from specli.session import SessionSpec
+
+    layers = -1 if gpu_layers is None else gpu_layers
+    draft_layers = layers if draft_gpu_layers is None else draft_gpu_layers
+    return SessionSpec(
+        target=models.target,
+        draft=models.draft,
+        target_load=LoadSettings(layers, ctx_size, threads=threads, repack=repack),
+        draft_load=LoadSettings(draft_layers, ctx_size, threads=threads, repack=repack),
+        sampling=sampling,
         seed=seed,
-        stop=stop or [],
-        chat=chat,
-        gpu_layers=-1 if gpu_layers is None else gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-        gpu_layers_explicit=gpu_layers is not None or draft_gpu_layers is not None,
-        ctx_size=ctx_size,
-        threads=threads,
-        repack=repack,
-        colour=color.value,
-        json=json_output,
-        quiet=quiet,
+        draft_min_p=draft_min_p,
+        exact=exact,
         verbose=verbose,
     )
-    with user_errors():
-        code = execute(request)
-    raise typer.Exit(code)
 
 
 # --- models: pull / list / rm ----------------------------------------------
@@ -265,17 +291,18 @@ def bench(
     model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml; missing files are downloaded.")] = None,
     target: Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file. With neither -m nor --target, the embedded demo model.")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF file or 'ngram' (default: the pair's draft, else ngram).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file ([[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file (\\[[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,
-    draft_min_p: Annotated[Optional[float], typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off, the default).")] = None,
+    draft_min_p: Annotated[float, typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off).")] = 0.0,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Override every workload's token budget.")] = None,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy, and outputs are checked against plain decoding).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for sampling.")] = 0,
-    gpu_layers: Annotated[int, typer.Option("--gpu-layers", min=-1, help="Layers to offload to the GPU (-1: all).")] = -1,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed for sampling.")] = 0,
+    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Layers to offload to the GPU (-1: all, the default).")] = None,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=32, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
-    repack: Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking.")] = True,
+    repack: Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking (--exact chooses it itself).")] = True,
+    exact: Annotated[bool, typer.Option("--exact", help="Cap verify batches at the exact-safe size, as `run --exact` does (plain decoding too).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
 ) -> None:
@@ -284,20 +311,25 @@ def bench(
 
     from rich.console import Console
 
-    from specli.backend import LoadSettings
-    from specli.bench import BenchRequest, execute, print_progress, render_report
+    from specli import bench as benchmark
+    from specli import runner
+    from specli.errors import UsageError
+    from specli.sampling import SamplingSettings
 
     with user_errors():
-        request = BenchRequest(
-            pair=model, target=target, draft=draft, prompts=prompts, draft_tokens=draft_tokens, runs=runs,
-            draft_min_p=draft_min_p, max_tokens=max_tokens, temperature=temp, seed=seed,
-            load=LoadSettings(gpu_layers, ctx_size, threads=threads, repack=repack), verbose=verbose,
-        )
-        report = execute(request, progress=None if json_output else print_progress)
+        configs = benchmark.parse_configs(draft_tokens)
+        models = runner.resolve_models(model, target, draft)
+        if models.draft == "none":
+            raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
+        sampling = SamplingSettings.for_temperature(temp)
+        spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, None, ctx_size, threads, repack, exact,
+                             verbose)
+        report = benchmark.execute(spec, benchmark.load_workloads(prompts), configs, runs, max_tokens,
+                                   progress=None if json_output else benchmark.print_progress)
         if json_output:
             print(json.dumps(report, indent=1))
         else:
-            render_report(report, Console())
+            benchmark.render_report(report, Console())
 
 
 def _print_error(message: str, hint: str | None = None) -> None:

@@ -19,8 +19,8 @@ import numpy as np
 
 from specli.errors import PromptError
 from specli.proposers import Proposal, Proposer
-from specli.sampling import Distribution, SamplingSettings, verify_greedy, verify_sampled, warp
-from specli.text import TextStream
+from specli.sampling import Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_keyed, warp
+from specli.text import TextStream, common_prefix_length
 
 Source = Literal["draft", "target"]
 
@@ -46,96 +46,132 @@ class Token:
     source: Source
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One target decode after the prompt's: what was drafted and kept, and where its time went.
+
+    Stats, the draft-length policy and `specli bench` all read these; nothing else is timed.
+    """
+
+    drafted: int
+    accepted: int
+    draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes)
+    verify_seconds: float  # the target's batched decode of [last] + draft
+    read_seconds: float  # reading logits rows to accept (a vocabulary-sized scan each)
+    loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
+    key: object = None  # the proposal's key (n-gram lookup: the match length)
+    extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
+
+    @property
+    def rows_read(self) -> int:
+        """Rows after the first rejection are never read."""
+        return self.accepted + 1
+
+
 @dataclass
 class Stats:
+    """Counts, summed times and the draft/accept histograms of one run (or several, combined).
+    Every other figure is derived below, once."""
+
     proposer: str = "none"
     prompt_tokens: int = 0
+    prompt_cached: int = 0  # of the prompt's tokens, those the target's cache already held (a chat's earlier turns)
     tokens: int = 0
-    steps: int = 0  # target decodes after prefill
+    steps: int = 0  # target decodes after the prompt's
     drafted: int = 0
     accepted: int = 0
+    rows_read: int = 0
     prefill_seconds: float = 0.0
-    seconds: float = 0.0  # generation time after prefill
+    seconds: float = 0.0  # generation time after the prompt's decode
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    llama_seconds: float = 0.0  # of `seconds`, time inside llama.cpp's decode (target and draft)
-    read_seconds: float = 0.0  # of `seconds`, time reading the target's logits rows to verify
-    rows_read: int = 0  # logits rows read to verify (a vocabulary-sized scan each)
+    read_seconds: float = 0.0
     finish_reason: str = ""
     first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
-    proposed_at: list[int] = field(default_factory=list)  # steps that drafted a position i
-    accepted_at: list[int] = field(default_factory=list)  # steps that kept position i
-    accept_lengths: list[int] = field(default_factory=list)  # histogram: steps keeping n tokens
+    draft_lengths: list[int] = field(default_factory=list)  # [n]: steps that drafted n tokens
+    accept_lengths: list[int] = field(default_factory=list)  # [n]: steps that kept n draft tokens
+
+    def record(self, step: StepRecord) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.rows_read += step.rows_read
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        self.read_seconds += step.read_seconds
+        if step.drafted:
+            _count(self.draft_lengths, step.drafted)
+            _count(self.accept_lengths, step.accepted)
+
+    @classmethod
+    def combine(cls, runs: Sequence[Stats]) -> Stats:
+        """Several runs' stats as one: counts, times and histograms added up (its
+        tokens_per_second counts every token; take each run's own for a rate)."""
+        total = cls(proposer=runs[0].proposer if runs else "none")
+        for run in runs:
+            for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "rows_read",
+                         "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
+                setattr(total, name, getattr(total, name) + getattr(run, name))
+            for name in ("draft_lengths", "accept_lengths"):
+                mine, theirs = getattr(total, name), getattr(run, name)
+                _grow(mine, len(theirs))
+                for n, count in enumerate(theirs):
+                    mine[n] += count
+        return total
+
+    @property
+    def generated_after_first(self) -> int:
+        """Tokens written by decode steps: the first token, written by the prompt's decode
+        (prefill time), is left out, as in llama.cpp's "eval time ... N - 1 runs"."""
+        return self.tokens - 1 if self.first_token_from_prefill and self.tokens > 0 else self.tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_after_first / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def tokens_per_second(self) -> float:
-        """Tokens per second of generation. The first token, written by the prompt's decode
-        (prefill time), is left out, as in llama.cpp's "eval time ... N - 1 runs"."""
-        counted = self.tokens - 1 if self.first_token_from_prefill and self.tokens > 0 else self.tokens
-        return counted / self.seconds if self.seconds > 0 else 0.0
-
-    @property
     def mean_accepted_length(self) -> float:
         """Draft tokens kept per step that drafted anything."""
-        drafting = sum(self.accept_lengths)
+        drafting = sum(self.draft_lengths)
         return self.accepted / drafting if drafting else 0.0
 
     @property
+    def acceptance_by_position(self) -> list[float]:
+        """Of the steps that drafted position i, the share that kept it."""
+        drafted = _at_least(self.draft_lengths)
+        kept = _at_least(self.accept_lengths)
+        return [(kept[i] if i < len(kept) else 0) / drafted[i] for i in range(len(drafted)) if drafted[i]]
+
+    @property
     def overhead_seconds(self) -> float:
+        """Time outside proposing and the target's decodes: the loop, and the logits reads."""
         return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
 
     @property
     def python_overhead_ms_per_step(self) -> float:
-        """Everything but llama.cpp's decode calls, per target step, in milliseconds."""
-        return 1000 * max(0.0, self.seconds - self.llama_seconds) / self.steps if self.steps else 0.0
+        return 1000 * self.overhead_seconds / self.steps if self.steps else 0.0
 
     @property
     def loop_overhead_ms_per_step(self) -> float:
-        """The Python overhead less the logits reads: what a step costs whatever its length."""
-        spent = self.seconds - self.llama_seconds - self.read_seconds
-        return 1000 * max(0.0, spent) / self.steps if self.steps else 0.0
+        """The overhead less the logits reads: what a step costs whatever its length."""
+        return 1000 * max(0.0, self.overhead_seconds - self.read_seconds) / self.steps if self.steps else 0.0
 
     @property
     def read_us_per_row(self) -> float:
-        """Microseconds to read one logits row (argmax, or warping when sampling). A row is
-        n_vocab floats (1 MiB for a 262k vocabulary): memory bandwidth sets this cost."""
+        """Microseconds to read one logits row (argmax, or warping when sampling): a row is
+        n_vocab floats, so memory bandwidth sets this cost."""
         return 1e6 * self.read_seconds / self.rows_read if self.rows_read else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
-
-    def record_step(self, drafted: int, accepted: int) -> None:
-        self.steps += 1
-        if drafted == 0:
-            return
-        self.drafted += drafted
-        self.accepted += accepted
-        _grow(self.proposed_at, drafted)
-        _grow(self.accepted_at, drafted)
-        _grow(self.accept_lengths, drafted + 1)
-        for i in range(drafted):
-            self.proposed_at[i] += 1
-        for i in range(accepted):
-            self.accepted_at[i] += 1
-        self.accept_lengths[accepted] += 1
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data.update(
-            acceptance_rate=self.acceptance_rate,
-            tokens_per_second=self.tokens_per_second,
-            mean_accepted_length=self.mean_accepted_length,
-            overhead_seconds=self.overhead_seconds,
-            python_overhead_ms_per_step=self.python_overhead_ms_per_step,
-            loop_overhead_ms_per_step=self.loop_overhead_ms_per_step,
-            read_us_per_row=self.read_us_per_row,
-            acceptance_by_position=self.acceptance_by_position,
-        )
+        for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
+                     "overhead_seconds", "python_overhead_ms_per_step", "loop_overhead_ms_per_step",
+                     "read_us_per_row"):
+            data[name] = getattr(self, name)
         return data
 
 
@@ -144,42 +180,50 @@ def _grow(counts: list[int], size: int) -> None:
         counts.extend([0] * (size - len(counts)))
 
 
+def _count(histogram: list[int], value: int) -> None:
+    _grow(histogram, value + 1)
+    histogram[value] += 1
+
+
+def _at_least(histogram: list[int]) -> list[int]:
+    """[i]: how many entries are above i, for i < the largest value."""
+    out, above = [], sum(histogram)
+    for count in histogram[:-1]:
+        above -= count
+        out.append(above)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     reason: str  # "eog" | "length" | "stop" | "context"
     stats: Stats
 
 
-Event = Union[Token, Finished]
+Event = Union[Token, StepRecord, Finished]
 
 
 class DraftLength(Protocol):
-    """Chooses K for the next step from what the run has measured (see adaptive.py)."""
+    """Chooses how many draft tokens each step verifies (see adaptive.py)."""
 
-    max_k: int
+    draft_tokens: int  # the most a step drafts
 
-    def next(self, key: object = None, available: int | None = None, extent: int = 0) -> int: ...
+    def next(self, key: object, extent: int, draft_tokens: int) -> int:
+        """How many of `draft_tokens` available draft tokens to verify (0: a plain step).
+        key and extent: the proposal's (Proposal.key, Proposal.extent)."""
+        ...
 
-    def record(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        key: object = None,
-        overhead_seconds: float = 0.0,
-        extent: int = 0,
-    ) -> None: ...
+    def record(self, step: StepRecord) -> None: ...
 
 
 @dataclass
 class FixedDraftLength:
-    max_k: int
+    draft_tokens: int
 
-    def next(self, key: object = None, available: int | None = None, extent: int = 0) -> int:
-        return self.max_k if available is None else min(self.max_k, available)
+    def next(self, key: object, extent: int, draft_tokens: int) -> int:
+        return min(self.draft_tokens, draft_tokens)
 
-    def record(self, *args: object, **kwargs: object) -> None:
+    def record(self, step: StepRecord) -> None:
         pass
 
 
@@ -208,35 +252,43 @@ class Engine:
         proposer: Proposer,
         draft_length: DraftLength,
         options: GenerationOptions,
-        rng: np.random.Generator | None = None,
+        seed: int = 0,
     ) -> None:
         self.target = target
         self.proposer = proposer
         self.draft_length = draft_length
         self.options = options
-        self.rng = rng if rng is not None else np.random.default_rng()
+        self.seed = seed  # sampling: the token at each position is keyed by (seed, position)
         self.stats = Stats(proposer=proposer.name)
-        self._last_step: float | None = None  # end of the previous verify decode: overhead runs from here
+        self._step_ended: float | None = None  # when the previous step's logits were read
+        self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
+        """Token events as text is committed, a StepRecord after each step's tokens, then Finished."""
         if not prompt:
-            raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
-        target, options, stats = self.target, self.options, self.stats
+            raise ValueError("generate needs at least one prompt token")
+        target, options = self.target, self.options
         check_prompt_fits(len(prompt), target.n_ctx)
+        stats = self.stats = Stats(proposer=self.proposer.name)
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
-        target.rewind(0)
-        # The whole prompt in one decode, as llama.cpp's own tools do: its last row writes
-        # the first token, so plain and speculative runs share it exactly.
-        first = self._choose(target.decode(prompt)[0]) if options.max_tokens > 0 else None
+        # What the cache already holds of the prompt (an earlier turn of a chat) stays; the
+        # prompt's last token is decoded again in any case, for its logits row.
+        keep = min(common_prefix_length(self._cached, prompt), len(prompt) - 1)
+        target.rewind(keep)
+        stats.prompt_cached = keep
+        self._cached = []
+        # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
+        # writes the first token, so plain and speculative runs share it exactly.
+        first = self._choose(target.decode(prompt[keep:])[0], len(prompt)) if options.max_tokens > 0 else None
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 
         text = TextStream(options.stop)
         tokens = list(prompt)  # the committed sequence: prompt + output
-        llama_before = self._llama_seconds()
         started = time.perf_counter()
         reason = "length"
+        step: StepRecord | None = None
         try:
             committed: list[int] = [] if first is None else [first]
             sources: list[Source] = ["target"] * len(committed)
@@ -255,6 +307,8 @@ class Engine:
                     if text.stopped:
                         reason = "stop"
                         break
+                if step is not None:
+                    yield step
                 if reason:
                     break
                 remaining = options.max_tokens - stats.tokens
@@ -262,46 +316,43 @@ class Engine:
                 if remaining <= 0 or room < 0:
                     reason = "length" if remaining <= 0 else "context"
                     break
-                committed, sources = self._step(tokens, committed[-1], min(remaining - 1, room))
+                committed, sources, step = self._step(tokens, committed[-1], min(remaining - 1, room))
             tail = text.flush()
             if tail:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
         finally:
             stats.seconds = time.perf_counter() - started
-            stats.llama_seconds = self._llama_seconds() - llama_before
+            self._cached = tokens[: target.n_past]
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
-    def _choose(self, row: np.ndarray) -> int:
-        """The target's own token from one logits row: argmax, or a draw from the warped row."""
+    def _choose(self, row: np.ndarray, position: int) -> int:
+        """The target's own token at `position` from its logits row: argmax, or the keyed
+        draw from the warped row."""
         if self.options.sampling.greedy:
             return int(np.argmax(row))
-        return warp(row, self.options.sampling).sample(self.rng)
+        return keyed_choice(warp(row, self.options.sampling), self.seed, position)
 
-    def _llama_seconds(self) -> float:
-        draft_model = getattr(self.proposer, "model", None)
-        return getattr(self.target, "decode_seconds", 0.0) + getattr(draft_model, "decode_seconds", 0.0)
-
-    def _propose(self, tokens: list[int], limit: int) -> tuple[Proposal, list[int]]:
-        """The proposal and the part of it to verify (at most `limit` tokens)."""
+    def _propose(self, tokens: list[int], draft_tokens: int) -> tuple[Proposal, list[int]]:
+        """The proposal and the part of it to verify (at most `draft_tokens` tokens)."""
         policy = self.draft_length
-        if limit <= 0:
+        draft_tokens = min(draft_tokens, policy.draft_tokens)
+        if draft_tokens <= 0:
             return Proposal(), []
         if self.proposer.cheap:
             # Proposing is free (n-gram lookup): look first, then decide how much to verify.
-            proposal = self.proposer.propose(tokens, min(policy.max_k, limit))
-            k = policy.next(proposal.key, len(proposal.tokens), proposal.extent) if proposal.tokens else 0
+            proposal = self.proposer.propose(tokens, draft_tokens)
+            k = policy.next(proposal.key, proposal.extent, len(proposal.tokens)) if proposal.tokens else 0
         else:
-            k = policy.next(None, limit)
+            k = policy.next(None, 0, draft_tokens)
             proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k]
 
-    def _step(self, tokens: list[int], last: int, limit: int) -> tuple[list[int], list[Source]]:
+    def _step(self, tokens: list[int], last: int, draft_tokens: int) -> tuple[list[int], list[Source], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
-        target, stats = self.target, self.stats
+        target = self.target
         t0 = time.perf_counter()
-        overhead = 0.0 if self._last_step is None else max(0.0, t0 - self._last_step)
-        proposal, draft = self._propose(tokens, limit)
+        proposal, draft = self._propose(tokens, draft_tokens)
         t1 = time.perf_counter()
         logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
         t2 = time.perf_counter()
@@ -309,21 +360,19 @@ class Engine:
             accepted, written = verify_greedy(draft, logits)
         else:
             target_dists = _WarpedRows(logits, self.options.sampling)
-            accepted, written = verify_sampled(draft, proposal.dists, target_dists, self.rng)
+            accepted, written = verify_keyed(draft, target_dists, self.seed, len(tokens))
         t3 = time.perf_counter()
         # Keep `last` and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft):
             target.rewind(target.n_past - (len(draft) - accepted))
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        stats.read_seconds += t3 - t2
-        stats.rows_read += accepted + 1  # rows after the first rejection are never read
-        stats.record_step(len(draft), accepted)
-        self.draft_length.record(len(draft), accepted, t1 - t0, t2 - t1, proposal.key, overhead, proposal.extent)
-        self._last_step = t2
+        loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
+        self._step_ended = t3
+        step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent)
+        self.stats.record(step)
+        self.draft_length.record(step)
         committed = draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * accepted + ["target"]
-        return committed, sources
+        return committed, sources, step
 
 
 class _WarpedRows(Sequence[Distribution]):

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
-from specli.sampling import Distribution, SamplingSettings, warp
+from specli.sampling import SamplingSettings, keyed_choice, warp
+from specli.text import common_prefix_length
 
 
 @dataclass
 class Proposal:
-    """Draft tokens and, for a sampling draft model, the distribution q each was drawn from."""
+    """Draft tokens, and what the draft-length policy needs to know about them."""
 
     tokens: list[int] = field(default_factory=list)
-    dists: list[Distribution] | None = None  # None: deterministic (q is a point mass)
     key: object = None  # what kind of proposal this is, for the draft-length policy
     # A copy in progress (n-gram lookup: a match of the longest n): how many tokens the match
     # really spans; each drafted token that is kept lengthens it. 0: the key says it all.
@@ -26,13 +26,16 @@ class Proposal:
 class Proposer(Protocol):
     name: str
     cheap: bool  # True: proposing costs next to nothing, so the engine proposes first
+    # The chance that a drafted token is kept, by proposal key and copy length (see
+    # NGramProposer.prior); None: the draft-length policy's own prior.
+    prior: Callable[[object, int], float] | None
 
     def prepare(self, prompt: list[int]) -> None:
         """Take in the prompt before the first step (counted as prefill time)."""
         ...
 
-    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
-        """Draft up to max_tokens tokens that may follow the committed sequence `tokens`."""
+    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        """Draft up to `draft_tokens` tokens that may follow the committed sequence `tokens`."""
         ...
 
     def close(self) -> None: ...
@@ -43,11 +46,12 @@ class NoProposer:
 
     name = "none"
     cheap = True
+    prior = None
 
     def prepare(self, prompt: list[int]) -> None:
         pass
 
-    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return Proposal()
 
     def close(self) -> None:
@@ -82,10 +86,10 @@ class NGramProposer:
         self._indexed = 0
         self._extend_index(prompt)
 
-    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         self._extend_index(tokens)
         self.last_match_length = self.last_match_extent = 0
-        if max_tokens <= 0:
+        if draft_tokens <= 0:
             return Proposal()
         end = len(tokens)
         for n in self.lengths:
@@ -96,7 +100,7 @@ class NGramProposer:
                 self.last_match_length = n
                 self.last_match_extent = _match_extent(tokens, start, end, n)
                 extent = self.last_match_extent if n == self.lengths[0] else 0
-                return Proposal(_continuation(tokens, start, max_tokens), key=n, extent=extent)
+                return Proposal(_continuation(tokens, start, draft_tokens), key=n, extent=extent)
         return Proposal()
 
     def _extend_index(self, tokens: list[int]) -> None:
@@ -110,20 +114,12 @@ class NGramProposer:
 
     @staticmethod
     def prior(key: object, context: int = 0) -> float:
-        """Expected acceptance of a drafted token after a match of max(key, context) tokens:
-        1 - (0.7·exp(-x/4.25) + 0.0075), 0.44 for one token, 0.72 for four, 0.95 for
-        twelve, 0.99 past 25.
-
-        Fitted (maximum likelihood) to Gemma 3 270M's greedy outputs for 19 workloads
-        (benchmarks/replay.py `hazard`), where a token after a match of 1, 2, 4, 8, 12 and
-        16-23 tokens was rejected 61%, 45%, 30%, 12%, 2.4% and 1.2% of the time. In a copy
-        in progress the policy passes the match's extent plus the drafted tokens before
-        the one judged (a token deep in a draft was rejected as often as a first token
-        after a match of the same total length). The run's own record scales it
-        (adaptive.py)."""
-        length = max(key if isinstance(key, int) else 0, context)
-        if length <= 0:
-            return 0.6
+        """Expected acceptance of a drafted token after a match of max(key, context) tokens
+        (key: the match length n): 1 - (0.7·exp(-x/4.25) + 0.0075), 0.44 for one token,
+        0.72 for four, 0.95 for twelve, 0.99 past 25. In a copy in progress the policy
+        passes the match's extent plus the drafted tokens before the one judged. Fitted to
+        recorded greedy outputs: benchmarks/README.md, "The n-gram prior"."""
+        length = max(int(key), context)  # type: ignore[call-overload]
         return 1.0 - (HAZARD_SCALE * math.exp(-length / HAZARD_LENGTH) + HAZARD_FLOOR)
 
     def close(self) -> None:
@@ -165,55 +161,61 @@ def _continuation(tokens: list[int], start: int, count: int) -> list[int]:
 
 class DraftModelProposer:
     """A second, smaller model drafts autoregressively; its KV cache follows the committed
-    sequence incrementally (only new tokens are decoded, rejected ones are removed)."""
+    sequence incrementally (only new tokens are decoded, rejected ones are removed).
+
+    When sampling, it draws each token with the same keyed noise the target uses at that
+    position (sampling.keyed_choice), so where the two distributions are alike the two
+    draws agree."""
 
     name = "draft"
     cheap = False
+    prior = None
 
-    def __init__(self, model, sampling: SamplingSettings, rng: np.random.Generator, min_confidence: float = 0.0) -> None:
+    def __init__(self, model, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0) -> None:
         self.model = model
         self.sampling = sampling
-        self.rng = rng
-        self.min_confidence = min_confidence
+        self.seed = seed
+        self.draft_min_p = draft_min_p
         self._cached: list[int] = []  # tokens in the draft's KV cache, in order
 
     def prepare(self, prompt: list[int]) -> None:
-        self.model.rewind(0)
-        self._cached = []
-        if len(prompt) > 1:
-            self.model.decode(prompt[:-1])
-            self._cached = list(prompt[:-1])
+        """Bring the draft's cache to the prompt but its last token, keeping what it already
+        holds of it (an earlier turn of a chat)."""
+        keep = min(common_prefix_length(self._cached, prompt), max(len(prompt) - 1, 0))
+        self.model.rewind(keep)
+        del self._cached[keep:]
+        if len(prompt) - 1 > keep:
+            self.model.decode(prompt[keep:-1])
+            self._cached.extend(prompt[keep:-1])
 
-    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
-        keep = _common_prefix_length(self._cached, tokens)
+    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        keep = common_prefix_length(self._cached, tokens)
         if keep == len(tokens):
             keep -= 1  # the last token must be decoded again to get its logits
         self.model.rewind(keep)
         del self._cached[keep:]
-        max_tokens = min(max_tokens, self.model.n_ctx - len(tokens))  # the draft's own context
-        if max_tokens <= 0:
+        draft_tokens = min(draft_tokens, self.model.n_ctx - len(tokens))  # the draft's own context
+        if draft_tokens <= 0:
             return Proposal()
         row = self.model.decode(tokens[keep:])[-1]
         self._cached.extend(tokens[keep:])
         drafted: list[int] = []
-        dists: list[Distribution] | None = None if self.sampling.greedy else []
         while True:
-            if dists is None:
+            if self.sampling.greedy:
                 token = int(np.argmax(row))
-                if self.min_confidence > 0.0 and _top_probability(row) < self.min_confidence:
+                if self.draft_min_p > 0.0 and _top_probability(row) < self.draft_min_p:
                     break  # the draft is unsure: verifying this token is unlikely to pay
             else:
                 dist = warp(row, self.sampling)
-                if self.min_confidence > 0.0 and float(dist.probs.max()) < self.min_confidence:
+                if self.draft_min_p > 0.0 and float(dist.probs.max()) < self.draft_min_p:
                     break
-                token = dist.sample(self.rng)
-                dists.append(dist)
+                token = keyed_choice(dist, self.seed, len(tokens) + len(drafted))
             drafted.append(token)
-            if len(drafted) == max_tokens:
+            if len(drafted) == draft_tokens:
                 break
             row = self.model.decode([token])[0]
             self._cached.append(token)
-        return Proposal(drafted, dists)
+        return Proposal(drafted)
 
     def close(self) -> None:
         self.model.close()
@@ -222,17 +224,3 @@ class DraftModelProposer:
 def _top_probability(logits: np.ndarray) -> float:
     best = logits.max()
     return float(1.0 / np.exp(logits - best).sum())
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n  # a[:low] == b[:low] holds; a[:high] == b[:high] does not
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid
-    return low

@@ -117,7 +117,7 @@ def format_stats(stats: Stats, extra: dict) -> str:
     rate = f"{stats.tokens_per_second:.1f} tok/s" if stats.steps else "no decode step"
     parts = [
         f"{stats.tokens} tokens, {rate}",
-        f"prefill {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s, decode {stats.seconds:.2f}s",
+        f"prefill {_prefill(stats)} in {stats.prefill_seconds:.2f}s, decode {stats.seconds:.2f}s",
     ]
     if stats.proposer != "none":
         parts.append(
@@ -131,3 +131,9 @@ def format_stats(stats: Stats, extra: dict) -> str:
     elif stats.finish_reason == "interrupted":
         parts.append("stopped: interrupted")
     return "specli: " + " | ".join(parts)
+
+
+def _prefill(stats: Stats) -> str:
+    if not stats.prompt_cached:
+        return f"{stats.prompt_tokens} tokens"
+    return f"{stats.prompt_tokens - stats.prompt_cached} new tokens ({stats.prompt_tokens} in all)"

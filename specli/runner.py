@@ -1,78 +1,71 @@
-"""`specli run` as a function: resolve the models, read the prompt, stream events to a renderer.
+"""`specli run` as a function: read the prompt, resolve the models, stream events to a renderer.
 
-The CLI declares options and calls `execute`; everything here raises SpecliError subclasses
-for the CLI to report, and returns the process exit code.
+The CLI builds the domain objects (SessionSpec, GenerationOptions, Prompt, Output) and calls
+`execute`; everything here raises SpecliError subclasses for the CLI to report, and returns
+the process exit code.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from specli.errors import PromptError, SpecliError
-from specli.sampling import SamplingSettings
+
+if TYPE_CHECKING:
+    from specli.engine import GenerationOptions
+    from specli.session import SessionSpec
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
-# A draft model stops drafting once its top probability falls below --draft-min-p. Off by
-# default: how confidence maps to acceptance depends on the pair (a draft with flat
-# distributions can still agree with its target), and -k auto already sizes drafts from
-# measured acceptance. Measured on the synthetic memory-bound pair: a 0.3 cut-off gave
-# 16.5 tok/s against 35.4 without it.
-DEFAULT_DRAFT_MIN_P = 0.0
-CALIBRATION_NOTICE = "specli: timing this model's verify batches for -k auto (once per model and settings)\n"
+EMPTY_PROMPT = PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
 
 
-@dataclass
-class RunRequest:
-    prompt: str | None = None
-    prompt_file: Path | None = None
+@dataclass(frozen=True)
+class Prompt:
+    text: str
     system: str | None = None
-    pair: str | None = None
-    target: Path | None = None
-    draft: str | None = None  # a path, "ngram" or "none"; None: the pair's, else ngram
-    draft_tokens: int | None = None  # None: auto
-    draft_min_p: float | None = None  # None: DEFAULT_DRAFT_MIN_P
-    max_tokens: int = 256
-    sampling: SamplingSettings = SamplingSettings()
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    chat: bool | None = None
-    gpu_layers: int = -1
-    draft_gpu_layers: int | None = None
-    gpu_layers_explicit: bool = False
-    ctx_size: int = 4096
-    threads: int | None = None
-    repack: bool = True
-    colour: str = "auto"
+    chat: bool | None = None  # None: when the target has a chat template
+
+
+@dataclass(frozen=True)
+class Output:
+    colour: str = "auto"  # auto | always | never
     json: bool = False
     quiet: bool = False
-    verbose: bool = False
 
 
-def read_prompt(request: RunRequest, stdin: IO[str]) -> str:
-    """The prompt from the argument, `-`, -f FILE, or piped stdin — exactly one of them."""
-    if request.prompt_file is not None:
-        if request.prompt not in (None, "-"):
+def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
+    """The prompt from the argument, `-`, -f FILE, or piped stdin — exactly one of them.
+    Refused here, before any model loads, when it is empty."""
+    text = _read_prompt(prompt, prompt_file, stdin)
+    if not text.strip():
+        raise EMPTY_PROMPT
+    return text
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
+    if prompt_file is not None:
+        if prompt not in (None, "-"):
             raise PromptError("give the prompt either as an argument or with -f, not both")
         try:
-            data = request.prompt_file.read_bytes()
+            data = prompt_file.read_bytes()
         except FileNotFoundError as error:
-            raise PromptError(f"prompt file not found: {request.prompt_file}") from error
+            raise PromptError(f"prompt file not found: {prompt_file}") from error
         except OSError as error:
-            raise PromptError(f"cannot read prompt file {request.prompt_file}: {error.strerror or error}") from error
-        return _decode_prompt(data, f"prompt file {request.prompt_file}")
-    if request.prompt == "-" or (request.prompt is None and not _isatty(stdin)):
+            raise PromptError(f"cannot read prompt file {prompt_file}: {error.strerror or error}") from error
+        return _decode_prompt(data, f"prompt file {prompt_file}")
+    if prompt == "-" or (prompt is None and not _isatty(stdin)):
         buffer = getattr(stdin, "buffer", None)
         if buffer is None:  # a text stream without bytes underneath (tests)
             return _check_text(stdin.read(), "the prompt on stdin")
         return _decode_prompt(buffer.read(), "the prompt on stdin")
-    if request.prompt is None:
+    if prompt is None:
         raise PromptError("no prompt given", 'specli run "your prompt", or pipe it on stdin')
-    return _check_text(request.prompt, "the prompt")
+    return _check_text(prompt, "the prompt")
 
 
 def _isatty(stream: IO[str]) -> bool:
@@ -108,28 +101,27 @@ def _check_text(text: str, what: str) -> str:
 class ResolvedModels:
     target: Path
     draft: Path | str  # a path, "ngram" or "none"
-    pair_draft_tokens: int | None = None
+    draft_tokens: int | None = None  # the pair's fixed number of draft tokens, if it sets one
 
 
-def resolve_models(request: RunRequest) -> ResolvedModels:
+def resolve_models(pair: str | None, target: Path | None, draft: str | None) -> ResolvedModels:
     """--target/--draft as given; -m PAIR through the registry (pulling missing files);
     neither: the embedded demo model with n-gram drafting."""
-    if request.target is not None and request.pair is not None:
+    if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
-    if request.target is not None:
-        draft = request.draft or "ngram"
-        return ResolvedModels(request.target, _draft_path_or_kind(draft))
-    if request.pair is None:
+    if target is not None:
+        return ResolvedModels(target, _draft_path_or_kind(draft or "ngram"))
+    if pair is None:
         from specli.demo import embedded_model_path
 
-        return ResolvedModels(embedded_model_path(), _draft_path_or_kind(request.draft or "ngram"))
+        return ResolvedModels(embedded_model_path(), _draft_path_or_kind(draft or "ngram"))
     from specli import hub
     from specli.registry import load_registry
 
-    pair = load_registry().get(request.pair)
-    target, pair_draft = hub.resolve_pair(pair, download=True)
-    draft = _draft_path_or_kind(request.draft) if request.draft else (pair_draft or "none")
-    return ResolvedModels(target, draft, pair.draft_tokens)
+    entry = load_registry().get(pair)
+    target_path, pair_draft = hub.resolve_pair(entry, download=True)
+    chosen = _draft_path_or_kind(draft) if draft else (pair_draft or "none")
+    return ResolvedModels(target_path, chosen, entry.draft_tokens)
 
 
 def _draft_path_or_kind(draft: str | Path) -> Path | str:
@@ -138,72 +130,74 @@ def _draft_path_or_kind(draft: str | Path) -> Path | str:
     return draft if draft in ("ngram", "none") else Path(draft)
 
 
-def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
-    """Run one generation, streaming to stdout. Returns the exit code."""
-    from specli.backend import LoadSettings, supports_gpu_offload
-    from specli.engine import Finished, GenerationOptions, Token, check_prompt_fits
-    from specli.render import JsonRenderer, TextRenderer, use_colour
-    from specli.session import SessionSpec, open_session, prompt_tokens
+def warn_without_gpu(stderr: IO[str]) -> None:
+    """--gpu-layers asked for on a build that cannot offload: say so, and run on the CPU."""
+    from specli.backend import supports_gpu_offload
 
-    stdout = stdout or sys.stdout
-    stderr = stderr or sys.stderr
-    prompt = read_prompt(request, sys.stdin)
-    if not prompt.strip():  # refused before any model is loaded
-        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
-    models = resolve_models(request)
-    if request.gpu_layers_explicit and request.gpu_layers != 0 and not supports_gpu_offload():
+    if not supports_gpu_offload():
         from specli.doctor import GPU_INSTALL_HINT
 
         stderr.write(f"specli: warning: this llama-cpp-python build has no GPU support; running on the CPU ({GPU_INSTALL_HINT})\n")
-    target_load = LoadSettings(request.gpu_layers, request.ctx_size, threads=request.threads, repack=request.repack)
-    draft_layers = request.gpu_layers if request.draft_gpu_layers is None else request.draft_gpu_layers
-    draft_load = LoadSettings(draft_layers, request.ctx_size, threads=request.threads, repack=request.repack)
-    fixed_k = request.draft_tokens or models.pair_draft_tokens
-    draft_min_p = request.draft_min_p if request.draft_min_p is not None else DEFAULT_DRAFT_MIN_P
-    spec = SessionSpec(
-        target=models.target,
-        draft=models.draft,
-        target_load=target_load,
-        draft_load=draft_load,
-        sampling=request.sampling,
-        seed=request.seed,
-        draft_min_confidence=draft_min_p,
-        verbose=request.verbose,
-    )
-    with open_session(spec) as session:
-        tokens = prompt_tokens(session.target, prompt, system=request.system, chat=request.chat)
-        check_prompt_fits(len(tokens), session.target.n_ctx)  # before the adaptive policy's calibration
-        notice = None if request.quiet or request.json else lambda: stderr.write(CALIBRATION_NOTICE)
-        draft_length = session.draft_length(fixed_k, notice)
-        options = GenerationOptions(request.max_tokens, request.sampling, tuple(request.stop))
+
+
+def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft_tokens: int | None,
+            output: Output = Output(), stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
+    """Run one generation, streaming to stdout. draft_tokens None: -k auto. Returns the exit code."""
+    from specli.adaptive import AdaptiveDraftLength
+    from specli.engine import Finished, StepRecord, Token, check_prompt_fits
+    from specli.render import JsonRenderer, TextRenderer, use_colour
+    from specli.session import open_session, prompt_tokens
+
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+
+    def notice(message: str) -> None:
+        if not output.quiet and not output.json:
+            stderr.write(f"specli: {message}\n")
+            stderr.flush()
+
+    with open_session(spec, notice) as session:
+        if session.exact_batch == 1 and spec.draft != "none":
+            notice("--exact: no verify batch above one row gives one-token logits on this build; decoding plainly")
+        tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
+        check_prompt_fits(len(tokens), session.target.n_ctx)
+        draft_length = session.draft_length(draft_tokens)
         engine = session.engine(draft_length, options)
         renderer = (
             JsonRenderer(stdout)
-            if request.json
-            else TextRenderer(stdout, stderr, colour=use_colour(request.colour, stdout), quiet=request.quiet)
+            if output.json
+            else TextRenderer(stdout, stderr, colour=use_colour(output.colour, stdout), quiet=output.quiet)
         )
+        sampling = options.sampling
         extra = {
-            "draft_tokens": fixed_k or "auto",
-            "draft_min_p": draft_min_p if isinstance(models.draft, Path) else None,
-            "temperature": request.sampling.temperature,
-            "top_k": request.sampling.top_k,
-            "top_p": request.sampling.top_p,
-            "min_p": request.sampling.min_p,
+            "draft_tokens": draft_tokens or ("auto" if isinstance(draft_length, AdaptiveDraftLength) else 0),
+            "draft_min_p": spec.draft_min_p if isinstance(spec.draft, Path) else None,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
             "seed": session.seed,
-            "target": models.target.name,
-            "draft": models.draft.name if isinstance(models.draft, Path) else models.draft,
+            "target": spec.target.name,
+            "draft": spec.draft.name if isinstance(spec.draft, Path) else spec.draft,
             "lossless": True,
+            "exact": spec.exact,
+            "exact_batch": session.exact_batch,
+            "repack": session.spec.target_load.repack,
         }
+        if isinstance(draft_length, AdaptiveDraftLength):
+            extra["costs"] = session.costs().source
         events = engine.generate(tokens)
+        steps: list[StepRecord] = []
         try:
             renderer.start()
             for event in events:
                 if isinstance(event, Token):
                     renderer.token(event)
+                elif isinstance(event, StepRecord):
+                    steps.append(event)
+                    renderer.step_done()  # flush once per step
                 elif isinstance(event, Finished):
                     break
-                if isinstance(event, Token) and event.source == "target":
-                    renderer.step_done()  # a target token closes each step: flush once per step
         except KeyboardInterrupt:
             events.close()  # the engine's own cleanup runs: the stats get their timings
             engine.stats.finish_reason = "interrupted"
@@ -217,11 +211,10 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
         except BrokenPipeError:
             _silence_stdout()
             return EXIT_OK
-        if engine.stats.finish_reason == "context" and not request.json and not request.quiet:
-            stderr.write(
-                f"specli: warning: the context ({session.target.n_ctx} tokens) is full; output stopped early "
-                "(raise --ctx-size)\n"
-            )
+        if isinstance(draft_length, AdaptiveDraftLength):
+            session.learn(steps)
+        if engine.stats.finish_reason == "context":
+            notice(f"warning: the context ({session.target.n_ctx} tokens) is full; output stopped early (raise --ctx-size)")
     return EXIT_OK
 
 

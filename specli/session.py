@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Union
 
 import numpy as np
 
-from specli.adaptive import CALIBRATION_SIZES, CALIBRATION_VERSION, AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
-from specli.backend import LoadSettings, Model, check_vocab_compatible, compute_fingerprint, library_versions
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
+from specli.backend import LoadSettings, Model, check_vocab_compatible, compute_fingerprint, library_versions, supports_gpu_offload
+from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
+                          learn, prior_costs)
 from specli.config import cache_dir
-from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
+from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions, StepRecord
 from specli.errors import PromptError
+from specli.exact import exact_batch_size
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
+COSTS_VERSION = 3  # part of the stored costs' key: a change in how they are measured measures again
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,8 @@ class SessionSpec:
     draft_load: LoadSettings = LoadSettings()
     sampling: SamplingSettings = SamplingSettings()
     seed: int | None = None
-    draft_min_confidence: float = 0.0
+    draft_min_p: float = 0.0
+    exact: bool = False  # cap verify batches at the size that gives plain decoding's logits bit for bit
     verbose: bool = False
 
 
@@ -38,42 +44,88 @@ class Session:
     spec: SessionSpec
     target: Model
     proposer: Proposer
-    rng: np.random.Generator = field(repr=False)
     seed: int = 0
+    exact_batch: int | None = None  # with spec.exact: the largest verify batch that is bit-identical
+    _cost_store: CostStore | None = field(default=None, repr=False)
 
     def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
-        return Engine(self.target, self.proposer, draft_length, options, self.rng)
+        return Engine(self.target, self.proposer, draft_length, options, self.seed)
 
-    def draft_length(self, fixed_k: int | None, notice: Callable[[], None] | None = None) -> DraftLength:
-        """A fixed K, or the adaptive policy primed with this target's verify-cost curve
-        (`notice` is called before a calibration has to be measured)."""
-        if fixed_k is not None:
-            return FixedDraftLength(fixed_k)
+    def draft_length(self, draft_tokens: int | None) -> DraftLength:
+        """A fixed number of draft tokens, or (None) the adaptive policy, priced with the
+        stored costs (or the prior, until some are stored)."""
+        most = MAX_DRAFT if self.exact_batch is None else self.exact_batch - 1
+        if draft_tokens is not None:
+            return FixedDraftLength(min(draft_tokens, most))
         if self.proposer.name == "none":
             return FixedDraftLength(0)
-        costs = VerifyCost(self.verify_costs(notice))
-        return AdaptiveDraftLength(verify_cost=costs, prior=getattr(self.proposer, "prior", None))
+        return AdaptiveDraftLength(self.costs(), prior=self.proposer.prior, draft_tokens=most)
 
-    def verify_costs(self, notice: Callable[[], None] | None = None) -> dict[int, float]:
-        """Seconds per all-logits decode by batch size, measured once per model and settings."""
-        target, load = self.target, self.spec.target_load
-        info = target.path.stat()
+    def costs(self) -> StepCosts:
+        """This target's stored costs (a calibration, else an earlier run's), else the prior;
+        with a draft model, its stored cost per token, else one priced by its file size."""
+        stored = self._store().costs(self._costs_key())
+        if stored is None:
+            return self._prior()
+        draft = self._store().get(self._draft_key())
+        if isinstance(draft, (int, float)):
+            return replace(stored, draft_per_token=float(draft))
+        return replace(stored, draft_per_token=self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1))
+
+    def _prior(self) -> StepCosts:
+        gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
+        return prior_costs(gpu, self._draft_size_ratio())
+
+    def calibrate(self, notice: Callable[[], None] | None = None) -> StepCosts:
+        """Time the target's verify batches now and store them (`specli bench`, `doctor --calibrate`)."""
+        target = self.target
         sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
-        key = "|".join(
-            str(part)
-            for part in (target.path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads,
-                         load.repack, target.n_ctx, library_versions()["llama_cpp_python"], compute_fingerprint(),
-                         ",".join(map(str, sizes)), f"v{CALIBRATION_VERSION}")
-        )
+        if notice is not None:
+            notice()
+        target.rewind(0)
         token = target.bos if target.bos >= 0 else 0
+        verify = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
+        stored = self._store().costs(self._costs_key())
+        loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
+        costs = StepCosts(verify, 0.0, loop, "calibrated")
+        self._store().put_costs(self._costs_key(), costs)
+        return self.costs()
 
-        def measure() -> dict[int, float]:
-            if notice is not None:
-                notice()
-            target.rewind(0)
-            return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
+    def learn(self, steps: list[StepRecord]) -> None:
+        """After a run: store the costs its steps measured, where none are stored yet. Later runs
+        read them; this run's choices never did (see specli.costs)."""
+        store = self._store()
+        key = self._costs_key()
+        if store.costs(key) is None:
+            learned = learn(steps, self._prior())
+            if learned is not None:
+                store.put_costs(key, replace(learned, draft_per_token=0.0))
+        if isinstance(self.proposer, DraftModelProposer) and store.get(self._draft_key()) is None:
+            drafting = [step.draft_seconds / step.drafted for step in steps if step.drafted]
+            if len(drafting) >= LEARN_MIN_SAMPLES:
+                store.put(self._draft_key(), statistics.median(drafting))
 
-        return cached_calibration(cache_dir() / "calibration.json", key, measure)
+    def _store(self) -> CostStore:
+        if self._cost_store is None:
+            self._cost_store = CostStore(cache_dir() / "costs.json")
+        return self._cost_store
+
+    def _costs_key(self) -> str:
+        return settings_key(self.target.path, self.spec.target_load)
+
+    def _draft_key(self) -> str:
+        draft = self.spec.draft
+        if not isinstance(draft, Path):
+            return f"{self._costs_key()}|draft:{draft}"
+        info = draft.stat()
+        load = self.spec.draft_load
+        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}"
+
+    def _draft_size_ratio(self) -> float:
+        draft = self.spec.draft
+        if not isinstance(draft, Path):
+            return 0.0
+        return draft.stat().st_size / max(1, self.target.path.stat().st_size)
 
     def close(self) -> None:
         self.proposer.close()
@@ -86,22 +138,64 @@ class Session:
         self.close()
 
 
-def open_session(spec: SessionSpec) -> Session:
-    # One seed drives both the draft's sampling and the verifier's coin flips, from
-    # independent streams, so a --seed run repeats exactly.
+def settings_key(path: Path, load: LoadSettings) -> str:
+    """Stored costs and exactness hold for this model file, its settings, and this llama.cpp
+    build and devices."""
+    info = path.stat()
+    parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
+             load.ctx_size, library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
+    return "|".join(str(part) for part in parts)
+
+
+def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> Session:
+    """Load the target and the proposer. With spec.exact, first find (or read) the exact verify
+    batch size with repacking on and off, and load with the setting that allows the larger;
+    `notice` hears of a measurement before it starts."""
+    exact_batch = None
+    if spec.exact:
+        spec, exact_batch = _exact_settings(spec, notice)
+    # One seed keys every sampled token (the draft's and the target's) by its position, so
+    # a --seed run repeats exactly, whatever the draft lengths.
     seed = spec.seed if spec.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
-    verify_rng = np.random.default_rng([seed, 0])
-    draft_rng = np.random.default_rng([seed, 1])
     target = Model(spec.target, spec.target_load, verbose=spec.verbose)
     try:
-        proposer = _open_proposer(spec, target, draft_rng)
+        proposer = NoProposer() if exact_batch == 1 else _open_proposer(spec, target, seed)
     except BaseException:
         target.close()
         raise
-    return Session(spec, target, proposer, verify_rng, seed)
+    return Session(spec, target, proposer, seed, exact_batch)
 
 
-def _open_proposer(spec: SessionSpec, target: Model, rng: np.random.Generator) -> Proposer:
+def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> dict[bool, int]:
+    """The exact verify batch size with repacking on (True) and off (False), measured once per
+    model, settings and build and stored with the costs."""
+    store = CostStore(cache_dir() / "costs.json")
+    sizes: dict[bool, int] = {}
+    for repack in (True, False):
+        load = replace(spec.target_load, repack=repack)
+        key = settings_key(spec.target, load) + "|exact"
+        stored = store.get(key)
+        if isinstance(stored, int) and stored >= 1:
+            sizes[repack] = stored
+            continue
+        if notice is not None:
+            notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'} "
+                   "(once per model and settings)")
+        with Model(spec.target, load, verbose=spec.verbose) as model:
+            sizes[repack] = exact_batch_size(model, min(MAX_DRAFT + 1, model.batch_size))
+        store.put(key, sizes[repack])
+    return sizes
+
+
+def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> tuple[SessionSpec, int]:
+    sizes = exact_batch_sizes(spec, notice)
+    repack = sizes[True] >= sizes[False]  # the faster kernels where they allow as much
+    spec = replace(spec, target_load=replace(spec.target_load, repack=repack),
+                   draft_load=replace(spec.draft_load, repack=repack))
+    return spec, sizes[repack]
+
+
+def _open_proposer(spec: SessionSpec, target: Model, seed: int) -> Proposer:
     if spec.draft == "none":
         return NoProposer()
     if spec.draft == "ngram":
@@ -112,7 +206,7 @@ def _open_proposer(spec: SessionSpec, target: Model, rng: np.random.Generator) -
     except BaseException:
         draft.close()
         raise
-    return DraftModelProposer(draft, spec.sampling, rng, spec.draft_min_confidence)
+    return DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
 
 
 def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat: bool | None = None) -> list[int]:

@@ -53,3 +53,18 @@ class TextStream:
                     best = size
                     break
         return best
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share (a binary search over list slices)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low] holds; a[:high] == b[:high] does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low

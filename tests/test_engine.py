@@ -18,12 +18,12 @@ def run(engine: Engine, prompt: list[int]) -> tuple[list[Token], Finished]:
     events = list(engine.generate(prompt))
     *tokens, finished = events
     assert isinstance(finished, Finished)
-    return [t for t in tokens if t.id >= 0], finished
+    return [t for t in tokens if isinstance(t, Token) and t.id >= 0], finished
 
 
 def draft_proposer(noise: float, seed: int = 0) -> DraftModelProposer:
     draft = FakeModel(seed=0, noise_seed=seed + 1, noise=noise)
-    return DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(seed))
+    return DraftModelProposer(draft, SamplingSettings(), seed)
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
@@ -96,7 +96,7 @@ def test_end_of_generation_stops_even_inside_an_accepted_draft():
     expected = plain_greedy(FakeModel(seed=0, eog=eog), [1, 2, 3], 40)
     target = FakeModel(seed=0, eog=eog)
     draft = FakeModel(seed=0, eog=eog)
-    proposer = DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(0))
+    proposer = DraftModelProposer(draft, SamplingSettings(), 0)
     engine = Engine(target, proposer, FixedDraftLength(16), GenerationOptions(max_tokens=40))
     tokens, finished = run(engine, [1, 2, 3])
     assert [t.id for t in tokens] == expected
@@ -131,11 +131,26 @@ def test_stop_string_ends_generation_and_is_not_released():
     assert events[-1].reason == "stop"
 
 
-def test_empty_prompt_and_prompt_longer_than_context_are_refused():
+def test_no_prompt_tokens_and_a_prompt_longer_than_the_context_are_refused():
     from specli.errors import PromptError
 
     engine = Engine(FakeModel(n_ctx=8), NoProposer(), FixedDraftLength(1), GenerationOptions())
-    with pytest.raises(PromptError, match="empty"):
+    with pytest.raises(ValueError, match="at least one prompt token"):
         list(engine.generate([]))
     with pytest.raises(PromptError, match="context holds 8"):
         list(engine.generate(list(range(8))))
+
+
+@pytest.mark.parametrize("make_proposer", [NoProposer, NGramProposer, lambda: draft_proposer(1.0)])
+def test_a_second_generation_decodes_only_what_its_prompt_adds(make_proposer):
+    """A chat's next turn: the target's cache keeps the shared prefix, and the output is
+    what plain decoding writes for the whole conversation."""
+    target = FakeModel(seed=0)
+    engine = Engine(target, make_proposer(), FixedDraftLength(4), GenerationOptions(max_tokens=20))
+    first, _ = run(engine, [1, 2, 3])
+    conversation = [1, 2, 3] + [t.id for t in first] + [7, 8]
+    before = len(target.batch_sizes)
+    second, _ = run(engine, conversation)
+    assert [t.id for t in second] == plain_greedy(FakeModel(seed=0), conversation, 20)
+    # The first turn's last token never entered the cache: it and the two new ones are decoded.
+    assert target.batch_sizes[before] == 3

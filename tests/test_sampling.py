@@ -127,13 +127,13 @@ def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_k
     target = FakeModel(n_vocab=n, sharpness=1.0)
     trials = 12_000
     for _ in range(trials):
+        seed = int(master.integers(1 << 62))
         if proposer_kind == "draft":
             draft = FakeModel(n_vocab=n, sharpness=1.0, noise_seed=5, noise=3.0)
-            proposer = DraftModelProposer(draft, settings, np.random.default_rng(master.integers(1 << 62)))
+            proposer = DraftModelProposer(draft, settings, seed)
         else:
             proposer = NGramProposer(lengths=(2, 1))
-        engine = Engine(target, proposer, FixedDraftLength(3), GenerationOptions(max_tokens=2, sampling=settings),
-                        np.random.default_rng(master.integers(1 << 62)))
+        engine = Engine(target, proposer, FixedDraftLength(3), GenerationOptions(max_tokens=2, sampling=settings), seed)
         ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
         counts[ids[0] * n + ids[1]] += 1
     support = int((expected > 0).sum())
