@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import platform
 import re
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -178,7 +177,7 @@ def cpu_install_command(unused: list[tuple[str, str]]) -> str:
 
 def check_storage() -> Storage:
     from specli.config import cache_dir, specli_home
-    from specli.hub import hub_cache_dir
+    from specli.hub import free_space, hub_cache_dir
 
     hub_cache = hub_cache_dir()
     return Storage(
@@ -187,17 +186,6 @@ def check_storage() -> Storage:
         hub_cache=str(hub_cache),
         free_bytes=free_space(hub_cache),
     )
-
-
-def free_space(path: Path) -> int | None:
-    """Free bytes on the disk that holds `path` (or would, once it is created)."""
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
 
 
 def check_registry() -> RegistryState:

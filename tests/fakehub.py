@@ -5,7 +5,7 @@ reads (`X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`), honours `Ran
 404/401/403 with the Hub's `X-Error-Code`, and can cut a transfer midway, hang in the middle of one
 (for a test to kill the client), or ignore `Range`. A file can also be served as the Hub serves LFS and
 Xet files: the resolve URL redirects to `/cdn/<sha256>`, naming the content in `X-Linked-Etag` and
-`X-Linked-Size`. Every request is logged.
+`X-Linked-Size`. Every request is logged, with the body bytes sent for it.
 """
 
 from __future__ import annotations
@@ -63,12 +63,13 @@ class ServedRepo:
     token: str | None = None  # when set, the repo is gated and needs `Authorization: Bearer <token>`
 
 
-@dataclass(frozen=True)
+@dataclass
 class Request:
     method: str
     path: str
     range: str | None
     authorization: str | None
+    sent: int = 0  # body bytes written to the client
 
 
 class FakeHub:
@@ -136,9 +137,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _serve(self, *, body: bool) -> None:
-            hub.requests.append(
-                Request(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
-            )
+            self.request_log = Request(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
+            hub.requests.append(self.request_log)
             parts = [unquote(part) for part in urlsplit(self.path).path.split("/")]
             if len(parts) == 3 and parts[1] == "cdn":
                 return self._send_cdn(parts[2], body=body)
@@ -192,19 +192,22 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if not body:
                 return
             if served.hang_at is not None and start < served.hang_at:
-                self.wfile.write(payload[: served.hang_at - start])
-                self.wfile.flush()
+                self._write(payload[: served.hang_at - start])
                 while served.hang_at is not None and not hub.closing.wait(0.05):
                     pass
                 self.close_connection = True
                 return
             if served.cuts > 0:
                 served.cuts -= 1
-                self.wfile.write(payload[: len(payload) // 2])
-                self.wfile.flush()
+                self._write(payload[: len(payload) // 2])
                 self.close_connection = True  # the client sees the body end early
                 return
-            self.wfile.write(payload)
+            self._write(payload)
+
+        def _write(self, data: memoryview) -> None:
+            self.request_log.sent += len(data)  # counted first: the client may finish reading before write returns
+            self.wfile.write(data)
+            self.wfile.flush()
 
         def _error(self, status: int, code: str, *, body: bool, commit: str | None = None) -> None:
             message = f"{code} ({status})".encode()

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
+from filelock import FileLock
 from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
 from fakehub import FakeHub, make_gguf
@@ -128,7 +129,7 @@ def hub(monkeypatch):
         hub.add_file("test-org/other-GGUF", "other.gguf", DRAFT)
         hub.add_file("test-org/cut-GGUF", "cut.gguf", LARGE, cuts=1)
         hub.add_file("test-org/hang-GGUF", "hang.gguf", LARGE, hang_at=len(LARGE) // 2)
-        hub.add_file("test-org/norange-GGUF", "norange.gguf", TARGET, ignores_range=True)
+        hub.add_file("test-org/norange-GGUF", "norange.gguf", LARGE, cuts=1, ignores_range=True)
         hub.add_file("test-org/lfs-GGUF", "nested/lfs.gguf", TARGET, redirect=True)
         hub.gate("test-org/lfs-GGUF", "hf_secret")
         hub.add_file("test-org/gated-GGUF", "gated.gguf", DRAFT)
@@ -211,47 +212,65 @@ def test_pull_again_downloads_nothing(hub, specli):
     assert len(hub.gets(".gguf")) == gets
 
 
-def test_interrupted_transfer_resumes_from_where_it_stopped(hub, specli):
+def test_a_cut_transfer_continues_from_where_it_stopped(hub, specli):
     result = specli("pull", "cut")
     assert result.code == 0, result.err
     first, second = hub.gets("cut.gguf")
-    assert first.range is None
+    assert first.range is None and first.sent == len(LARGE) // 2  # the connection closed halfway
     offset = int(re.fullmatch(r"bytes=(\d+)-", second.range)[1])
-    assert 0 < offset <= len(LARGE) // 2  # the cut came halfway; what arrived before it is kept
+    assert 0 < offset <= first.sent  # what arrived before the cut is kept...
+    assert second.sent == len(LARGE) - offset  # ...and only the rest is sent again
     assert Path(result.lines[0]).read_bytes() == LARGE
     assert [blob.name for blob in blobs("test-org/cut-GGUF")] == [hashlib.sha256(LARGE).hexdigest()]
+
+
+def test_a_server_ignoring_the_range_sends_the_whole_file_again(hub, specli):
+    result = specli("pull", "no-ranges")
+    assert result.code == 0, result.err
+    first, second = hub.gets("norange.gguf")
+    assert second.range is not None and second.sent == len(LARGE)  # answered 200 and the whole file
+    assert Path(result.lines[0]).read_bytes() == LARGE  # the bytes of the cut transfer did not stay in front
+    assert [blob.name for blob in blobs("test-org/norange-GGUF")] == [hashlib.sha256(LARGE).hexdigest()]
 
 
 def repo_folder(repo: str) -> Path:
     return cache() / f"models--{repo.replace('/', '--')}"
 
 
-def partial_of(repo: str, content: bytes) -> Path:
-    """Where a pull keeps the unfinished download of `content`: `blobs/<etag>.incomplete`."""
-    return repo_folder(repo) / "blobs" / f"{hashlib.sha256(content).hexdigest()}.incomplete"
+def partials(repo: str) -> list[Path]:
+    """Unfinished downloads: huggingface_hub writes `blobs/<etag>.<random>.incomplete`."""
+    return sorted((repo_folder(repo) / "blobs").glob("*.incomplete"))
 
 
 def leave_partial(repo: str, content: bytes, data: bytes) -> Path:
-    """What an interrupted pull of `content` would leave behind (or, with other bytes, a damaged one)."""
-    partial = partial_of(repo, content)
+    """What a killed pull of `content` leaves behind."""
+    partial = repo_folder(repo) / "blobs" / f"{hashlib.sha256(content).hexdigest()}.0123abcd.incomplete"
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_bytes(data)
     return partial
 
 
-def wait_for_bytes(path: Path, timeout: float = 60) -> int:
-    """The size of a growing file, once it has some bytes and has stopped growing."""
+def blob_lock(repo: str, content: bytes) -> FileLock:
+    """The lock huggingface_hub holds while it downloads `content` into the repo."""
+    lock = cache() / ".locks" / repo_folder(repo).name / f"{hashlib.sha256(content).hexdigest()}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(lock)
+
+
+def wait_for_bytes(repo: str, timeout: float = 60) -> Path:
+    """The repo's one growing partial, once it has some bytes and has stopped growing."""
     deadline, last = time.monotonic() + timeout, -1
     while time.monotonic() < deadline:
-        size = path.stat().st_size if path.exists() else 0
+        found = partials(repo)
+        size = found[0].stat().st_size if found else 0
         if size and size == last:
-            return size
+            return found[0]
         last = size
         time.sleep(0.2)
-    raise AssertionError(f"{path} did not get bytes in {timeout} s")
+    raise AssertionError(f"no download into {repo} got bytes in {timeout} s")
 
 
-def test_killed_pull_resumes_in_the_next_process(hub):
+def test_a_killed_pull_leaves_no_model_and_the_next_pull_clears_its_partial(hub, specli):
     repo, served = "test-org/hang-GGUF", hub.repos["test-org/hang-GGUF"].files["hang.gguf"]
     process = subprocess.Popen(
         [sys.executable, "-m", "specli", "pull", "hang"],
@@ -259,9 +278,10 @@ def test_killed_pull_resumes_in_the_next_process(hub):
         stderr=subprocess.PIPE,
         env=subprocess_env(hub),
     )
-    partial = partial_of(repo, LARGE)
     try:
-        wait_for_bytes(partial)  # the server now holds the transfer halfway
+        partial = wait_for_bytes(repo)  # the server now holds the transfer halfway
+        assert specli("rm", "hang").code == 0
+        assert partial.exists()  # rm leaves alone a download that is running
     finally:
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=30)
@@ -269,6 +289,7 @@ def test_killed_pull_resumes_in_the_next_process(hub):
     assert 0 < kept < len(LARGE)
     assert partial.read_bytes() == LARGE[:kept]
     assert try_to_load_from_cache(repo, "hang.gguf", cache_dir=cache()) is None  # nothing half-written is a model
+    assert not list((repo_folder(repo) / "snapshots").rglob("*.gguf"))
     scan = scan_cache_dir(cache())
     assert scan.warnings == []
     assert [(file.file_path, file.size_on_disk) for file in scan.incomplete_files] == [(partial, kept)]
@@ -279,7 +300,8 @@ def test_killed_pull_resumes_in_the_next_process(hub):
         [sys.executable, "-m", "specli", "pull", "hang"], capture_output=True, text=True, env=subprocess_env(hub), timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert [request.range for request in hub.gets("hang.gguf")[asked:]] == [f"bytes={kept}-"]
+    # huggingface_hub starts every download in a new file: the killed one's bytes are sent again
+    assert [(request.range, request.sent) for request in hub.gets("hang.gguf")[asked:]] == [(None, len(LARGE))]
 
     commit = hub.repos[repo].commit
     pointer = repo_folder(repo) / "snapshots" / commit / "hang.gguf"
@@ -287,7 +309,7 @@ def test_killed_pull_resumes_in_the_next_process(hub):
     assert pointer.read_bytes() == LARGE
     assert os.readlink(pointer) == f"../../blobs/{served.etag}"  # relative, as huggingface_hub links it
     assert (repo_folder(repo) / "refs" / "main").read_text() == commit
-    assert [blob.name for blob in blobs(repo)] == [served.etag]  # no .incomplete left
+    assert [blob.name for blob in blobs(repo)] == [served.etag]  # the killed pull's partial is gone
     assert try_to_load_from_cache(repo, "hang.gguf", cache_dir=cache()) == str(pointer)
     scan = scan_cache_dir(cache())
     assert scan.warnings == [] and scan.incomplete_files == frozenset()
@@ -295,82 +317,47 @@ def test_killed_pull_resumes_in_the_next_process(hub):
     assert cached.size_on_disk == len(LARGE) and {ref for revision in cached.revisions for ref in revision.refs} == {"main"}
 
 
-def test_a_partial_of_other_content_is_never_continued(hub, specli):
-    stale = leave_partial("test-org/target-GGUF", DRAFT, DRAFT[:1000])  # the file as it was, half pulled
-    result = specli("pull", "tiny-ngram")
-    assert result.code == 0, result.err
-    assert [request.range for request in hub.gets("target.gguf")] == [None]  # a new etag, a new partial
-    assert Path(result.lines[0]).read_bytes() == TARGET
-    assert stale.read_bytes() == DRAFT[:1000]
-
-    result = specli("rm", "tiny-ngram")  # rm takes the leftover partial along
-    assert result.code == 0, result.err
-    assert str(stale) in result.lines
-    assert not repo_folder("test-org/target-GGUF").exists()
-
-
-def test_a_server_ignoring_the_range_restarts_from_zero(hub, specli):
-    leave_partial("test-org/norange-GGUF", TARGET, b"\xff" * 1000)  # bytes that must not stay in the file
-    result = specli("pull", "no-ranges")
-    assert result.code == 0, result.err
-    assert [request.range for request in hub.gets("norange.gguf")] == ["bytes=1000-"]
-    assert Path(result.lines[0]).read_bytes() == TARGET
-    assert [blob.name for blob in blobs("test-org/norange-GGUF")] == [hashlib.sha256(TARGET).hexdigest()]
-
-
-def test_a_redirected_file_resumes_from_the_cdn_under_its_linked_etag(hub, specli, monkeypatch):
+def test_a_redirected_file_comes_from_the_cdn_under_its_linked_etag(hub, specli, monkeypatch):
     repo = "test-org/lfs-GGUF"
-    leave_partial(repo, TARGET, TARGET[:3000])  # X-Linked-Etag, the sha256, names it; not the pointer's ETag
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     result = specli("pull", "lfs")
     assert result.code == 0, result.err
     gets = [(request.path, request.range, request.authorization) for request in hub.requests if request.method == "GET"]
-    assert gets == [(f"/cdn/{hashlib.sha256(TARGET).hexdigest()}", "bytes=3000-", None)]  # no token to the CDN
+    assert gets == [(f"/cdn/{hashlib.sha256(TARGET).hexdigest()}", None, None)]  # no token to the CDN
     pointer = Path(result.lines[0])
     assert pointer == repo_folder(repo) / "snapshots" / hub.repos[repo].commit / "nested" / "lfs.gguf"
+    # X-Linked-Etag, the sha256, names the blob; not the ETag of the git pointer
     assert os.readlink(pointer) == f"../../../blobs/{hashlib.sha256(TARGET).hexdigest()}"
     assert pointer.read_bytes() == TARGET
     assert try_to_load_from_cache(repo, "nested/lfs.gguf", cache_dir=cache()) == str(pointer)
 
 
-def test_a_complete_partial_is_verified_and_placed_without_a_transfer(hub, specli):
-    leave_partial("test-org/target-GGUF", TARGET, TARGET)  # killed after the last byte, before the rename
-    result = specli("pull", "tiny-ngram")
-    assert result.code == 0, result.err
-    assert hub.gets("target.gguf") == []
-    assert Path(result.lines[0]).read_bytes() == TARGET
-
-
-def test_a_complete_partial_that_is_not_gguf_leaves_the_cache(hub, specli):
-    partial = leave_partial("test-org/target-GGUF", TARGET, b"\0" * len(TARGET))
-    assert_one_line_error(specli("pull", "tiny-ngram"), "it is not a GGUF file", "removed from the cache")
-    assert not partial.exists()
-    assert specli("pull", "tiny-ngram").code == 0  # the next pull starts over
-
-
-def test_dry_run_and_disk_check_count_only_what_is_left(hub, specli, monkeypatch):
-    leave_partial("test-org/target-GGUF", TARGET, TARGET[:5000])
+def test_dry_run_and_disk_check_count_whole_files(hub, specli, monkeypatch):
+    stale = leave_partial("test-org/target-GGUF", TARGET, TARGET[:5000])
     result = specli("pull", "--dry-run", "tiny-ngram")
-    assert f"to download: {format_size(len(TARGET) - 5000)}" in result.out
+    assert f"to download: {format_size(len(TARGET))}" in result.out
 
     def free_space(free: int) -> None:
         monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
 
-    free_space(len(TARGET) - 5001)
+    free_space(len(TARGET) - 1)
     assert_one_line_error(specli("pull", "tiny-ngram"), "not enough disk space")
-    free_space(len(TARGET) - 5000)  # room for the rest, not for the whole file
-    assert specli("pull", "tiny-ngram").code == 0
-
-
-def test_rm_deletes_what_an_interrupted_pull_left(hub, specli):
-    partial = leave_partial("test-org/target-GGUF", TARGET, TARGET[:1000])
-    foreign = partial.with_name(f"{partial.stem}.0123abcd.incomplete")  # a running `hf download` writes this
-    foreign.write_bytes(b"x")
-    result = specli("rm", "tiny-ngram")
+    free_space(len(TARGET))
+    result = specli("pull", "tiny-ngram")
     assert result.code == 0, result.err
-    assert result.lines == [str(partial)]
+    assert [request.range for request in hub.gets("target.gguf")] == [None]
+    assert not stale.exists()
+
+
+def test_rm_deletes_what_a_killed_pull_left_and_not_a_running_download(hub, specli):
+    stale = leave_partial("test-org/target-GGUF", TARGET, TARGET[:1000])
+    running = leave_partial("test-org/target-GGUF", DRAFT, b"x")
+    with blob_lock("test-org/target-GGUF", DRAFT):  # as `hf download` holds it while it writes
+        result = specli("rm", "tiny-ngram")
+    assert result.code == 0, result.err
+    assert result.lines == [str(stale)]
     assert f"removing tiny-ngram: 1 file(s), freeing {format_size(1000)}" in result.err
-    assert not partial.exists() and foreign.exists()
+    assert not stale.exists() and running.exists()
 
 
 def test_split_gguf_fetches_every_part_next_to_the_first(hub, specli):
@@ -419,6 +406,26 @@ def test_a_file_failing_verification_leaves_the_cache(hub, specli, pair, repo, e
     assert blobs(repo) == []
     assert not list(cache().glob(f"models--{repo.replace('/', '--')}/snapshots/*/*"))
     assert json_pairs(specli)[pair]["status"] == "missing"
+
+
+def test_a_bad_file_leaves_its_snapshot_but_not_a_blob_another_snapshot_links(hub, specli):
+    repo = "test-org/target-GGUF"
+    assert specli("pull", "tiny-ngram").code == 0
+    older = repo_folder(repo) / "snapshots" / ("0" * 40)
+    (repo_folder(repo) / "snapshots" / hub.repos[repo].commit).rename(older)  # TARGET, cached under another commit
+    gets = len(hub.gets("target.gguf"))
+    registry = Path(os.environ["SPECLI_HOME"]) / "models.toml"
+    registry.write_text(
+        registry.read_text()
+        + f'[pairs.wrong-sha-target]\ntarget = {{ repo = "{repo}", file = "target.gguf", sha256 = "{"0" * 64}" }}\n'
+        + 'draft = "ngram"\n'
+    )
+
+    assert_one_line_error(specli("pull", "wrong-sha-target"), "its sha256 is not the 000000000000", "removed")
+    assert len(hub.gets("target.gguf")) == gets  # the blob was there: huggingface_hub only linked it
+    assert not (repo_folder(repo) / "snapshots" / hub.repos[repo].commit).exists()
+    assert (older / "target.gguf").read_bytes() == TARGET
+    assert [blob.name for blob in blobs(repo)] == [hashlib.sha256(TARGET).hexdigest()]
 
 
 def test_truncated_download_is_never_kept(hub, specli):
