@@ -17,6 +17,27 @@ from specli.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 DEFAULT_MAX_TOKENS = 256
 
+def _plain_types_in_help() -> None:
+    """Help shows each option's metavar (N, PATH, PAIR), never Typer's <bool> for a flag nor
+    <list[str]> for an argument, whose name says it already."""
+    from typer.core import TyperArgument, TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    def usage_name(self) -> str:  # PAIR... or [PROMPT], as click writes them, not {PAIR}...
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    TyperOption.display_type_rich = display_type_rich
+    TyperArgument.display_type_rich = lambda self, ctx: None
+    TyperArgument._usage_display_name = usage_name
+
+
+_plain_types_in_help()
+
 app = typer.Typer(
     name="specli",
     help="Local speculative generation: a small draft proposes tokens, the target verifies them in one pass.",
@@ -64,6 +85,27 @@ class ColorMode(str, Enum):
     never = "never"
 
 
+MODEL, DRAFTING, SAMPLING, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Output", "Hardware"
+
+
+def _check(test, requirement: str):
+    """An option callback: the value (None passes) must meet `test`, else exit 2 saying why."""
+
+    def callback(value):
+        if value is not None and not test(value):
+            raise typer.BadParameter(f"{value} {requirement}")
+        return value
+
+    return callback
+
+
+_positive = _check(lambda v: v > 0, "must be above 0")
+_not_negative = _check(lambda v: v >= 0, "must be 0 or more")
+_probability = _check(lambda v: 0 <= v <= 1, "must be between 0 and 1")
+_layers = _check(lambda v: v >= -1, "must be -1 (all) or more")
+_context = _check(lambda v: v >= 32, "must be at least 32")
+
+
 def _draft_tokens(value: str) -> Optional[int]:
     hint = "'-k' / '--draft-tokens'"
     if value == "auto":
@@ -83,73 +125,62 @@ def run(
     ctx: typer.Context,
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="The prompt. Use - to read it from stdin (read too when stdin is piped and no prompt is given)."),
+        typer.Argument(metavar="PROMPT", show_default=False,
+                       help="The prompt; - reads stdin (read too when stdin is piped). None on a terminal: a chat."),
     ] = None,
     *,
-    model: Annotated[
-        Optional[str],
-        typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml (see `specli list`); missing files are downloaded."),
-    ] = None,
-    target: Annotated[
-        Optional[Path],
-        typer.Option("--target", help="Target GGUF file, instead of a pair. With neither, the embedded Gemma 3 270M demo runs."),
-    ] = None,
-    draft: Annotated[
-        Optional[str],
-        typer.Option("--draft", help="Draft GGUF file, 'ngram' (prompt lookup, no model) or 'none' (plain decoding)."),
-    ] = None,
-    draft_tokens: Annotated[
-        str, typer.Option("-k", "--draft-tokens", help="Draft tokens per step: a number, or 'auto' to adapt to what is accepted.")
-    ] = "auto",
-    draft_min_p: Annotated[
-        float,
-        typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off)."),
-    ] = 0.0,
-    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Stop after this many tokens (default 256; in a chat, the context's room).")] = None,
-    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Sample among the k most likely tokens (0: off).")] = DEFAULT_TOP_K,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling threshold (1: off).")] = DEFAULT_TOP_P,
-    min_p: Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the best one's probability (0: off).")] = DEFAULT_MIN_P,
-    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed for sampling; the same seed repeats a run exactly.")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed.")] = None,
-    chat: Annotated[
-        Optional[bool], typer.Option("--chat/--no-chat", help="Wrap the prompt in the target's chat template (default: when it has one).")
-    ] = None,
-    system: Annotated[Optional[str], typer.Option("--system", help="System message for chat models.")] = None,
-    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from this file.")] = None,
-    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to offload to the GPU (-1: all, the default).")] = None,
-    draft_gpu_layers: Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to offload to the GPU (default: as --gpu-layers).")] = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=32, help="Context size in tokens, prompt included.")] = 4096,
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
-    repack: Annotated[
-        bool,
-        typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking (--exact chooses it itself)."),
-    ] = True,
-    exact: Annotated[
-        bool,
-        typer.Option("--exact", help="Write exactly what --draft none --exact writes on this build: verify batches are capped at the size whose logits are bit-identical to one-token decoding."),
-    ] = False,
-    color: Annotated[ColorMode, typer.Option("--color", help="Colour drafted vs target-written text.")] = ColorMode.auto,
-    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object per token, then stats.")] = False,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No legend and no stats line on stderr.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
+    prompt_option: Annotated[Optional[str], typer.Option("-p", "--prompt", metavar="TEXT", rich_help_panel=MODEL, help="The prompt, as llama.cpp takes it.")] = None,
+    file: Annotated[Optional[Path], typer.Option("-f", "--file", metavar="PATH", rich_help_panel=MODEL, help="Read the prompt from this file.")] = None,
+    model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", metavar="PAIR", rich_help_panel=MODEL, help="A pair from `specli list`, downloaded when missing.")] = None,
+    target: Annotated[Optional[Path], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF instead of a pair (default: the embedded Gemma 3 270M).")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF, ngram (prompt lookup) or none (plain decoding).")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", rich_help_panel=MODEL, help="Use the target's chat template (default: if it has one).")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", rich_help_panel=MODEL, help="System message for chat models.")] = None,
+    draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto", rich_help_panel=DRAFTING, help="Draft tokens per step, or auto.")] = "auto",
+    draft_min_p: Annotated[float, typer.Option("--draft-min-p", metavar="P", callback=_probability, rich_help_panel=DRAFTING, help="A draft model stops below this top probability.")] = 0.0,
+    exact: Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="Write what --draft none --exact writes, bit for bit.")] = False,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=_positive, rich_help_panel=SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
+    temp: Annotated[float, typer.Option("--temp", metavar="T", callback=_not_negative, rich_help_panel=SAMPLING, help="Temperature; 0 is greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", metavar="K", callback=_not_negative, rich_help_panel=SAMPLING, help="Keep the k likeliest tokens (0: off).")] = DEFAULT_TOP_K,
+    top_p: Annotated[float, typer.Option("--top-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING, help="Nucleus threshold (1: off).")] = DEFAULT_TOP_P,
+    min_p: Annotated[float, typer.Option("--min-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING, help="Drop tokens under p x the best one's (0: off).")] = DEFAULT_MIN_P,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", metavar="X", callback=_positive, rich_help_panel=SAMPLING, help="Penalise repeated tokens (1: off).")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING, help="How far back --repeat-penalty looks.")] = 64,
+    seed: Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING, help="Seed; the same seed repeats a run.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", rich_help_panel=SAMPLING, help="Stop at this text, not printed (repeatable).")] = None,
+    color: Annotated[ColorMode, typer.Option("--color", metavar="WHEN", rich_help_panel=OUTPUT, help="auto, always or never.")] = ColorMode.auto,
+    json_output: Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT, help="JSON Lines: each token, then stats.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", rich_help_panel=OUTPUT, help="No legend and no stats line.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")] = False,
+    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", "-ngl", metavar="N", callback=_layers, rich_help_panel=HARDWARE, help="Target layers on the GPU (-1: all).")] = None,
+    draft_gpu_layers: Annotated[Optional[int], typer.Option("--draft-gpu-layers", "-ngld", metavar="N", callback=_layers, rich_help_panel=HARDWARE, help="Draft layers on the GPU (default: as the target).")] = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
+    repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli import runner
     from specli.engine import GenerationOptions
     from specli.sampling import SamplingSettings
 
-    conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
     with user_errors():
+        if prompt_option is not None:
+            if prompt is not None:
+                raise UsageError("give the prompt either as an argument or with -p, not both")
+            prompt = prompt_option
+        conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
         if conversation and json_output:
             raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
         text = None if conversation else runner.read_prompt(prompt, file, sys.stdin)
         if gpu_layers is not None or draft_gpu_layers is not None:
             runner.warn_without_gpu(sys.stderr)
+        runner.check_draft_spelling(draft)
         models = runner.resolve_models(model, target, draft)
-        sampling = SamplingSettings(temp, top_k, top_p, min_p)
+        sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
         spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, draft_gpu_layers, ctx_size, threads,
                              repack, exact, verbose)
+        if not quiet and not json_output:
+            runner.warn_if_self_drafting(spec, sys.stderr)
         limit = max_tokens or (1 << 30 if conversation else DEFAULT_MAX_TOKENS)
         options = GenerationOptions(limit, sampling, tuple(stop or ()))
         k = _draft_tokens(draft_tokens) or models.draft_tokens
@@ -192,7 +223,7 @@ def _session_spec(models, sampling, seed: int | None, draft_min_p: float, gpu_la
 def pull(
     pairs: Annotated[
         list[str],
-        typer.Argument(metavar="PAIR...", help="Names of the pairs to download, as `specli list` shows them."),
+        typer.Argument(metavar="PAIR", help="Names of the pairs to download, as `specli list` shows them."),
     ],
     *,
     dry_run: Annotated[
@@ -239,7 +270,7 @@ def list_pairs(
 def remove(
     pairs: Annotated[
         list[str],
-        typer.Argument(metavar="PAIR...", help="Names of the pairs whose downloaded files to delete."),
+        typer.Argument(metavar="PAIR", help="Names of the pairs whose downloaded files to delete."),
     ],
 ) -> None:
     """Delete a pair's downloaded files from the Hugging Face cache, keeping files other downloaded pairs use."""
@@ -288,23 +319,23 @@ def doctor(
 @app.command("bench")
 def bench(
     *,
-    model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml; missing files are downloaded.")] = None,
-    target: Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file. With neither -m nor --target, the embedded demo model.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF file or 'ngram' (default: the pair's draft, else ngram).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file (\\[[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
-    draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
-    runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,
-    draft_min_p: Annotated[float, typer.Option("--draft-min-p", min=0.0, max=1.0, help="A draft model stops drafting when its top probability falls below this (0: off).")] = 0.0,
-    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Override every workload's token budget.")] = None,
-    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy, and outputs are checked against plain decoding).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed for sampling.")] = 0,
-    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Layers to offload to the GPU (-1: all, the default).")] = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", min=32, help="Context size in tokens.")] = 4096,
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")] = None,
-    repack: Annotated[bool, typer.Option("--repack/--no-repack", help="llama.cpp's CPU weight repacking (--exact chooses it itself).")] = True,
-    exact: Annotated[bool, typer.Option("--exact", help="Cap verify batches at the exact-safe size, as `run --exact` does (plain decoding too).")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log lines.")] = False,
+    model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", metavar="PAIR", rich_help_panel=MODEL, help="A pair from `specli list`, downloaded when missing.")] = None,
+    target: Annotated[Optional[Path], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF instead of a pair (default: the embedded model).")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF or ngram (default: the pair's, else ngram).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="PATH", rich_help_panel=MODEL, help="Workloads: a TOML file of [\\[workload]] tables (default: the shipped ones).")] = None,
+    draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", metavar="LIST", rich_help_panel=DRAFTING, help="Draft lengths to compare, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
+    draft_min_p: Annotated[float, typer.Option("--draft-min-p", metavar="P", callback=_probability, rich_help_panel=DRAFTING, help="A draft model stops below this top probability.")] = 0.0,
+    exact: Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="Cap verify batches at the exact size, plain runs too.")] = False,
+    runs: Annotated[int, typer.Option("--runs", metavar="N", callback=_positive, rich_help_panel=SAMPLING, help="Measured runs of each configuration, after a warm-up.")] = 5,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", callback=_positive, rich_help_panel=SAMPLING, help="Override every workload's token budget.")] = None,
+    temp: Annotated[float, typer.Option("--temp", metavar="T", callback=_not_negative, rich_help_panel=SAMPLING, help="Temperature; 0 (greedy) also checks outputs against plain.")] = 0.0,
+    seed: Annotated[int, typer.Option("-s", "--seed", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING, help="Seed for sampling.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", rich_help_panel=OUTPUT, help="The report as one JSON object.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")] = False,
+    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", "-ngl", metavar="N", callback=_layers, rich_help_panel=HARDWARE, help="Layers on the GPU (-1: all).")] = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
+    repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json

@@ -280,7 +280,11 @@ class Engine:
         self._cached = []
         # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
         # writes the first token, so plain and speculative runs share it exactly.
-        first = self._choose(target.decode(prompt[keep:])[0], len(prompt)) if options.max_tokens > 0 else None
+        if options.max_tokens > 0:
+            row = options.sampling.penalise(target.decode(prompt[keep:])[0], prompt)
+            first = self._choose(row, len(prompt))
+        else:
+            first = None
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 
@@ -356,11 +360,11 @@ class Engine:
         t1 = time.perf_counter()
         logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
         t2 = time.perf_counter()
+        rows = _Rows(logits, self.options.sampling, tokens, draft)
         if self.options.sampling.greedy:
-            accepted, written = verify_greedy(draft, logits)
+            accepted, written = verify_greedy(draft, rows)
         else:
-            target_dists = _WarpedRows(logits, self.options.sampling)
-            accepted, written = verify_keyed(draft, target_dists, self.seed, len(tokens))
+            accepted, written = verify_keyed(draft, _WarpedRows(rows, self.options.sampling), self.seed, len(tokens))
         t3 = time.perf_counter()
         # Keep `last` and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft):
@@ -375,15 +379,33 @@ class Engine:
         return committed, sources, step
 
 
-class _WarpedRows(Sequence[Distribution]):
-    """Target distributions warped on demand: rows after a rejection are never touched."""
+class _Rows(Sequence[np.ndarray]):
+    """A verify batch's logits rows, row i with the repetition penalty for the text before
+    its position (the committed tokens, then draft[:i], kept if row i is read at all).
+    Rows after a rejection are never touched."""
 
-    def __init__(self, logits: np.ndarray, sampling: SamplingSettings) -> None:
-        self._logits = logits
-        self._sampling = sampling
+    def __init__(self, logits: np.ndarray, sampling: SamplingSettings, tokens: list[int], draft: list[int]) -> None:
+        self._logits, self._sampling, self._tokens, self._draft = logits, sampling, tokens, draft
 
     def __len__(self) -> int:
         return self._logits.shape[0]
 
     def __getitem__(self, i):  # type: ignore[override]
-        return warp(self._logits[i], self._sampling)
+        if not self._sampling.penalises:
+            return self._logits[i]
+        context = self._tokens[-self._sampling.repeat_last_n :] + self._draft[:i]
+        return self._sampling.penalise(self._logits[i], context)
+
+
+class _WarpedRows(Sequence[Distribution]):
+    """Target distributions warped on demand: rows after a rejection are never touched."""
+
+    def __init__(self, rows: Sequence[np.ndarray], sampling: SamplingSettings) -> None:
+        self._rows = rows
+        self._sampling = sampling
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return warp(self._rows[i], self._sampling)

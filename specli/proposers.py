@@ -201,6 +201,8 @@ class DraftModelProposer:
         self._cached.extend(tokens[keep:])
         drafted: list[int] = []
         while True:
+            if self.sampling.penalises:
+                row = self.sampling.penalise(row, tokens[-self.sampling.repeat_last_n :] + drafted)
             if self.sampling.greedy:
                 token = int(np.argmax(row))
                 if self.draft_min_p > 0.0 and _top_probability(row) < self.draft_min_p:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from specli.errors import PromptError, SpecliError
+from specli.errors import PromptError, SpecliError, UsageError
 
 if TYPE_CHECKING:
     from specli.engine import GenerationOptions
@@ -61,8 +61,11 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -
     if prompt == "-" or (prompt is None and not _isatty(stdin)):
         buffer = getattr(stdin, "buffer", None)
         if buffer is None:  # a text stream without bytes underneath (tests)
-            return _check_text(stdin.read(), "the prompt on stdin")
-        return _decode_prompt(buffer.read(), "the prompt on stdin")
+            text = _check_text(stdin.read(), "the prompt on stdin")
+        else:
+            text = _decode_prompt(buffer.read(), "the prompt on stdin")
+        # `echo "$P" | specli run` prompts with "$P", as `specli run "$P"` does (llm and Ollama alike).
+        return text[:-1] if text.endswith("\n") else text
     if prompt is None:
         raise PromptError("no prompt given", 'specli run "your prompt", or pipe it on stdin')
     return _check_text(prompt, "the prompt")
@@ -128,6 +131,24 @@ def _draft_path_or_kind(draft: str | Path) -> Path | str:
     if isinstance(draft, Path):
         return draft
     return draft if draft in ("ngram", "none") else Path(draft)
+
+
+def check_draft_spelling(draft: str | None) -> None:
+    """--draft ngrm: a misspelt proposer, not a missing file."""
+    import difflib
+
+    if draft is None or draft in ("ngram", "none") or Path(draft).exists() or "/" in draft or "." in draft:
+        return
+    close = difflib.get_close_matches(draft, ["ngram", "none"], n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"--draft {draft}: no such file or proposer", f"did you mean --draft {close[0]}?")
+
+
+def warn_if_self_drafting(spec: SessionSpec, stderr: IO[str]) -> None:
+    """A draft that is the target itself costs as much as the target: it cannot speed anything up."""
+    if isinstance(spec.draft, Path) and spec.draft.exists() and spec.draft.resolve() == spec.target.resolve():
+        stderr.write("specli: warning: the draft is the target itself; drafting costs as much as it saves "
+                     "(use --draft ngram, or a smaller model of the same family)\n")
 
 
 def warn_without_gpu(stderr: IO[str]) -> None:

@@ -45,10 +45,30 @@ class SamplingSettings:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
+    repeat_penalty: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64  # how many of the latest tokens the penalty looks at
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalises(self) -> bool:
+        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+
+    def penalise(self, row: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        """The row with llama.cpp's repetition penalty applied for the tokens among the last
+        repeat_last_n of `context` (the sequence before the row's position): a positive
+        logit is divided by the penalty, a negative one multiplied. The row itself is untouched."""
+        if not self.penalises:
+            return row
+        recent = np.unique(np.asarray(context[-self.repeat_last_n :], dtype=np.int64))
+        if recent.size == 0:
+            return row
+        out = np.array(row, dtype=np.float32, copy=True)
+        values = out[recent]
+        out[recent] = np.where(values > 0, values / self.repeat_penalty, values * self.repeat_penalty)
+        return out
 
     @classmethod
     def for_temperature(cls, temperature: float) -> SamplingSettings:
@@ -205,7 +225,7 @@ def top_two_margin(row: np.ndarray) -> float:
     return float(best_two[1] - best_two[0])
 
 
-def verify_greedy(draft_tokens: list[int], logits: np.ndarray) -> tuple[int, int]:
+def verify_greedy(draft_tokens: list[int], logits: Sequence[np.ndarray]) -> tuple[int, int]:
     """Return (number of draft tokens accepted, the token the target writes next).
 
     logits[i] is the target's row after the prefix plus draft_tokens[:i] (len + 1 rows).

@@ -154,3 +154,37 @@ def test_a_second_generation_decodes_only_what_its_prompt_adds(make_proposer):
     assert [t.id for t in second] == plain_greedy(FakeModel(seed=0), conversation, 20)
     # The first turn's last token never entered the cache: it and the two new ones are decoded.
     assert target.batch_sizes[before] == 3
+
+
+def plain_greedy_penalised(model: FakeModel, prompt: list[int], max_tokens: int, penalty: float, last_n: int) -> list[int]:
+    """Reference: llama.cpp's repetition penalty, one token at a time, written out by hand."""
+    context, out = list(prompt), []
+    while len(out) < max_tokens:
+        logits = model.logits_after(context).astype(np.float64)
+        for token in set(context[-last_n:]):
+            logits[token] = logits[token] / penalty if logits[token] > 0 else logits[token] * penalty
+        token = int(np.argmax(logits))
+        context.append(token)
+        out.append(token)
+    return out
+
+
+def penalised_draft() -> DraftModelProposer:
+    draft = FakeModel(seed=2, order=1, n_vocab=8, noise_seed=1, noise=0.3)
+    return DraftModelProposer(draft, SamplingSettings(repeat_penalty=1.8, repeat_last_n=6), 0)
+
+
+@pytest.mark.parametrize("make_proposer", [NGramProposer, penalised_draft])
+@pytest.mark.parametrize("k", [1, 4, 12])
+def test_the_repeat_penalty_sees_draft_tokens_kept_earlier_in_the_same_step(make_proposer, k):
+    """Each verified row is penalised for the text before its position, draft tokens of the
+    same step included: the output is plain decoding's with the penalty."""
+    settings = SamplingSettings(repeat_penalty=1.8, repeat_last_n=6)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    engine = Engine(FakeModel(seed=2, order=1, n_vocab=8), make_proposer(), FixedDraftLength(k),
+                    GenerationOptions(max_tokens=50, sampling=settings))
+    tokens, _ = run(engine, prompt)
+    expected = plain_greedy_penalised(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50, 1.8, 6)
+    assert [t.id for t in tokens] == expected
+    assert expected != plain_greedy(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50), "the penalty changed the text"
+    assert engine.stats.accepted > 0
