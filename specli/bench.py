@@ -27,7 +27,7 @@ from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions,
 from specli.errors import ConfigError, UsageError
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
-from specli.session import Session, SessionSpec, open_session, prompt_tokens
+from specli.session import Session, SessionSpec, exact_batch_sizes, open_session, prompt_tokens
 
 PLAIN = "plain"
 AUTO = "auto"
@@ -38,13 +38,15 @@ def execute(spec: SessionSpec, workloads: list[Workload], configs: list[str | in
     """Load the models, run every configuration on every workload; the report as a dict."""
     if max_tokens:
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
+    exact_sizes = exact_batch_sizes(spec, progress)
     with open_session(spec, progress) as session:
         if AUTO in configs and session.costs().source != "calibrated":
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
             session.calibrate()
         report = run_bench(session, workloads, configs, runs, spec.sampling, progress)
-        report.update(exact=spec.exact, exact_batch=session.exact_batch, repack=session.spec.target_load.repack)
+        report.update(exact=spec.exact, repack=session.spec.target_load.repack,
+                      exact_batch={"repack": exact_sizes[True], "no_repack": exact_sizes[False]})
     report.update(target=spec.target.name, draft=str(getattr(spec.draft, "name", spec.draft)),
                   temperature=spec.sampling.temperature, seed=spec.seed, llama_cpp=library_versions())
     return report
@@ -154,9 +156,9 @@ class Measurement:
             "rows_read_per_step": total.rows_read / steps,
             "tokens": _spread([float(s.tokens) for s in self.stats]),  # generated per run
             "identical_to_plain": all(self.identical) if self.identical else None,
-            # Runs whose output left plain's: a near-tie can fall either way from run to run (the
-            # batch shapes follow measured timings), and a run that writes other text, or more of
-            # it past plain's end, measures other work.
+            # Runs whose output left plain's: a batched verify can round a near-tie the other
+            # way (not under --exact), and a run that writes other text, or more of it past
+            # plain's end, measures other work.
             "runs_differing": self.identical.count(False) if self.identical else None,
             "speedup_on_plain_text": _spread(self.shared_speedups) if self.shared_speedups else None,
             "plain_text_tokens": min(self.shared_tokens) if self.shared_tokens else None,
@@ -317,6 +319,11 @@ def render_report(report: dict, console) -> None:
     build = report.get("llama_cpp")
     if build:
         console.print(Text(f"llama-cpp-python {build['llama_cpp_python']}: {build['system_info']}", style="dim"))
+    exact = report.get("exact_batch")
+    if exact:
+        used = "repacking on" if report.get("repack") else "repacking off"
+        console.print(Text(f"exact-safe verify batch: {exact['repack']} rows with repacking, {exact['no_repack']} "
+                           f"without{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
 
     for workload in report["workloads"]:
         table = Table(

@@ -1,0 +1,71 @@
+"""Time to first token of a chat's second turn: with the KV caches kept from the first turn
+(what `specli chat` does) against re-decoding the whole conversation.
+
+    python benchmarks/chat_turns.py --target SmolLM2-135M-Instruct.Q4_1.gguf --runs 5
+
+Each run opens a session, answers a first question, then asks a second one twice: once on the
+engine that answered the first (its caches hold the conversation), once on a fresh engine
+(its cache is empty). It prints the median prefill seconds of both, and the tokens each decoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from specli.backend import LoadSettings
+from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions
+from specli.proposers import NoProposer
+from specli.session import SessionSpec, open_session
+
+FIRST = "Write a short paragraph about lighthouses and the people who kept them."
+SECOND = "Now summarise that paragraph in one sentence."
+
+
+def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[float, int, float, int]:
+    load = LoadSettings(ctx_size=2048, threads=threads)
+    with open_session(SessionSpec(target, draft, load, load)) as session:
+        options = GenerationOptions(max_tokens=96)
+        engine = session.engine(session.draft_length(None), options)
+        messages = [{"role": "user", "content": FIRST}]
+        prompt = session.target.tokenize(session.target.apply_chat_template(messages), parse_special=True)
+        reply = [e for e in engine.generate(prompt)]
+        finished = reply[-1]
+        assert isinstance(finished, Finished)
+        text = "".join(getattr(e, "text", "") for e in reply)
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": SECOND}]
+        prompt = session.target.tokenize(session.target.apply_chat_template(messages), parse_special=True)
+        kept = _first_token(engine, prompt)
+        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftLength(0), GenerationOptions(1)), prompt)
+    return kept[0], kept[1], fresh[0], fresh[1]
+
+
+def _first_token(engine: Engine, prompt: list[int]) -> tuple[float, int]:
+    engine.options = GenerationOptions(max_tokens=1)
+    for event in engine.generate(prompt):
+        if isinstance(event, Finished):
+            stats = event.stats
+            return stats.prefill_seconds, stats.prompt_tokens - stats.prompt_cached
+    raise AssertionError("no Finished event")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--draft", default="ngram")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("-t", "--threads", type=int)
+    args = parser.parse_args(argv)
+    samples = [second_turn_prefill(args.target, args.draft, args.threads) for _ in range(args.runs)]
+    kept = statistics.median(s[0] for s in samples)
+    fresh = statistics.median(s[2] for s in samples)
+    print(f"turn 2, caches kept: {kept * 1000:.1f} ms to the first token ({samples[0][1]} tokens decoded)")
+    print(f"turn 2, re-decoded:  {fresh * 1000:.1f} ms to the first token ({samples[0][3]} tokens decoded)")
+    print(f"ratio: {fresh / kept:.1f}x (medians of {args.runs} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
