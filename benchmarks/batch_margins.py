@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.sampling import top_two_margin
+from specli.bench import plain_greedy
 
 BATCHES = (2, 3, 4, 5, 8, 9, 16, 17, 32, 48)
 
@@ -46,21 +46,6 @@ def token_margin(row: np.ndarray, token: int) -> float:
     value = float(row[token])
     other = float(np.max(np.delete(row, token)))
     return value - other
-
-
-def plain_output(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy one token at a time; plain's own margin for each token it wrote."""
-    model.rewind(0)
-    row = model.decode(prompt)[0]
-    output, margins = [], []
-    for _ in range(max_tokens):
-        token = int(np.argmax(row))
-        if model.is_end_of_generation(token):
-            break
-        output.append(token)
-        margins.append(top_two_margin(row))  # bench's measure of a near-tie: argmax over the next
-        row = model.decode([token])[0]
-    return output, margins
 
 
 def batched_margins(model, prompt: list[int], output: list[int], batch: int, offset: int) -> list[float]:
@@ -84,7 +69,7 @@ def batched_margins(model, prompt: list[int], output: list[int], batch: int, off
 
 
 def measure(model, name: str, prompt: list[int], max_tokens: int, batches: tuple[int, ...]) -> Shift:
-    output, plain = plain_output(model, prompt, max_tokens)
+    output, plain = plain_greedy(model, prompt, max_tokens)
     drop, where, flipped = 0.0, None, set()
     for batch in batches:
         for offset in sorted({0, batch // 2}):

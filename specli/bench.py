@@ -22,6 +22,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from specli.backend import library_versions
 from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError, UsageError
@@ -213,7 +215,7 @@ def run_bench(
             if round_index == 0:
                 reference = round_output[PLAIN]
                 if sampling.greedy:
-                    margins = plain_margins(session.target, tokens, reference)
+                    margins = plain_greedy(session.target, tokens, workload.max_tokens)[1]
                     for measurement in results.values():
                         measurement.plain_margins = margins
                 continue
@@ -270,21 +272,26 @@ def shared_text_speedup(output: list[int], times: list[float], plain_output: lis
     return shared, (plain_spent / spent if spent > 0 else None)
 
 
-def plain_margins(target, prompt: list[int], output: list[int]) -> list[float]:
-    """The gap between the target's two best logits at each token of a plain greedy output
-    (replayed one token at a time, as plain decoding wrote it; one more for the token that
-    ended it). A speculative output that leaves plain's where this gap is small met a
-    near-tie: llama.cpp's batched kernels round differently from its one-token ones."""
-    target.rewind(0)
-    row = target.decode(prompt)[0]
-    margins = []
-    for token in output + [None]:
+def plain_greedy(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding one token at a time, and the gap between the two best logits of each
+    row it read (one per token written, and one for the token that ended it). A speculative
+    output that leaves plain's where this gap is small met a near-tie: llama.cpp's batched
+    kernels round differently from its one-token ones."""
+    model.rewind(0)
+    row = model.decode(prompt)[0]
+    output: list[int] = []
+    margins: list[float] = []
+    for _ in range(max_tokens):
         margins.append(top_two_margin(row))
-        if token is None or target.n_past >= target.n_ctx:
+        token = int(np.argmax(row))
+        if model.is_end_of_generation(token):
             break
-        row = target.decode([token])[0]
-    target.rewind(0)
-    return margins
+        output.append(token)
+        if model.n_past >= model.n_ctx:
+            break
+        row = model.decode([token])[0]
+    model.rewind(0)
+    return output, margins
 
 
 def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,

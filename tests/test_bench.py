@@ -8,11 +8,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from fakes import FakeModel, plain_greedy
-from specli.bench import Measurement, _agreement, parse_configs, plain_margins, shared_text_speedup
+from fakes import FakeModel
+from fakes import plain_greedy as reference_greedy
+from specli.bench import Measurement, _agreement, parse_configs, plain_greedy, shared_text_speedup
 from specli.cli import app
 from specli.engine import Stats
-from specli.errors import ConfigError
+from specli.errors import UsageError
 from specli.sampling import top_two_margin
 
 COPY_WORKLOAD = '''
@@ -30,13 +31,14 @@ def area(width, height):
 '''
 
 
-def test_plain_margins_are_the_gaps_plain_decoding_saw_at_each_token():
+def test_plain_greedy_gives_the_gaps_plain_decoding_saw_at_each_token():
     prompt = [1, 2, 3]
-    output = plain_greedy(FakeModel(seed=4), prompt, 12)
     reference = FakeModel(seed=4)
-    expected = [top_two_margin(reference.logits_after(prompt + output[:i])) for i in range(len(output) + 1)]
+    expected_output = reference_greedy(FakeModel(seed=4), prompt, 12)
+    expected = [top_two_margin(reference.logits_after(prompt + expected_output[:i])) for i in range(12)]
     model = FakeModel(seed=4)
-    assert plain_margins(model, prompt, output) == pytest.approx(expected)
+    output, margins = plain_greedy(model, prompt, 12)
+    assert output == expected_output and margins == pytest.approx(expected)
     assert model.n_past == 0  # rewound: the bench's next run starts from an empty cache
 
 
@@ -70,7 +72,7 @@ def test_a_run_that_leaves_plain_output_is_timed_on_the_text_it_shares():
 
 def test_configs_parse_with_plain_as_the_baseline():
     assert parse_configs("auto,2,8") == ["auto", 2, 8]
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         parse_configs("auto,0")
 
 

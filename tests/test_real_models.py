@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specli.backend import LoadSettings, Model, check_vocab_compatible
+from specli.bench import plain_greedy
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.errors import VocabMismatchError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
@@ -47,17 +48,7 @@ def plain_runs(target):
     runs = {}
     for prompt in PROMPTS:
         tokens = target.tokenize(prompt)
-        target.rewind(0)
-        row = target.decode(tokens)[-1]
-        output, margins = [], []
-        for _ in range(MAX_TOKENS):
-            token = int(np.argmax(row))
-            margins.append(top_two_margin(row))
-            if target.is_end_of_generation(token):
-                break
-            output.append(token)
-            row = target.decode([token])[-1]
-        runs[prompt] = (tokens, output, margins)
+        runs[prompt] = (tokens, *plain_greedy(target, tokens, MAX_TOKENS))
     return runs
 
 
