@@ -20,16 +20,13 @@ def isolated_homes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 # --- real models ------------------------------------------------------------
 
-_SHARED_CACHE: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True)
-def shared_specli_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One specli cache for the whole session (assembled demo model, verify-cost calibrations),
-    never the user's own."""
-    if "path" not in _SHARED_CACHE:
-        _SHARED_CACHE["path"] = str(tmp_path_factory.mktemp("specli-cache"))
-    monkeypatch.setenv("SPECLI_CACHE", _SHARED_CACHE["path"])
+@pytest.fixture(autouse=True, scope="session")
+def shared_specli_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One specli cache for the whole session (assembled demo model, stored costs and exact
+    batch sizes), never the user's own: set before any fixture of any scope opens a model."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECLI_CACHE", str(tmp_path_factory.mktemp("specli-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")
