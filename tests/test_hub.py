@@ -38,6 +38,23 @@ PARTS = [make_gguf(2048, seed=10 + part) for part in range(3)]
 SPLIT_FILES = [f"model-{part:05d}-of-00003.gguf" for part in range(1, 4)]
 # huggingface_hub writes in 10 MiB chunks, so a resumable cut needs a file a little larger than that.
 LARGE = make_gguf(6_000_000, seed=3)
+# target.gguf as it was at an older commit of its repo, before `main` moved on.
+OLD_TARGET = make_gguf(8192, seed=4)
+OLD_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def part_pins(wrong_sha: tuple[int, ...] = (), wrong_size: tuple[int, ...] = ()) -> str:
+    """`parts` for the split model, with a wrong sha256 or size for the part numbers given."""
+    pins = [
+        f'{{ sha256 = "{"0" * 64 if number in wrong_sha else sha256(content)}", '
+        f'size = {len(content) - 1 if number in wrong_size else len(content)} }}'
+        for number, content in enumerate(PARTS, start=1)
+    ]
+    return f"[{', '.join(pins)}]"
 
 REGISTRY = f"""
 [pairs.tiny]
@@ -122,6 +139,7 @@ class Result:
 def hub(monkeypatch):
     with FakeHub() as hub:
         hub.add_file("test-org/target-GGUF", "target.gguf", TARGET)
+        hub.add_file("test-org/target-GGUF", "target.gguf", OLD_TARGET, commit=OLD_COMMIT)
         hub.add_file("test-org/draft-GGUF", "draft.gguf", DRAFT)
         for filename, content in zip(SPLIT_FILES, PARTS):
             hub.add_file("test-org/split-GGUF", filename, content)
@@ -177,6 +195,12 @@ def snapshot(repo: str) -> Path:
 def blobs(repo: str) -> list[Path]:
     folder = cache() / f"models--{repo.replace('/', '--')}" / "blobs"
     return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def add_pairs(text: str) -> None:
+    """Pairs for one test only: pairs sharing files change what `rm` keeps in the others."""
+    registry = Path(os.environ["SPECLI_HOME"]) / "models.toml"
+    registry.write_text(registry.read_text() + text)
 
 
 def assert_one_line_error(result: Result, *fragments: str) -> None:
@@ -406,6 +430,78 @@ def test_a_file_failing_verification_leaves_the_cache(hub, specli, pair, repo, e
     assert blobs(repo) == []
     assert not list(cache().glob(f"models--{repo.replace('/', '--')}/snapshots/*/*"))
     assert json_pairs(specli)[pair]["status"] == "missing"
+
+
+PINNED_OLD = f"""
+[pairs.pinned-old]
+target = {{ repo = "test-org/target-GGUF", file = "target.gguf", revision = "{OLD_COMMIT}", sha256 = "{sha256(OLD_TARGET)}", size = {len(OLD_TARGET)} }}
+draft = "ngram"
+
+[pairs.pinned-old-wrong-sha]
+target = {{ repo = "test-org/target-GGUF", file = "target.gguf", revision = "{OLD_COMMIT}", sha256 = "{sha256(TARGET)}" }}
+draft = "ngram"
+"""
+
+
+def test_a_pinned_revision_is_what_is_downloaded(hub, specli):
+    add_pairs(PINNED_OLD)
+    repo = "test-org/target-GGUF"
+    result = specli("pull", "pinned-old")
+    assert result.code == 0, result.err
+    assert result.lines == [str(repo_folder(repo) / "snapshots" / OLD_COMMIT / "target.gguf")]
+    assert Path(result.lines[0]).read_bytes() == OLD_TARGET  # not main's TARGET
+    assert [request.path for request in hub.gets("target.gguf")] == [f"/{repo}/resolve/{OLD_COMMIT}/target.gguf"]
+    assert not (repo_folder(repo) / "refs" / "main").exists()  # main was never asked for
+    pairs = json_pairs(specli)
+    assert pairs["pinned-old"]["status"] == "downloaded" and pairs["tiny-ngram"]["status"] == "missing"
+
+
+def test_a_pinned_commit_whose_content_is_not_the_pin_leaves_nothing(hub, specli):
+    add_pairs(PINNED_OLD)
+    repo = "test-org/target-GGUF"
+    result = specli("pull", "pinned-old-wrong-sha")
+    assert_one_line_error(result, f"downloaded {repo}/target.gguf but its sha256 is not the {sha256(TARGET)[:12]}",
+                          "removed from the cache")
+    assert not (repo_folder(repo) / "snapshots" / OLD_COMMIT / "target.gguf").exists()
+    assert blobs(repo) == []
+    assert json_pairs(specli)["pinned-old-wrong-sha"]["status"] == "missing"
+
+
+def test_a_declared_size_that_is_not_the_hubs_stops_the_pull_before_downloading(hub, specli):
+    add_pairs(f'[pairs.wrong-size]\ntarget = {{ repo = "test-org/target-GGUF", file = "target.gguf", size = {len(TARGET) + 1} }}\n'
+              'draft = "ngram"\n')
+    result = specli("pull", "wrong-size")
+    assert_one_line_error(result, f"test-org/target-GGUF/target.gguf is {len(TARGET)} bytes on the Hub",
+                          f"not the {len(TARGET) + 1} that models.toml gives", "nothing was downloaded", "check 'size'")
+    assert hub.gets("target.gguf") == []
+    assert_one_line_error(specli("pull", "--dry-run", "wrong-size"), "nothing was downloaded")
+
+
+def test_every_part_of_a_split_model_is_checked_against_its_own_pin(hub, specli):
+    for name, pins in (("split-pinned", part_pins()), ("split-wrong-part", part_pins(wrong_sha=(2,)))):
+        add_pairs(f'[pairs.{name}]\ntarget = {{ repo = "test-org/split-GGUF", file = "{SPLIT_FILES[0]}", parts = {pins} }}\n'
+                  'draft = "ngram"\n')
+    result = specli("pull", "split-wrong-part")
+    assert_one_line_error(result, f"downloaded test-org/split-GGUF/{SPLIT_FILES[1]} but its sha256 is not the 000000000000",
+                          "removed from the cache")
+    folder = snapshot("test-org/split-GGUF")
+    assert (folder / SPLIT_FILES[0]).read_bytes() == PARTS[0]  # part 1 matched its pin and stays
+    assert not (folder / SPLIT_FILES[1]).exists()
+    assert sha256(PARTS[1]) not in [blob.name for blob in blobs("test-org/split-GGUF")]
+    assert json_pairs(specli)["split-wrong-part"]["status"] == "partial"
+
+    result = specli("pull", "split-pinned")
+    assert result.code == 0, result.err
+    assert [Path(result.lines[0]).with_name(name).read_bytes() for name in SPLIT_FILES] == PARTS
+    assert len(hub.gets(SPLIT_FILES[0])) == 1  # part 1 was kept from the first pull
+
+
+def test_a_wrong_part_size_stops_the_pull_before_any_part_is_fetched(hub, specli):
+    add_pairs(f'[pairs.split-wrong-size]\ntarget = {{ repo = "test-org/split-GGUF", file = "{SPLIT_FILES[0]}", '
+              f'parts = {part_pins(wrong_size=(3,))} }}\ndraft = "ngram"\n')
+    result = specli("pull", "split-wrong-size")
+    assert_one_line_error(result, f"{SPLIT_FILES[2]} is {len(PARTS[2])} bytes on the Hub", f"not the {len(PARTS[2]) - 1}")
+    assert [request for request in hub.requests if request.method == "GET"] == []
 
 
 def test_a_bad_file_leaves_its_snapshot_but_not_a_blob_another_snapshot_links(hub, specli):

@@ -4,7 +4,8 @@ huggingface_hub's `hf_hub_download` does the transfer and lays the file out in t
 does: blob lock, `blobs/`, `snapshots/`, `refs/`, hf_xet for Xet-backed repos, and a connection cut
 during a pull continued from where it stopped. A killed pull is not continued (huggingface_hub starts
 every download in a new file); the next pull deletes what it left. specli adds the plan, the disk-space
-check, the GGUF and sha256 checks and its errors. `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`/`HF_HOME` and
+check, the registry's pins (the revision to fetch, each file's or part's size before the download and its
+sha256 after), the GGUF check and its errors. `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`/`HF_HOME` and
 `HF_HUB_OFFLINE` are read when a function runs, not when huggingface_hub is imported.
 """
 
@@ -113,9 +114,9 @@ class HubFile:
     repo: str
     filename: str
     revision: str  # as the registry asks for it: a branch, tag or commit (default "main")
-    size: Optional[int]
+    size: Optional[int]  # as the Hub (or, offline, the cache) reports it
     cached: Optional[Path]  # the snapshot entry, when this revision of the file is in the cache
-    sha256: Optional[str] = None
+    sha256: Optional[str] = None  # the registry's pin of the content, checked after download
     in_blobs: bool = False  # same content already cached under another revision: nothing to fetch
 
     @property
@@ -155,11 +156,24 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
             url = hf_hub_url(ref.repo, filename, revision=commit, endpoint=hub_endpoint())
             metadata = get_hf_file_metadata(url, endpoint=hub_endpoint())
         commit = metadata.commit_hash or commit  # later parts are planned at the first one's commit
+        _check_declared_size(ref, filename, metadata.size, commit)
         cached = try_to_load_from_cache(ref.repo, filename, cache_dir=hub_cache_dir(), revision=commit)
         in_blobs = metadata.etag is not None and (repo_cache(ref.repo) / "blobs" / metadata.etag).is_file()
         cached = Path(cached) if isinstance(cached, str) else None
-        planned.append(HubFile(role, ref.repo, filename, revision, metadata.size, cached, ref.sha256, in_blobs))
+        sha256 = ref.file_sha256(filename)
+        planned.append(HubFile(role, ref.repo, filename, revision, metadata.size, cached, sha256, in_blobs))
     return planned
+
+
+def _check_declared_size(ref: ModelRef, filename: str, size: Optional[int], commit: str) -> None:
+    """The registry's size against the Hub's, before a byte is fetched: a mismatch means the pin is wrong."""
+    declared = ref.file_size(filename)
+    if declared is not None and size is not None and size != declared:
+        raise HubError(
+            f"{ref.repo}/{filename} is {size} bytes on the Hub at {commit[:12]}, not the {declared} that models.toml "
+            "gives; nothing was downloaded",
+            hint="check 'size' and 'revision' in models.toml",
+        )
 
 
 def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFile]:
@@ -171,7 +185,7 @@ def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFi
                 hint=f"unset HF_HUB_OFFLINE and run: specli pull {pair_name or ref.repo}",
             )
         size = cached.stat().st_size
-        planned.append(HubFile(role, ref.repo, filename, ref.revision or "main", size, cached, ref.sha256))
+        planned.append(HubFile(role, ref.repo, filename, ref.revision or "main", size, cached, ref.file_sha256(filename)))
     return planned
 
 
