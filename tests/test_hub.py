@@ -551,6 +551,45 @@ def test_missing_file(hub, specli):
     assert_one_line_error(specli("pull", "no-file"), "file absent.gguf not found in test-org/target-GGUF")
 
 
+TYPOS = f"""
+[pairs.typo]
+target = {{ repo = "test-org/target-GGUF", file = "targte.gguf" }}
+draft = "ngram"
+
+[pairs.unsplit]
+target = {{ repo = "test-org/split-GGUF", file = "model.gguf" }}
+draft = "ngram"
+
+[pairs.far-off]
+target = {{ repo = "test-org/quants-GGUF", file = "llama.gguf" }}
+draft = "ngram"
+
+[pairs.typo-at-commit]
+target = {{ repo = "test-org/quants-GGUF", file = "Model-Q4_K_M.gguf", revision = "{OLD_COMMIT}" }}
+draft = "ngram"
+"""
+
+
+def test_a_file_not_in_the_repo_names_the_nearest_files(hub, specli):
+    add_pairs(TYPOS)
+    for quant in ("Q4_K_M", "Q4_K_S", "Q8_0"):
+        hub.add_file("test-org/quants-GGUF", f"Model-{quant}.gguf", DRAFT)
+    hub.add_file("test-org/quants-GGUF", "Model-q4_k_m.gguf", DRAFT, commit=OLD_COMMIT)  # renamed since
+    assert_one_line_error(specli("pull", "typo"), "file targte.gguf not found in test-org/target-GGUF",
+                          "did you mean target.gguf?")
+    # the names at the pinned commit, not at main
+    assert_one_line_error(specli("pull", "typo-at-commit"), "did you mean Model-q4_k_m.gguf?")
+    assert_one_line_error(specli("pull", "far-off"), "file llama.gguf not found in test-org/quants-GGUF",
+                          "it holds 3 GGUF model(s): Model-Q4_K_M.gguf, Model-Q4_K_S.gguf, Model-Q8_0.gguf")
+    assert hub.gets(".gguf") == []
+
+
+def test_the_unsplit_name_of_a_split_model_says_it_is_split(hub, specli):
+    add_pairs(TYPOS)
+    assert_one_line_error(specli("pull", "unsplit"), "file model.gguf not found in test-org/split-GGUF: it is split in 3 parts",
+                          f"name part 1: {SPLIT_FILES[0]}")
+
+
 def test_gated_repo_says_how_to_log_in(hub, specli, monkeypatch):
     assert_one_line_error(specli("pull", "gated"), "test-org/gated-GGUF is gated", "HF_TOKEN", "hf auth login")
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
@@ -751,3 +790,21 @@ def test_progress_bars_go_to_a_terminal_stderr(hub):
     for filename in ("target.gguf", "draft.gguf"):
         # tqdm's bar: name, percentage, size done/total, [elapsed<ETA, speed]
         assert re.search(rf"{filename}: 100%.*\d+(\.\d+)?k?/\d+(\.\d+)?kB? \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", stderr), stderr
+
+
+# --- what to say about a file that is not in the repo -------------------------------------------
+
+
+def test_a_quant_stored_split_in_a_folder_names_its_first_part():
+    from specli.hub.repo import missing_file
+
+    names = ["README.md", "Q4_K_M/Model-Q4_K_M-00002-of-00002.gguf", "Q4_K_M/Model-Q4_K_M-00001-of-00002.gguf",
+             "Model-Q8_0.gguf", "mmproj-Model-F16.gguf"]
+    assert missing_file("o/r", "Model-Q4_K_M.gguf", names) == (
+        "file Model-Q4_K_M.gguf not found in o/r: it is split in 2 parts",
+        "name part 1: Q4_K_M/Model-Q4_K_M-00001-of-00002.gguf",
+    )
+    # a name in the wrong folder is matched by its file name; a projector is never offered as a model
+    assert missing_file("o/r", "gguf/Model-Q8_0.gguf", names)[1] == "did you mean Model-Q8_0.gguf?"
+    assert missing_file("o/r", "mmproj.gguf", names)[1].startswith("it holds 2 GGUF model(s): Q4_K_M/Model-Q4_K_M-00001")
+    assert missing_file("o/r", "x.gguf", ["README.md"]) == ("file x.gguf not found in o/r", "the repo holds no GGUF model")

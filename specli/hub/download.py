@@ -46,6 +46,7 @@ from specli.hub.cache import (
     remove_entry,
     repo_cache,
 )
+from specli.hub.repo import list_repo, missing_file
 from specli.registry import ModelRef, Pair
 
 Draft = Literal["ngram"]
@@ -370,7 +371,8 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
             ) from None
         raise HubError(f"cannot reach the Hub at {endpoint}", hint="check your network; HF_HUB_OFFLINE=1 uses cached files only") from None
     except EntryNotFoundError:
-        raise HubError(f"file {filename} not found in {repo}", hint="check the file name in models.toml") from None
+        message, hint = _explain_missing(repo, filename, revision)
+        raise HubError(message, hint=hint) from None
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
         if status in (401, 403):
@@ -387,3 +389,12 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
             raise HubError(f"disk full while downloading {filename}", hint="free some space and pull again") from None
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise HubError(f"download of {repo}/{filename} failed: {reason}", hint="pull again") from None
+
+
+def _explain_missing(repo: str, filename: str, revision: str) -> tuple[str, str]:
+    """What the repo holds instead of a missing file, when its file list can be had."""
+    try:
+        names = list_repo(repo, revision, hub_endpoint()).files
+    except (HfHubHTTPError, httpx2.TransportError, OSError):
+        return f"file {filename} not found in {repo}", "check the file name in models.toml"
+    return missing_file(repo, filename, names)
