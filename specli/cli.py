@@ -220,6 +220,7 @@ def pull(
 def list_pairs(
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the pairs as JSON, for scripts.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Check every pair's files against the Hub instead (names, sizes, pins), downloading nothing; one line per problem, exit 1 on any.")] = False,
 ) -> None:
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     import json
@@ -227,6 +228,11 @@ def list_pairs(
     from specli import hub, listing
     from specli.registry import load_registry
 
+    if check:
+        with user_errors():
+            report = hub.check_pairs(load_registry().pairs.values())
+        listing.print_check(report)
+        raise typer.Exit(1 if report.problems else 0)
     with user_errors():
         statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
     if as_json:

@@ -1,5 +1,5 @@
 """Views of the registry for people and scripts: the `pull --dry-run` plan, the `list`
-table and its JSON. Results go to stdout."""
+table and its JSON, the `list --check` problems. Results go to stdout."""
 
 from __future__ import annotations
 
@@ -71,3 +71,12 @@ def model_json(model) -> dict:
             for file in model.files
         ],
     }
+
+
+def print_check(report) -> None:
+    """One line per problem on stdout; the count on stderr."""
+    for problem in report.problems:
+        typer.echo(problem)
+    count = len(report.problems)
+    typer.echo(f"checked {report.files} file(s) of {report.pairs} pair(s) against {report.endpoint}: "
+               f"{count} problem{'' if count == 1 else 's'}", err=True)

@@ -808,3 +808,97 @@ def test_a_quant_stored_split_in_a_folder_names_its_first_part():
     assert missing_file("o/r", "gguf/Model-Q8_0.gguf", names)[1] == "did you mean Model-Q8_0.gguf?"
     assert missing_file("o/r", "mmproj.gguf", names)[1].startswith("it holds 2 GGUF model(s): Q4_K_M/Model-Q4_K_M-00001")
     assert missing_file("o/r", "x.gguf", ["README.md"]) == ("file x.gguf not found in o/r", "the repo holds no GGUF model")
+
+
+# --- list --check: the registry against the Hub's file lists ------------------------------------
+
+
+def check_registry(hub: FakeHub) -> str:
+    """A registry whose every Hub file matches what the fake Hub serves."""
+    main = hub.repos["test-org/target-GGUF"].commit
+    draft = f'{{ repo = "test-org/draft-GGUF", file = "draft.gguf", sha256 = "{sha256(DRAFT)}", size = {len(DRAFT)} }}'
+    return f"""
+[pairs.single]
+target = {{ repo = "test-org/target-GGUF", file = "target.gguf", revision = "{main}", sha256 = "{sha256(TARGET)}", size = {len(TARGET)} }}
+draft = {draft}
+
+[pairs.old]
+target = {{ repo = "test-org/target-GGUF", file = "target.gguf", revision = "{OLD_COMMIT}", sha256 = "{sha256(OLD_TARGET)}", size = {len(OLD_TARGET)} }}
+draft = {draft}
+
+[pairs.split]
+target = {{ repo = "test-org/split-GGUF", file = "{SPLIT_FILES[0]}", parts = {part_pins()} }}
+draft = "ngram"
+
+[pairs.local]
+target = {{ path = "local.gguf" }}
+draft = "ngram"
+"""
+
+
+@pytest.fixture
+def shipped(hub, monkeypatch, tmp_path):
+    """The check registry as the only registry: shipped, and no user file."""
+    path = tmp_path / "models.toml"
+    path.write_text(check_registry(hub))
+    monkeypatch.setattr("specli.registry.shipped_registry_file", lambda: path)
+    (Path(os.environ["SPECLI_HOME"]) / "models.toml").unlink()
+    return path
+
+
+def test_list_check_passes_a_registry_that_matches_the_hub_and_downloads_nothing(hub, specli, shipped):
+    result = specli("list", "--check")
+    assert result.code == 0, result.err
+    assert result.out == ""
+    assert result.err == f"checked 6 file(s) of 3 pair(s) against {hub.url}: 0 problems\n"
+    main = hub.repos["test-org/target-GGUF"].commit
+    assert sorted(request.path.split("?")[0] for request in hub.requests) == [  # one listing per repo and revision
+        "/api/models/test-org/draft-GGUF",
+        "/api/models/test-org/split-GGUF",
+        f"/api/models/test-org/target-GGUF/revision/{OLD_COMMIT}",
+        f"/api/models/test-org/target-GGUF/revision/{main}",
+    ]
+    assert not cache().exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (("file = \"target.gguf\", revision = \"{main}\"", "file = \"targte.gguf\", revision = \"{main}\""),
+         "single target: file targte.gguf not found in test-org/target-GGUF (did you mean target.gguf?)"),
+        (("size = {old_size}", "size = {wrong_size}"),
+         "old target: test-org/target-GGUF/target.gguf is {old_size} bytes on the Hub, not the declared {wrong_size}"),
+        (("{draft_sha}", "{zeros}"),  # the draft both pairs share: one line
+         "single draft, old draft: test-org/draft-GGUF/draft.gguf has sha256 {draft_sha12}… on the Hub, "
+         "not the pinned 000000000000…"),
+        (("test-org/split-GGUF", "test-org/splt-GGUF"), "split target: repository test-org/splt-GGUF not found"),
+        (("{old}", "{other}"), "old target: revision {other} not found in test-org/target-GGUF"),
+        (("file = \"{part1}\", parts = {parts}", "file = \"model.gguf\""),
+         "split target: file model.gguf not found in test-org/split-GGUF: it is split in 3 parts "
+         "(name part 1: {part1})"),
+    ],
+)
+def test_list_check_names_each_broken_entry_in_one_line(hub, specli, shipped, edit, problem):
+    values = {
+        "main": hub.repos["test-org/target-GGUF"].commit, "old": OLD_COMMIT, "other": "f" * 40,
+        "old_size": len(OLD_TARGET), "wrong_size": len(OLD_TARGET) + 1, "draft_sha": sha256(DRAFT),
+        "draft_sha12": sha256(DRAFT)[:12], "zeros": "0" * 64, "part1": SPLIT_FILES[0], "parts": part_pins(),
+    }
+    before, after = (text.format(**values) for text in edit)
+    assert before in shipped.read_text()
+    shipped.write_text(shipped.read_text().replace(before, after))
+    result = specli("list", "--check")
+    assert result.code == 1
+    assert result.lines == [problem.format(**values)]
+    assert result.err.endswith(": 1 problem\n")
+
+
+def test_list_check_needs_the_hub(hub, specli, shipped, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_one_line_error(specli("list", "--check"), "list --check asks the Hub, and HF_HUB_OFFLINE is set")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    assert_one_line_error(specli("list", "--check"), f"cannot reach the Hub at {closed}")

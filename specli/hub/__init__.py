@@ -14,4 +14,5 @@ from specli.hub.cache import (  # noqa: F401 (the package's interface)
     plan_removal,
     remove_files,
 )
+from specli.hub.check import CheckReport, check_pairs  # noqa: F401
 from specli.hub.download import PullPlan, plan_pull, pull_pair, resolve_model, resolve_pair  # noqa: F401

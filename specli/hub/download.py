@@ -377,7 +377,8 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
         status = error.response.status_code if error.response is not None else None
         if status in (401, 403):
             raise HubError(f"the Hub refused access to {repo} (HTTP {status})", hint=login) from None
-        raise HubError(f"the Hub answered HTTP {status} for {repo}/{filename}", hint="try again later") from None
+        what = f"{repo}/{filename}" if filename else repo
+        raise HubError(f"the Hub answered HTTP {status} for {what}", hint="try again later") from None
     except httpx2.TransportError as error:  # huggingface_hub's transport, raised as is once its retries give up
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise HubError(
