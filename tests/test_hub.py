@@ -633,7 +633,7 @@ def json_pairs(specli) -> dict[str, dict]:
     return {pair["name"]: pair for pair in json.loads(result.out)}
 
 
-def test_list_shows_every_pair_and_what_is_downloaded(hub, specli):
+def test_list_shows_every_pair_and_what_is_downloaded(hub, specli, monkeypatch):
     specli("pull", "tiny")
     pairs = json_pairs(specli)
     assert set(load_registry().pairs) == set(pairs)
@@ -648,12 +648,73 @@ def test_list_shows_every_pair_and_what_is_downloaded(hub, specli):
     assert pairs["split"]["status"] == "partial"  # its draft is tiny's
     assert pairs["qwen3-8b"]["status"] == "missing"
 
+    monkeypatch.delenv("COLUMNS")  # in a pipe, whole lines: the path is last, for grep
     table = specli("list")
     assert table.lines[0].split() == ["PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET", "PATH"]
     row = next(line for line in table.lines if line.startswith("tiny "))
     size = format_size(len(TARGET) + len(DRAFT)).split()  # e.g. ["82.2", "kB"]
     assert row.split()[:6] == ["tiny", "target.gguf", "draft.gguf", *size, "downloaded"]
     assert row.endswith(tiny["target"]["path"].replace(str(Path.home()), "~", 1))
+
+
+def test_list_shows_the_declared_download_size_before_any_download(hub, specli, monkeypatch):
+    add_pairs(f'[pairs.declared]\ntarget = {{ repo = "test-org/target-GGUF", file = "target.gguf", size = {len(TARGET)} }}\n'
+              f'draft = {{ repo = "test-org/split-GGUF", file = "{SPLIT_FILES[0]}", parts = {part_pins()} }}\n')
+    declared = len(TARGET) + sum(map(len, PARTS))
+    pair = json_pairs(specli)["declared"]
+    assert (pair["status"], pair["download_bytes"], pair["size_bytes"]) == ("missing", declared, None)
+    assert json_pairs(specli)["tiny"]["download_bytes"] is None  # no size in the registry
+    monkeypatch.delenv("COLUMNS")
+    row = next(line for line in specli("list").lines if line.startswith("declared "))
+    assert row.split()[3:6] == [*format_size(declared).split(), "missing"]
+    assert hub.requests == []  # from the registry alone
+
+
+def list_lines(specli, monkeypatch, columns: int) -> list[str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = specli("list")
+    assert result.code == 0, result.err
+    for line in result.lines:
+        assert len(line) <= columns, line
+    return result.lines
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_list_fits_the_terminal_and_says_where_the_embedded_model_lives(hub, specli, monkeypatch, tmp_path, columns):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path / "cache"))
+    specli("pull", "tiny")  # a downloaded pair: its path is the longest cell
+    names = list(load_registry().pairs)
+    lines = list_lines(specli, monkeypatch, columns)
+    assert lines[0].split()[0] == "PAIR" and "PATH" not in lines[0]
+    rows = [line for line in lines[1:] if line.split()[0] in names]
+    assert [row.split()[0] for row in rows] == names  # every pair, every name whole
+    embedded = f"embedded model: ~/cache/models/gemma-3-270m-q4_k_m.gguf (written on first run)"
+    assert lines[-2:] == [embedded, "file paths: specli list --json"]
+    qwen = next(row for row in rows if row.startswith("qwen3-8b "))
+    shipped = load_registry().pairs["qwen3-8b"]
+    assert format_size(shipped.download_size) in qwen
+    if columns == 120:  # one line per pair, the names without .gguf
+        assert len(lines) == 1 + len(names) + 2
+        assert qwen.split()[1:3] == ["Qwen3-8B-Q4_K_M", "Qwen3-0.6B-Q8_0"]
+    else:  # the models fold onto a line of their own
+        assert len(lines) == 1 + 2 * len(names) + 2
+        assert lines[lines.index(qwen) + 1] == "  Qwen3-8B-Q4_K_M, drafted by Qwen3-0.6B-Q8_0"
+        long = max(load_registry().pairs.values(), key=lambda pair: sum(len(ref.file or "") for _, ref in pair.models()))
+        folded = lines[lines.index(next(row for row in rows if row.startswith(f"{long.name} "))) + 1]
+        assert len(folded) <= columns and "…" in folded and folded.endswith("Q4_K_M")  # shortened, quant kept
+
+
+def test_list_shows_the_assembled_embedded_model_with_its_size(hub, specli, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
+    assembled = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assembled.parent.mkdir()
+    assembled.write_bytes(b"GGUF" + bytes(1996))  # stands in for the assembled file
+    monkeypatch.delenv("COLUMNS")
+    row = next(line for line in specli("list").lines if line.startswith("gemma-3-270m "))
+    assert row.split()[1:] == ["gemma-3-270m-q4_k_m.gguf", "ngram", "2.0", "kB", "downloaded", str(assembled)]
+    model = json_pairs(specli)["gemma-3-270m"]["target"]
+    assert (model["path"], model["size_bytes"]) == (str(assembled), 2000)
 
 
 # --- rm -----------------------------------------------------------------------------------------

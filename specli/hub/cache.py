@@ -163,7 +163,14 @@ def _model_status(role: str, ref: ModelRef) -> ModelStatus:
         file = CachedFile(ref.path.name, ref.path if present else None, ref.path.stat().st_size if present else None)
         return ModelStatus(role, ref, [file], present)
     if ref.package is not None:
-        return ModelStatus(role, ref, [], _package_installed(ref.package))
+        from specli.demo import embedded_model
+
+        installed = _package_installed(ref.package)
+        embedded = embedded_model() if installed else None
+        if embedded is None:
+            return ModelStatus(role, ref, [], installed)
+        file = CachedFile(embedded.path.name, embedded.path if embedded.assembled else None, embedded.size)
+        return ModelStatus(role, ref, [file], installed)
     files = [
         CachedFile(filename, path, path.stat().st_size if path else None)
         for filename, path in zip(ref.files, cached_parts(ref))
