@@ -91,12 +91,12 @@ def run(
         typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml (see `specli list`); missing files are downloaded."),
     ] = None,
     target: Annotated[
-        Optional[Path],
-        typer.Option("--target", help="Target GGUF file, instead of a pair. With neither, the embedded Gemma 3 270M demo runs."),
+        Optional[str],
+        typer.Option("--target", help="Target GGUF file or Hub model (owner/repo:QUANT, owner/repo/file.gguf), instead of a pair. With neither, the embedded Gemma 3 270M demo runs."),
     ] = None,
     draft: Annotated[
         Optional[str],
-        typer.Option("--draft", help="Draft GGUF file, 'ngram' (prompt lookup, no model) or 'none' (plain decoding)."),
+        typer.Option("--draft", help="Draft GGUF file or Hub model (as --target), 'ngram' (prompt lookup, no model) or 'none' (plain decoding)."),
     ] = None,
     draft_tokens: Annotated[
         str, typer.Option("-k", "--draft-tokens", help="Draft tokens per step: a number, or 'auto' to adapt to what is accepted.")
@@ -295,8 +295,8 @@ def doctor(
 def bench(
     *,
     model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", help="A pair from models.toml; missing files are downloaded.")] = None,
-    target: Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file. With neither -m nor --target, the embedded demo model.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF file or 'ngram' (default: the pair's draft, else ngram).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target GGUF file or Hub model (owner/repo:QUANT, owner/repo/file.gguf). With neither -m nor --target, the embedded demo model.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft GGUF file, Hub model (as --target) or 'ngram' (default: the pair's draft, else ngram).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Workloads TOML file (\\[[workload]] name, kind, prompt, max_tokens); default: the shipped workloads.")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", help="Comma-separated draft lengths to compare, 'auto' included, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Measured runs per configuration and workload (after one warm-up).")] = 5,

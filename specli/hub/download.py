@@ -92,8 +92,10 @@ def resolve_model(ref: ModelRef, *, download: bool = True, pair_name: str | None
             f"{ref.repo}/{missing} is not downloaded" + (" and downloads are off (HF_HUB_OFFLINE)" if hub_offline() else ""),
             hint=f"run: specli pull {pair_name}" if pair_name else f"run: hf download {ref.repo} {missing}",
         )
-    files = _plan_model("model", ref)
+    files = _plan_model("model", ref, pair_name)
     _make_room(files, pair_name or ref.label)
+    if sum(file.fetch_size for file in files):
+        _say(f"pulling {pair_name or ref.label}: {format_size(sum(file.fetch_size for file in files))} to download")
     return _fetch(files, pair_name)[0]
 
 
@@ -157,7 +159,7 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
             url = hf_hub_url(ref.repo, filename, revision=commit, endpoint=hub_endpoint())
             metadata = get_hf_file_metadata(url, endpoint=hub_endpoint())
         commit = metadata.commit_hash or commit  # later parts are planned at the first one's commit
-        _check_declared_size(ref, filename, metadata.size, commit)
+        _check_declared_size(ref, filename, metadata.size, commit, pair_name)
         cached = try_to_load_from_cache(ref.repo, filename, cache_dir=hub_cache_dir(), revision=commit)
         in_blobs = metadata.etag is not None and (repo_cache(ref.repo) / "blobs" / metadata.etag).is_file()
         cached = Path(cached) if isinstance(cached, str) else None
@@ -166,15 +168,24 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
     return planned
 
 
-def _check_declared_size(ref: ModelRef, filename: str, size: Optional[int], commit: str) -> None:
-    """The registry's size against the Hub's, before a byte is fetched: a mismatch means the pin is wrong."""
+def _check_declared_size(ref: ModelRef, filename: str, size: Optional[int], commit: str, pair_name: str | None) -> None:
+    """The declared size against the Hub's, before a byte is fetched: a mismatch means the pin is wrong."""
     declared = ref.file_size(filename)
     if declared is not None and size is not None and size != declared:
+        source, hint = _pins_source(pair_name, "'size' and 'revision'")
         raise HubError(
-            f"{ref.repo}/{filename} is {size} bytes on the Hub at {commit[:12]}, not the {declared} that models.toml "
+            f"{ref.repo}/{filename} is {size} bytes on the Hub at {commit[:12]}, not the {declared} that {source} "
             "gives; nothing was downloaded",
-            hint="check 'size' and 'revision' in models.toml",
+            hint=hint,
         )
+
+
+def _pins_source(pair_name: str | None, keys: str) -> tuple[str, str]:
+    """Where a model's pins come from, and what to do when the Hub disagrees: a pair's from models.toml;
+    a Hub reference's from the repo's file list, read just before."""
+    if pair_name:
+        return "models.toml", f"check {keys} in models.toml"
+    return "the repo's file list", "the repo changed while specli read it; run again"
 
 
 def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFile]:
@@ -248,7 +259,7 @@ def _fetch(files: list[HubFile], pair_name: str | None) -> list[Path]:
             path = cached
         else:
             with _hub_errors(file.repo, file.filename, file.revision):
-                path = _download(file, commit or file.revision)
+                path = _download(file, commit or file.revision, pair_name)
         commit = commit or _commit_of(path, file.filename)
         paths.append(path)
     return paths
@@ -259,7 +270,7 @@ def _commit_of(entry: Path, filename: str) -> str:
     return entry.parents[len(PurePosixPath(filename).parts) - 1].name
 
 
-def _download(file: HubFile, revision: str) -> Path:
+def _download(file: HubFile, revision: str, pair_name: str | None) -> Path:
     """huggingface_hub puts the file in the cache; specli checks it before anyone loads it."""
     path = hf_hub_download(
         file.repo,
@@ -271,23 +282,21 @@ def _download(file: HubFile, revision: str) -> Path:
     )
     cache = hub_cache_dir()
     entry = cache / Path(path).relative_to(cache.resolve())  # it resolves the cache folder; specli shows it as given
-    _verify_download(entry, file)
+    _verify_download(entry, file, pair_name)
     return entry
 
 
-def _verify_download(entry: Path, file: HubFile) -> None:
-    """GGUF magic always, sha256 when the registry pins one; a file failing either leaves the snapshot."""
+def _verify_download(entry: Path, file: HubFile, pair_name: str | None) -> None:
+    """GGUF magic always, sha256 when it is pinned; a file failing either leaves the snapshot."""
     problem = None
+    source, hint = _pins_source(pair_name, "the entry (file name, revision, sha256)")
     if _read_magic(entry) != GGUF_MAGIC:
         problem = "it is not a GGUF file"
     elif file.sha256 and _sha256(entry) != file.sha256:
-        problem = f"its sha256 is not the {file.sha256[:12]}… that models.toml gives"
+        problem = f"its sha256 is not the {file.sha256[:12]}… that {source} gives"
     if problem:
         remove_entry(entry)
-        raise HubError(
-            f"downloaded {file.repo}/{file.filename} but {problem}; it was removed from the cache",
-            hint="check the registry entry (file name, revision, sha256) in models.toml",
-        )
+        raise HubError(f"downloaded {file.repo}/{file.filename} but {problem}; it was removed from the cache", hint=hint)
 
 
 def _check_magic(path: Path, pair_name: str | None) -> None:
@@ -357,7 +366,7 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
     except RepositoryNotFoundError:
         raise HubError(
             f"repository {repo} not found on {endpoint}",
-            hint=f"check the repo id in models.toml; for a private repo, {login}",
+            hint=f"check the repo id; for a private repo, {login}",
         ) from None
     except RevisionNotFoundError:
         raise HubError(f"revision '{revision}' not found in {repo}", hint="check 'revision' in models.toml") from None

@@ -12,11 +12,14 @@ from typing import Iterable, Optional
 
 from huggingface_hub import HfApi
 
+from specli.errors import HubError
 from specli.registry import SPLIT_GGUF
 
 # Files in GGUF repos that are not models to run: vision projectors and importance matrices,
 # which llama.cpp's `-hf` also passes over.
 NOT_MODELS = ("mmproj", "imatrix")
+# The quant llama.cpp's `-hf owner/repo` picks when no tag is given: the first of these the repo has.
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
 
 
 @dataclass(frozen=True)
@@ -90,3 +93,38 @@ def missing_file(repo: str, filename: str, names: Iterable[str]) -> tuple[str, s
         return message, "the repo holds no GGUF model"
     shown = ", ".join(models[:4]) + (", …" if len(models) > 4 else "")
     return message, f"it holds {len(models)} GGUF model(s): {shown}"
+
+
+def choose_model(repo: str, names: Iterable[str], quant: Optional[str]) -> str:
+    """The file `repo:QUANT` names, as llama.cpp's `-hf` reads it: the model whose name holds the quant
+    tag (any case) before its `.gguf` or its part number; without a tag, Q4_K_M, else Q8_0, else the
+    repo's only model. A split model is named by part 1; where a quant is stored both whole and split,
+    the whole file. Raises HubError, listing what the repo has, when none or several models match."""
+    models = [name for name in names if is_model(name) and split_index(name) in (None, 1)]
+    if not models:
+        raise HubError(f"{repo} holds no GGUF model", hint="name a repo of GGUF files, such as one ending in -GGUF")
+    for wanted in [quant] if quant else DEFAULT_QUANTS:
+        found = [name for name in models if _holds_quant(name, wanted)]
+        stems = dict.fromkeys(PurePosixPath(split_stem(name)).name for name in found)
+        if len(stems) == 1:
+            whole = [name for name in found if split_index(name) is None]
+            return (whole or found)[0]
+        if len(stems) > 1:
+            raise HubError(f"{repo}:{wanted} matches {len(stems)} models: {', '.join(found)}",
+                           hint=f"name the file instead, as {repo}/{found[0]}")
+    if quant is None and len(models) == 1:
+        return models[0]
+    tags = list(dict.fromkeys(quant_tag(name) for name in models))
+    missing = f"{repo} has no {quant} model" if quant else f"{repo} has no {' or '.join(DEFAULT_QUANTS)} model"
+    raise HubError(f"{missing}; it has {', '.join(tags)}", hint=f"name one after a colon, as {repo}:{tags[0]}")
+
+
+def quant_tag(name: str) -> str:
+    """`Q4_K_M` for `Model-Q4_K_M.gguf` or `Model-q4_k_m-00001-of-00002.gguf`: the last word of the
+    name, as llama.cpp reads it; the file name when there is none."""
+    match = re.search(r"[-.]([A-Za-z0-9_]+)$", PurePosixPath(split_stem(name)).name)
+    return match[1].upper() if match else PurePosixPath(name).name
+
+
+def _holds_quant(name: str, quant: str) -> bool:
+    return re.search(rf"(?:^|[-._/]){re.escape(quant)}[.-]", name, re.IGNORECASE) is not None
