@@ -689,7 +689,7 @@ def test_list_fits_the_terminal_and_says_where_the_embedded_model_lives(hub, spe
     assert lines[0].split()[0] == "PAIR" and "PATH" not in lines[0]
     rows = [line for line in lines[1:] if line.split()[0] in names]
     assert [row.split()[0] for row in rows] == names  # every pair, every name whole
-    embedded = f"embedded model: ~/cache/models/gemma-3-270m-q4_k_m.gguf (written on first run)"
+    embedded = "embedded model: ~/cache/models/gemma-3-270m-q4_k_m.gguf (written on first run)"
     assert lines[-2:] == [embedded, "file paths: specli list --json"]
     qwen = next(row for row in rows if row.startswith("qwen3-8b "))
     shipped = load_registry().pairs["qwen3-8b"]
@@ -823,11 +823,12 @@ def test_pull_in_a_pipe_prints_only_paths(hub):
     assert result.stderr == ""
 
 
-def test_progress_bars_go_to_a_terminal_stderr(hub):
+def on_a_terminal(hub: FakeHub, *args: str) -> tuple[int, str, str]:
+    """Run specli with stderr on a terminal; returns the exit code, stdout, and what the terminal showed."""
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal has a size
     process = subprocess.Popen(
-        [sys.executable, "-m", "specli", "pull", "tiny"],
+        [sys.executable, "-m", "specli", *args],
         stdout=subprocess.PIPE,
         stderr=terminal,
         env=subprocess_env(hub),
@@ -844,13 +845,31 @@ def test_progress_bars_go_to_a_terminal_stderr(hub):
         shown += chunk
     os.close(controller)
     out, _ = process.communicate(timeout=60)
-    stderr = shown.decode(errors="replace")
-    assert process.returncode == 0, stderr
-    assert len(out.decode().splitlines()) == 2
+    return process.returncode, out.decode(), shown.decode(errors="replace")
+
+
+def assert_progress_bar(filename: str, stderr: str) -> None:
+    # tqdm's bar: name, percentage, size done/total, [elapsed<ETA, speed]
+    assert re.search(rf"{filename}: 100%.*\d+(\.\d+)?k?/\d+(\.\d+)?kB? \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", stderr), stderr
+
+
+def test_progress_bars_go_to_a_terminal_stderr(hub):
+    code, out, stderr = on_a_terminal(hub, "pull", "tiny")
+    assert code == 0, stderr
+    assert len(out.splitlines()) == 2
     assert "pulling tiny:" in stderr
     for filename in ("target.gguf", "draft.gguf"):
-        # tqdm's bar: name, percentage, size done/total, [elapsed<ETA, speed]
-        assert re.search(rf"{filename}: 100%.*\d+(\.\d+)?k?/\d+(\.\d+)?kB? \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", stderr), stderr
+        assert_progress_bar(filename, stderr)
+
+
+def test_a_hub_reference_shows_the_same_progress_as_pull(quants):
+    code, _, stderr = on_a_terminal(quants, "run", "--target", "test-org/quants-GGUF:Q8_0", "--draft",
+                                    "test-org/quants-GGUF:q4_k_m", "hi")
+    size = format_size(len(QUANTS["Model-Q8_0.gguf"]))
+    assert f"pulling test-org/quants-GGUF/Model-Q8_0.gguf: {size} to download" in stderr
+    for filename in ("Model-Q8_0.gguf", "Model-Q4_K_M.gguf"):
+        assert_progress_bar(filename, stderr)
+    assert code == 1 and "llama.cpp could not load" in stderr  # a stand-in GGUF: pulled, then refused by llama.cpp
 
 
 # --- what to say about a file that is not in the repo -------------------------------------------
@@ -993,6 +1012,7 @@ def quants(hub):
         ("Qwen/Qwen3-8B-GGUF", ("Qwen/Qwen3-8B-GGUF", None, None)),
         ("Qwen/Qwen3-8B-GGUF/Qwen3-8B-Q4_K_M.gguf", ("Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q4_K_M.gguf", None)),
         ("org/repo/Q6_K/model-00001-of-00002.gguf", ("org/repo", "Q6_K/model-00001-of-00002.gguf", None)),
+        ("org/repo/Q6_K/model-00002-of-00002.gguf", ("org/repo", "Q6_K/model-00001-of-00002.gguf", None)),
         ("models/model.gguf", None),  # a file in a folder, not a repo
         ("model.gguf", None),
         ("/models/org/repo/model.gguf", None),
@@ -1058,6 +1078,15 @@ def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
     for name in ("Q6_K/Model-Q6_K-00001-of-00002.gguf", "Q6_K/Model-Q6_K-00002-of-00002.gguf"):
         assert (snapshot("test-org/quants-GGUF") / name).read_bytes() == QUANTS[name]
     assert resolve_models(None, "test-org/quants-GGUF/Q6_K/Model-Q6_K-00001-of-00002.gguf", None).target == target
+
+
+def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
+    from specli.runner import resolve_models
+
+    target = resolve_models(None, "test-org/cut-GGUF:cut", None).target
+    assert target.read_bytes() == LARGE
+    first, second = hub.gets("cut.gguf")
+    assert first.sent == len(LARGE) // 2 and 0 < int(re.fullmatch(r"bytes=(\d+)-", second.range)[1]) <= first.sent
 
 
 def test_a_local_file_wins_over_the_hub_reading_of_its_name(quants, tmp_path, monkeypatch):

@@ -37,8 +37,8 @@ class HubReference:
 def parse_reference(text: str) -> Optional[HubReference]:
     """The Hub reading of a model argument, or None where it can only be a local path."""
     match = _FILE_REFERENCE.match(text)
-    if match:
-        return HubReference(match["repo"], file=match["file"])
+    if match:  # any part of a split model names the model, by its part 1
+        return HubReference(match["repo"], file=split_parts(match["file"])[0])
     match = _QUANT_REFERENCE.match(text)
     if match and not match["repo"].lower().endswith(".gguf"):  # `models/x.gguf` is a file
         return HubReference(match["repo"], quant=match["quant"])
