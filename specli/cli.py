@@ -220,7 +220,7 @@ def pull(
 def list_pairs(
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the pairs as JSON, for scripts.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Check every pair's files against the Hub instead (names, sizes, pins), downloading nothing; one line per problem, exit 1 on any.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Check every pair's Hub files (names, sizes, pins), downloading nothing; exit 1 on a problem.")] = False,
 ) -> None:
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     import json
