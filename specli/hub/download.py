@@ -94,8 +94,9 @@ def resolve_model(ref: ModelRef, *, download: bool = True, pair_name: str | None
         )
     files = _plan_model("model", ref, pair_name)
     _make_room(files, pair_name or ref.label)
-    if sum(file.fetch_size for file in files):
-        _say(f"pulling {pair_name or ref.label}: {format_size(sum(file.fetch_size for file in files))} to download")
+    needed = sum(file.fetch_size for file in files)
+    if needed:
+        _say(f"pulling {pair_name or ref.label}: {format_size(needed)} to download")
     return _fetch(files, pair_name)[0]
 
 
