@@ -132,8 +132,8 @@ def run(
     prompt_option: Annotated[Optional[str], typer.Option("-p", "--prompt", metavar="TEXT", rich_help_panel=MODEL, help="The prompt, as llama.cpp takes it.")] = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", metavar="PATH", rich_help_panel=MODEL, help="Read the prompt from this file.")] = None,
     model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", metavar="PAIR", rich_help_panel=MODEL, help="A pair from `specli list`, downloaded when missing.")] = None,
-    target: Annotated[Optional[Path], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF instead of a pair (default: the embedded Gemma 3 270M).")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF, ngram (prompt lookup) or none (plain decoding).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF or Hub owner/repo:QUANT (default: the embedded Gemma 3 270M).")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF, Hub owner/repo:QUANT, ngram, or none (plain decoding).")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", rich_help_panel=MODEL, help="Use the target's chat template (default: if it has one).")] = None,
     system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", rich_help_panel=MODEL, help="System message for chat models.")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto", rich_help_panel=DRAFTING, help="Draft tokens per step, or auto.")] = "auto",
@@ -251,6 +251,7 @@ def pull(
 def list_pairs(
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the pairs as JSON, for scripts.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Check every pair's Hub files (names, sizes, pins), downloading nothing; exit 1 on a problem.")] = False,
 ) -> None:
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     import json
@@ -258,6 +259,11 @@ def list_pairs(
     from specli import hub, listing
     from specli.registry import load_registry
 
+    if check:
+        with user_errors():
+            report = hub.check_pairs(load_registry().pairs.values())
+        listing.print_check(report)
+        raise typer.Exit(1 if report.problems else 0)
     with user_errors():
         statuses = [hub.pair_status(pair) for pair in load_registry().pairs.values()]
     if as_json:
@@ -320,8 +326,8 @@ def doctor(
 def bench(
     *,
     model: Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", metavar="PAIR", rich_help_panel=MODEL, help="A pair from `specli list`, downloaded when missing.")] = None,
-    target: Annotated[Optional[Path], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF instead of a pair (default: the embedded model).")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF or ngram (default: the pair's, else ngram).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL, help="Target GGUF or Hub owner/repo:QUANT (default: the embedded model).")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL, help="Draft GGUF, Hub owner/repo:QUANT or ngram (default: the pair's, else ngram).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="PATH", rich_help_panel=MODEL, help="Workloads: a TOML file of [\\[workload]] tables (default: the shipped ones).")] = None,
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", metavar="LIST", rich_help_panel=DRAFTING, help="Draft lengths to compare, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     draft_min_p: Annotated[float, typer.Option("--draft-min-p", metavar="P", callback=_probability, rich_help_panel=DRAFTING, help="A draft model stops below this top probability.")] = 0.0,

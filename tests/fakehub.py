@@ -5,19 +5,23 @@ reads (`X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`), honours `Ran
 404/401/403 with the Hub's `X-Error-Code`, and can cut a transfer midway, hang in the middle of one
 (for a test to kill the client), or ignore `Range`. A file can also be served as the Hub serves LFS and
 Xet files: the resolve URL redirects to `/cdn/<sha256>`, naming the content in `X-Linked-Etag` and
-`X-Linked-Size`. Every request is logged, with the body bytes sent for it.
+`X-Linked-Size`. A repo can hold older commits beside `main`, each with its own files. The repo API
+`/api/models/{repo}[/revision/{revision}]` answers as the Hub does: the commit (`sha`) and the files
+(`siblings`), with each file's size and LFS sha256 when asked for `blobs`. Every request is logged, with
+the body bytes sent for it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
@@ -58,9 +62,18 @@ class ServedFile:
 
 @dataclass
 class ServedRepo:
-    commit: str
-    files: dict[str, ServedFile] = field(default_factory=dict)
+    commit: str  # where `main` points
+    files: dict[str, ServedFile] = field(default_factory=dict)  # the files at `main`
     token: str | None = None  # when set, the repo is gated and needs `Authorization: Bearer <token>`
+    older: dict[str, dict[str, ServedFile]] = field(default_factory=dict)  # other commits and their files
+
+    def at(self, revision: str) -> tuple[str, dict[str, ServedFile]] | None:
+        """The commit a revision names and its files; None for an unknown revision."""
+        if revision in ("main", self.commit):
+            return self.commit, self.files
+        if revision in self.older:
+            return revision, self.older[revision]
+        return None
 
 
 @dataclass
@@ -94,10 +107,14 @@ class FakeHub:
     def cdn_url(self) -> str:
         return _url_of(self._servers[1])
 
-    def add_file(self, repo: str, filename: str, content: bytes, **options) -> ServedFile:
-        commit = hashlib.sha1(repo.encode()).hexdigest()
+    def add_file(self, repo: str, filename: str, content: bytes, *, commit: str | None = None, **options) -> ServedFile:
+        """Serve a file at `main`, or at an older `commit` of the repo (40 hex digits)."""
         served = ServedFile(content, **options)
-        self.repos.setdefault(repo, ServedRepo(commit=commit)).files[filename] = served
+        head = self.repos.setdefault(repo, ServedRepo(commit=hashlib.sha1(repo.encode()).hexdigest()))
+        if commit is None or commit == head.commit:
+            head.files[filename] = served
+        else:
+            head.older.setdefault(commit, {})[filename] = served
         return served
 
     def gate(self, repo: str, token: str) -> None:
@@ -142,6 +159,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             parts = [unquote(part) for part in urlsplit(self.path).path.split("/")]
             if len(parts) == 3 and parts[1] == "cdn":
                 return self._send_cdn(parts[2], body=body)
+            if len(parts) >= 5 and parts[1:3] == ["api", "models"]:
+                return self._send_info(parts[3:], body=body)
             if len(parts) < 6 or parts[3] != "resolve":
                 return self._error(404, "RepoNotFound", body=body)
             repo_id, revision, filename = f"{parts[1]}/{parts[2]}", parts[4], "/".join(parts[5:])
@@ -151,14 +170,46 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if repo.token and self.headers.get("Authorization") != f"Bearer {repo.token}":
                 status = 403 if self.headers.get("Authorization") else 401
                 return self._error(status, "GatedRepo", body=body)
-            if revision not in ("main", repo.commit):
+            found = repo.at(revision)
+            if found is None:
                 return self._error(404, "RevisionNotFound", body=body)
-            served = repo.files.get(filename)
+            commit, files = found
+            served = files.get(filename)
             if served is None:
-                return self._error(404, "EntryNotFound", body=body, commit=repo.commit)
+                return self._error(404, "EntryNotFound", body=body, commit=commit)
             if served.redirect:
-                return self._redirect(served, repo.commit)
-            self._send_file(served, repo.commit, body=body)
+                return self._redirect(served, commit)
+            self._send_file(served, commit, body=body)
+
+        def _send_info(self, parts: list[str], *, body: bool) -> None:
+            """`/api/models/{owner}/{name}` or `.../revision/{revision}`: the commit and its files.
+            As on the Hub, a gated repo's listing is public; only its files need the token."""
+            if len(parts) not in (2, 4) or (len(parts) == 4 and parts[2] != "revision"):
+                return self._error(404, "RepoNotFound", body=body)
+            repo_id = f"{parts[0]}/{parts[1]}"
+            repo = hub.repos.get(repo_id)
+            if repo is None:
+                return self._error(404, "RepoNotFound", body=body)
+            found = repo.at(parts[3] if len(parts) == 4 else "main")
+            if found is None:
+                return self._error(404, "RevisionNotFound", body=body)
+            commit, files = found
+            blobs = parse_qs(urlsplit(self.path).query).get("blobs", [""])[0].lower() == "true"
+            siblings = []
+            for filename, served in files.items():
+                sibling = {"rfilename": filename}
+                if blobs:  # a GGUF is stored with LFS: its size and sha256 come in `lfs`
+                    lfs = {"sha256": served.etag, "size": served.size, "pointerSize": 134}
+                    sibling.update(size=served.size, blobId=hashlib.sha1(served.content).hexdigest(), lfs=lfs)
+                siblings.append(sibling)
+            payload = json.dumps({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
+                                  "gated": "manual" if repo.token else False, "siblings": siblings}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if body:
+                self._write(memoryview(payload))
 
         def _redirect(self, served: ServedFile, commit: str) -> None:
             self.send_response(302)
@@ -171,7 +222,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
         def _send_cdn(self, etag: str, *, body: bool) -> None:
-            files = [served for repo in hub.repos.values() for served in repo.files.values() if served.etag == etag]
+            every = [files for repo in hub.repos.values() for files in (repo.files, *repo.older.values())]
+            files = [served for listing in every for served in listing.values() if served.etag == etag]
             if not files:
                 return self._error(404, "NotFound", body=body)
             self._send_file(files[0], None, body=body)

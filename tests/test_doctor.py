@@ -55,3 +55,25 @@ def test_the_report_hints_at_the_faster_build_without_failing(monkeypatch):
         assert report.backend.unused_cpu_features[0] == "AVX512"
         assert len(report.hints) == 1 and "-DGGML_AVX512=ON" in report.hints[0]
     assert report.problems == []
+
+
+def test_the_report_says_where_the_embedded_model_lives_and_how_big_it_is(monkeypatch, tmp_path, gemma_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
+    path = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
+    storage = doctor.check_storage()
+    assert (storage.embedded_model, storage.embedded_model_assembled) == (str(path), False)
+    assert storage.embedded_model_bytes == gemma_path.stat().st_size  # the model, before it is written there
+
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF" + bytes(1996))  # stands in for the assembled file
+    report = doctor.diagnose()
+    stored = json.loads(json.dumps(report.to_dict()))["storage"]  # as `doctor --json` prints it
+    assert (stored["embedded_model"], stored["embedded_model_bytes"], stored["embedded_model_assembled"]) == (str(path), 2000, True)
+    out = io.StringIO()
+    doctor.print_report(report, Console(file=out, width=300, highlight=False))
+    assert f"embedded model    {path} (2.0 kB)" in out.getvalue()

@@ -66,6 +66,15 @@ def cached_parts(ref: ModelRef) -> list[Path | None]:
     return found
 
 
+def cached_repo_files(repo: str) -> list[str]:
+    """The files of the repo's cached snapshot of `main`, as paths in the repo."""
+    ref = repo_cache(repo) / "refs" / "main"
+    snapshot = repo_cache(repo) / "snapshots" / (ref.read_text().strip() if ref.is_file() else "")
+    if not ref.is_file() or not snapshot.is_dir():
+        return []
+    return sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file())
+
+
 # --- unfinished downloads -----------------------------------------------------------------------
 
 
@@ -163,7 +172,14 @@ def _model_status(role: str, ref: ModelRef) -> ModelStatus:
         file = CachedFile(ref.path.name, ref.path if present else None, ref.path.stat().st_size if present else None)
         return ModelStatus(role, ref, [file], present)
     if ref.package is not None:
-        return ModelStatus(role, ref, [], _package_installed(ref.package))
+        from specli.demo import embedded_model
+
+        installed = _package_installed(ref.package)
+        embedded = embedded_model() if installed else None
+        if embedded is None:
+            return ModelStatus(role, ref, [], installed)
+        file = CachedFile(embedded.path.name, embedded.path if embedded.assembled else None, embedded.size)
+        return ModelStatus(role, ref, [file], installed)
     files = [
         CachedFile(filename, path, path.stat().st_size if path else None)
         for filename, path in zip(ref.files, cached_parts(ref))

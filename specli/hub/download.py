@@ -4,7 +4,8 @@ huggingface_hub's `hf_hub_download` does the transfer and lays the file out in t
 does: blob lock, `blobs/`, `snapshots/`, `refs/`, hf_xet for Xet-backed repos, and a connection cut
 during a pull continued from where it stopped. A killed pull is not continued (huggingface_hub starts
 every download in a new file); the next pull deletes what it left. specli adds the plan, the disk-space
-check, the GGUF and sha256 checks and its errors. `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`/`HF_HOME` and
+check, the registry's pins (the revision to fetch, each file's or part's size before the download and its
+sha256 after), the GGUF check and its errors. `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`/`HF_HOME` and
 `HF_HUB_OFFLINE` are read when a function runs, not when huggingface_hub is imported.
 """
 
@@ -45,6 +46,7 @@ from specli.hub.cache import (
     remove_entry,
     repo_cache,
 )
+from specli.hub.repo import list_repo, missing_file
 from specli.registry import ModelRef, Pair
 
 Draft = Literal["ngram"]
@@ -90,8 +92,11 @@ def resolve_model(ref: ModelRef, *, download: bool = True, pair_name: str | None
             f"{ref.repo}/{missing} is not downloaded" + (" and downloads are off (HF_HUB_OFFLINE)" if hub_offline() else ""),
             hint=f"run: specli pull {pair_name}" if pair_name else f"run: hf download {ref.repo} {missing}",
         )
-    files = _plan_model("model", ref)
+    files = _plan_model("model", ref, pair_name)
     _make_room(files, pair_name or ref.label)
+    needed = sum(file.fetch_size for file in files)
+    if needed:
+        _say(f"pulling {pair_name or ref.label}: {format_size(needed)} to download")
     return _fetch(files, pair_name)[0]
 
 
@@ -113,9 +118,9 @@ class HubFile:
     repo: str
     filename: str
     revision: str  # as the registry asks for it: a branch, tag or commit (default "main")
-    size: Optional[int]
+    size: Optional[int]  # as the Hub (or, offline, the cache) reports it
     cached: Optional[Path]  # the snapshot entry, when this revision of the file is in the cache
-    sha256: Optional[str] = None
+    sha256: Optional[str] = None  # the registry's pin of the content, checked after download
     in_blobs: bool = False  # same content already cached under another revision: nothing to fetch
 
     @property
@@ -155,11 +160,33 @@ def _plan_model(role: str, ref: ModelRef, pair_name: str | None = None) -> list[
             url = hf_hub_url(ref.repo, filename, revision=commit, endpoint=hub_endpoint())
             metadata = get_hf_file_metadata(url, endpoint=hub_endpoint())
         commit = metadata.commit_hash or commit  # later parts are planned at the first one's commit
+        _check_declared_size(ref, filename, metadata.size, commit, pair_name)
         cached = try_to_load_from_cache(ref.repo, filename, cache_dir=hub_cache_dir(), revision=commit)
         in_blobs = metadata.etag is not None and (repo_cache(ref.repo) / "blobs" / metadata.etag).is_file()
         cached = Path(cached) if isinstance(cached, str) else None
-        planned.append(HubFile(role, ref.repo, filename, revision, metadata.size, cached, ref.sha256, in_blobs))
+        sha256 = ref.file_sha256(filename)
+        planned.append(HubFile(role, ref.repo, filename, revision, metadata.size, cached, sha256, in_blobs))
     return planned
+
+
+def _check_declared_size(ref: ModelRef, filename: str, size: Optional[int], commit: str, pair_name: str | None) -> None:
+    """The declared size against the Hub's, before a byte is fetched: a mismatch means the pin is wrong."""
+    declared = ref.file_size(filename)
+    if declared is not None and size is not None and size != declared:
+        source, hint = _pins_source(pair_name, "'size' and 'revision'")
+        raise HubError(
+            f"{ref.repo}/{filename} is {size} bytes on the Hub at {commit[:12]}, not the {declared} that {source} "
+            "gives; nothing was downloaded",
+            hint=hint,
+        )
+
+
+def _pins_source(pair_name: str | None, keys: str) -> tuple[str, str]:
+    """Where a model's pins come from, and what to do when the Hub disagrees: a pair's from models.toml;
+    a Hub reference's from the repo's file list, read just before."""
+    if pair_name:
+        return "models.toml", f"check {keys} in models.toml"
+    return "the repo's file list", "the repo changed while specli read it; run again"
 
 
 def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFile]:
@@ -171,7 +198,7 @@ def _plan_offline(role: str, ref: ModelRef, pair_name: str | None) -> list[HubFi
                 hint=f"unset HF_HUB_OFFLINE and run: specli pull {pair_name or ref.repo}",
             )
         size = cached.stat().st_size
-        planned.append(HubFile(role, ref.repo, filename, ref.revision or "main", size, cached, ref.sha256))
+        planned.append(HubFile(role, ref.repo, filename, ref.revision or "main", size, cached, ref.file_sha256(filename)))
     return planned
 
 
@@ -233,7 +260,7 @@ def _fetch(files: list[HubFile], pair_name: str | None) -> list[Path]:
             path = cached
         else:
             with _hub_errors(file.repo, file.filename, file.revision):
-                path = _download(file, commit or file.revision)
+                path = _download(file, commit or file.revision, pair_name)
         commit = commit or _commit_of(path, file.filename)
         paths.append(path)
     return paths
@@ -244,7 +271,7 @@ def _commit_of(entry: Path, filename: str) -> str:
     return entry.parents[len(PurePosixPath(filename).parts) - 1].name
 
 
-def _download(file: HubFile, revision: str) -> Path:
+def _download(file: HubFile, revision: str, pair_name: str | None) -> Path:
     """huggingface_hub puts the file in the cache; specli checks it before anyone loads it."""
     path = hf_hub_download(
         file.repo,
@@ -256,23 +283,21 @@ def _download(file: HubFile, revision: str) -> Path:
     )
     cache = hub_cache_dir()
     entry = cache / Path(path).relative_to(cache.resolve())  # it resolves the cache folder; specli shows it as given
-    _verify_download(entry, file)
+    _verify_download(entry, file, pair_name)
     return entry
 
 
-def _verify_download(entry: Path, file: HubFile) -> None:
-    """GGUF magic always, sha256 when the registry pins one; a file failing either leaves the snapshot."""
+def _verify_download(entry: Path, file: HubFile, pair_name: str | None) -> None:
+    """GGUF magic always, sha256 when it is pinned; a file failing either leaves the snapshot."""
     problem = None
+    source, hint = _pins_source(pair_name, "the entry (file name, revision, sha256)")
     if _read_magic(entry) != GGUF_MAGIC:
         problem = "it is not a GGUF file"
     elif file.sha256 and _sha256(entry) != file.sha256:
-        problem = f"its sha256 is not the {file.sha256[:12]}… that models.toml gives"
+        problem = f"its sha256 is not the {file.sha256[:12]}… that {source} gives"
     if problem:
         remove_entry(entry)
-        raise HubError(
-            f"downloaded {file.repo}/{file.filename} but {problem}; it was removed from the cache",
-            hint="check the registry entry (file name, revision, sha256) in models.toml",
-        )
+        raise HubError(f"downloaded {file.repo}/{file.filename} but {problem}; it was removed from the cache", hint=hint)
 
 
 def _check_magic(path: Path, pair_name: str | None) -> None:
@@ -342,7 +367,7 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
     except RepositoryNotFoundError:
         raise HubError(
             f"repository {repo} not found on {endpoint}",
-            hint=f"check the repo id in models.toml; for a private repo, {login}",
+            hint=f"check the repo id; for a private repo, {login}",
         ) from None
     except RevisionNotFoundError:
         raise HubError(f"revision '{revision}' not found in {repo}", hint="check 'revision' in models.toml") from None
@@ -356,12 +381,14 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
             ) from None
         raise HubError(f"cannot reach the Hub at {endpoint}", hint="check your network; HF_HUB_OFFLINE=1 uses cached files only") from None
     except EntryNotFoundError:
-        raise HubError(f"file {filename} not found in {repo}", hint="check the file name in models.toml") from None
+        message, hint = _explain_missing(repo, filename, revision)
+        raise HubError(message, hint=hint) from None
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
         if status in (401, 403):
             raise HubError(f"the Hub refused access to {repo} (HTTP {status})", hint=login) from None
-        raise HubError(f"the Hub answered HTTP {status} for {repo}/{filename}", hint="try again later") from None
+        what = f"{repo}/{filename}" if filename else repo
+        raise HubError(f"the Hub answered HTTP {status} for {what}", hint="try again later") from None
     except httpx2.TransportError as error:  # huggingface_hub's transport, raised as is once its retries give up
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise HubError(
@@ -373,3 +400,12 @@ def _hub_errors(repo: str, filename: str, revision: str) -> Iterator[None]:
             raise HubError(f"disk full while downloading {filename}", hint="free some space and pull again") from None
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise HubError(f"download of {repo}/{filename} failed: {reason}", hint="pull again") from None
+
+
+def _explain_missing(repo: str, filename: str, revision: str) -> tuple[str, str]:
+    """What the repo holds instead of a missing file, when its file list can be had."""
+    try:
+        names = list_repo(repo, revision, hub_endpoint()).files
+    except (HfHubHTTPError, httpx2.TransportError, OSError):
+        return f"file {filename} not found in {repo}", "check the file name in models.toml"
+    return missing_file(repo, filename, names)
