@@ -8,7 +8,6 @@ is valid until the next decode on the same model.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -54,6 +53,15 @@ def library_versions() -> dict[str, str]:
         "llama_cpp_python": getattr(llama, "__version__", "unknown"),
         "system_info": info.decode("utf-8", "replace").strip() if info else "",
     }
+
+
+def ggml_library() -> ctypes.CDLL | None:
+    """ggml as llama-cpp-python loaded it (its device API has no Python bindings), or None."""
+    try:
+        from llama_cpp._ggml import libggml
+    except (ImportError, OSError):
+        return None
+    return libggml
 
 
 def check_gguf_file(path: Path) -> None:
@@ -379,99 +387,3 @@ def check_vocab_compatible(target: Model, draft: Model) -> None:
                 f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
                 "pick a draft from the same model family",
             )
-
-
-# --- facts for `specli doctor` ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BackendDevice:
-    """A device ggml can compute on (the CPU, a CUDA or Metal GPU, an accelerator)."""
-
-    name: str
-    description: str
-    kind: str  # "cpu" | "gpu" | "igpu" | "accel"
-    memory_free: int | None
-    memory_total: int | None
-
-
-_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
-
-
-def llama_cpp_build() -> dict[str, str | None]:
-    """llama-cpp-python's version, the ggml it bundles (version and commit), and llama.cpp's
-    own summary of the CPU features and backends it was built with."""
-    ggml = _ggml_library()
-    return {
-        "llama_cpp_python": getattr(llama, "__version__", None),
-        "ggml_version": _c_string(ggml, "ggml_version"),
-        "ggml_commit": _c_string(ggml, "ggml_commit"),
-        "system_info": library_versions()["system_info"],
-    }
-
-
-def compute_fingerprint() -> str:
-    """A short digest of what decides decode speed besides the model and its settings: the
-    llama.cpp build (its CPU instruction sets and GPU backends) and the devices it sees. A
-    reinstall with other flags (CUDA, AVX-512) or another GPU changes it."""
-    build = llama_cpp_build()
-    parts = [build["llama_cpp_python"], build["ggml_commit"], build["system_info"]]
-    parts += [f"{device.name}:{device.description}" for device in backend_devices() or []]
-    return hashlib.sha256("\n".join(str(part) for part in parts).encode()).hexdigest()[:12]
-
-
-def backend_devices() -> list[BackendDevice] | None:
-    """The devices ggml's backend registry knows; None when this build does not expose it."""
-    ggml = _ggml_library()
-    if ggml is None or not hasattr(ggml, "ggml_backend_dev_count"):
-        return None
-    init_backend()
-    try:
-        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-        ggml.ggml_backend_dev_count.argtypes = []
-        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-            getattr(ggml, name).restype = ctypes.c_char_p
-            getattr(ggml, name).argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_dev_type.restype = ctypes.c_int
-        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_dev_memory.restype = None
-        size_pointer = ctypes.POINTER(ctypes.c_size_t)
-        ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_pointer, size_pointer]
-    except AttributeError:
-        return None
-    devices = []
-    for index in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        kind = ggml.ggml_backend_dev_type(device)
-        devices.append(
-            BackendDevice(
-                name=(ggml.ggml_backend_dev_name(device) or b"").decode("utf-8", "replace"),
-                description=(ggml.ggml_backend_dev_description(device) or b"").decode("utf-8", "replace"),
-                kind=_DEVICE_KINDS.get(kind, f"type {kind}"),
-                memory_free=free.value or None,
-                memory_total=total.value or None,
-            )
-        )
-    return devices
-
-
-def _ggml_library():
-    """ggml as llama-cpp-python loaded it (its backend API has no Python bindings), or None."""
-    try:
-        from llama_cpp._ggml import libggml
-    except (ImportError, OSError):
-        return None
-    return libggml
-
-
-def _c_string(library, function: str) -> str | None:
-    if library is None or not hasattr(library, function):
-        return None
-    getattr(library, function).restype = ctypes.c_char_p
-    getattr(library, function).argtypes = []
-    value = getattr(library, function)()
-    return value.decode("utf-8", "replace") if value else None

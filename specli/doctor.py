@@ -11,8 +11,12 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specli import __version__
+
+if TYPE_CHECKING:
+    from specli.devices import Device
 
 PIP_REINSTALL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
 GPU_INSTALL = {
@@ -38,15 +42,6 @@ GPU_INSTALL_HINT = (
     f"for an NVIDIA GPU reinstall llama-cpp-python with CUDA: {GPU_INSTALL['cuda']}; "
     f"on a Mac with Metal: {GPU_INSTALL['metal']}"
 )
-
-
-@dataclass
-class Device:
-    name: str
-    description: str
-    kind: str
-    memory_free: int | None = None
-    memory_total: int | None = None
 
 
 @dataclass
@@ -130,17 +125,16 @@ def diagnose() -> Report:
 
 def check_backend() -> Backend:
     try:
-        from specli import backend
+        from specli import backend, devices
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
-        build = backend.llama_cpp_build()
-        devices = backend.backend_devices()
+        build = devices.llama_cpp_build()
         unused = unused_cpu_features(cpu_flags(), build.get("system_info"))
         return Backend(
             **build,
             gpu_offload=backend.supports_gpu_offload(),
-            devices=None if devices is None else [Device(**asdict(device)) for device in devices],
+            devices=devices.backend_devices(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,
         )

@@ -9,8 +9,9 @@ from typing import Callable, Literal, Union
 import numpy as np
 
 from specli.adaptive import CALIBRATION_SIZES, CALIBRATION_VERSION, AdaptiveDraftLength, VerifyCost, cached_calibration, calibrate
-from specli.backend import LoadSettings, Model, check_vocab_compatible, compute_fingerprint, library_versions
+from specli.backend import LoadSettings, Model, check_vocab_compatible, library_versions
 from specli.config import cache_dir
+from specli.devices import compute_fingerprint
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
 from specli.errors import PromptError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer

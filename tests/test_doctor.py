@@ -55,3 +55,16 @@ def test_the_report_hints_at_the_faster_build_without_failing(monkeypatch):
         assert report.backend.unused_cpu_features[0] == "AVX512"
         assert len(report.hints) == 1 and "-DGGML_AVX512=ON" in report.hints[0]
     assert report.problems == []
+
+
+def test_the_device_probe_sees_the_cpu_and_the_fingerprint_is_stable():
+    from specli import devices
+
+    found = devices.backend_devices()
+    assert found is not None and any(device.kind == "cpu" and device.name for device in found)
+    build = devices.llama_cpp_build()
+    assert build["llama_cpp_python"] and build["ggml_version"] and "CPU :" in build["system_info"]
+    fingerprint = devices.compute_fingerprint()
+    assert len(fingerprint) == 12 and devices.compute_fingerprint() == fingerprint
+    report = doctor.check_backend()
+    assert report.error is None and report.devices == found
