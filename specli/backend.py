@@ -136,7 +136,7 @@ class Model:
         self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
         self._memory = llama.llama_get_memory(self._ctx)
         self._init_batch(self.batch_size)
-        self._piece_cache: dict[int, bytes] = {}
+        self._piece_caches: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})  # by `special`
         self._eog_cache: dict[int, bool] = {}
         self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
         self.decode_seconds = 0.0  # time spent inside llama_decode, for overhead accounting
@@ -256,16 +256,18 @@ class Model:
             count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
         return list(buffer[:count])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes a token stands for (special tokens render as nothing)."""
-        cached = self._piece_cache.get(token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; special tokens (BOS, end of turn) render as nothing
+        unless `special`."""
+        cache = self._piece_caches[special]
+        cached = cache.get(token)
         if cached is None:
             buffer = ctypes.create_string_buffer(64)
-            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, special)
             if size < 0:
                 buffer = ctypes.create_string_buffer(-size)
-                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, False)
-            cached = self._piece_cache[token] = buffer.raw[:size]
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, special)
+            cached = cache[token] = buffer.raw[:size]
         return cached
 
     # --- chat ---------------------------------------------------------------
@@ -298,17 +300,12 @@ class Model:
         """Templates llama.cpp's built-in list does not recognise: render the Jinja source."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        bos = self.piece_special(self.bos)
-        eos = self.piece_special(self.eos)
+        bos = self.piece(self.bos, special=True).decode("utf-8", "replace")
+        eos = self.piece(self.eos, special=True).decode("utf-8", "replace")
         formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
         prompt = formatter(messages=messages).prompt
         # The BOS token is added by tokenization; a template that writes it would double it.
         return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
-
-    def piece_special(self, token: int) -> str:
-        buffer = ctypes.create_string_buffer(64)
-        size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, True)
-        return buffer.raw[: max(size, 0)].decode("utf-8", "replace")
 
     # --- lifetime -----------------------------------------------------------
 

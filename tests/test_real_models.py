@@ -168,7 +168,8 @@ def test_chat_template_is_applied_for_smollm(smollm_path):
         assert smol.chat_template() is not None
         chat = prompt_tokens(smol, "Hi", system="Be brief.")
         raw = prompt_tokens(smol, "Hi", chat=False)
-        text = "".join(smol.piece_special(t) for t in chat)
+        text = b"".join(smol.piece(t, special=True) for t in chat).decode()
+        assert smol.piece(chat[0]) == b"" and smol.piece(chat[0], special=True) == b"<|im_start|>"
     assert "<|im_start|>system\nBe brief.<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
     assert len(raw) < len(chat)
 
