@@ -273,14 +273,17 @@ class Model:
     # --- chat ---------------------------------------------------------------
 
     def chat_template(self) -> str | None:
+        """The model's chat template (Jinja source) from its GGUF metadata, if it has one."""
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Format messages with the model's own template, ready for the assistant's turn."""
+    def apply_builtin_chat_template(self, messages: list[dict[str, str]]) -> str | None:
+        """Messages formatted by llama.cpp's built-in copy of the model's chat template, ready
+        for the assistant's turn; None where llama.cpp does not recognise the template (or
+        the model has none)."""
         template = llama.llama_model_chat_template(self._model, None)
         if not template:
-            raise PromptError(f"{self.path.name} has no chat template", "use --no-chat to send the prompt as is")
+            return None
         chat = (llama.llama_chat_message * len(messages))()
         encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
         for i, (role, content) in enumerate(encoded):
@@ -292,20 +295,7 @@ class Model:
         if written > size:
             buffer = ctypes.create_string_buffer(written)
             written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, written)
-        if written >= 0:
-            return buffer.raw[:written].decode("utf-8", "replace")
-        return self._apply_jinja_template(template.decode("utf-8", "replace"), messages)
-
-    def _apply_jinja_template(self, template: str, messages: list[dict[str, str]]) -> str:
-        """Templates llama.cpp's built-in list does not recognise: render the Jinja source."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        bos = self.piece(self.bos, special=True).decode("utf-8", "replace")
-        eos = self.piece(self.eos, special=True).decode("utf-8", "replace")
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-        prompt = formatter(messages=messages).prompt
-        # The BOS token is added by tokenization; a template that writes it would double it.
-        return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+        return buffer.raw[:written].decode("utf-8", "replace") if written >= 0 else None
 
     # --- lifetime -----------------------------------------------------------
 

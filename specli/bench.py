@@ -25,9 +25,10 @@ from typing import Callable
 from specli.backend import LoadSettings, library_versions
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError, UsageError
+from specli.prompt import prompt_tokens
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
-from specli.session import Session, prompt_tokens
+from specli.session import Session
 
 PLAIN = "plain"
 AUTO = "auto"

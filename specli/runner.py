@@ -142,8 +142,9 @@ def execute(request: RunRequest, stdout: IO[str] | None = None, stderr: IO[str] 
     """Run one generation, streaming to stdout. Returns the exit code."""
     from specli.backend import LoadSettings, supports_gpu_offload
     from specli.engine import Finished, GenerationOptions, Token, check_prompt_fits
+    from specli.prompt import prompt_tokens
     from specli.render import JsonRenderer, TextRenderer, use_colour
-    from specli.session import SessionSpec, open_session, prompt_tokens
+    from specli.session import SessionSpec, open_session
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr

@@ -1,4 +1,4 @@
-"""Wiring: load the target and the draft, check they fit together, build the prompt."""
+"""Wiring: load the target and the draft, check they fit together."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from specli.backend import LoadSettings, Model, check_vocab_compatible, library_
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions
-from specli.errors import PromptError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
 
@@ -114,18 +113,3 @@ def _open_proposer(spec: SessionSpec, target: Model, rng: np.random.Generator) -
         draft.close()
         raise
     return DraftModelProposer(draft, spec.sampling, rng, spec.draft_min_confidence)
-
-
-def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat: bool | None = None) -> list[int]:
-    """Tokens for the prompt; through the model's chat template when it has one (or chat=True)."""
-    if not prompt.strip():
-        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
-    if chat is None:
-        chat = model.chat_template() is not None
-    if not chat:
-        if system:
-            raise PromptError("--system needs a chat template", "drop --no-chat, or put the instructions in the prompt")
-        return model.tokenize(prompt, add_special=True, parse_special=False)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    formatted = model.apply_chat_template(messages)
-    return model.tokenize(formatted, add_special=True, parse_special=True)

@@ -162,7 +162,7 @@ def test_vocab_mismatch_between_gemma_and_smollm_is_named(gemma_path, smollm_pat
 
 
 def test_chat_template_is_applied_for_smollm(smollm_path):
-    from specli.session import prompt_tokens
+    from specli.prompt import prompt_tokens
 
     with Model(smollm_path, LoadSettings(ctx_size=256)) as smol:
         assert smol.chat_template() is not None
