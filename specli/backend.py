@@ -194,9 +194,9 @@ class Model:
         """The last decode's logits rows, as a view of llama.cpp's output buffer.
 
         The view is built once per buffer (llama.cpp moves the buffer only when it grows)
-        and sliced after that: building one runs enough Python to cost ~60 µs per step
-        with the caches cold from a decode. It never spans more rows than llama.cpp has
-        written at that address, so it covers allocated memory only.
+        and sliced after that, because building one costs far more than slicing it
+        (benchmarks/README.md, "Costs behind the code"). It never spans more rows than
+        llama.cpp has written at that address, so it covers allocated memory only.
         """
         pointer = llama.llama_get_logits(self._ctx)
         address = ctypes.addressof(pointer.contents)

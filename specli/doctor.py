@@ -25,9 +25,9 @@ GPU_INSTALL = {
 }
 # x86 instruction sets that ggml has CPU kernels for: the name in /proc/cpuinfo's flags, in
 # llama.cpp's system info, and the CMake option that builds for it. `-DGGML_NATIVE=OFF` (the
-# portable build, and the way around the AMX crash) stops at AVX2/FMA/F16C: on a CPU with
-# AVX-512 the batched verify then runs slower kernels (measured on a 2-core AVX-512 box,
-# Gemma 3 270M: an 8- to 48-token verify took 0.75-0.8 of the time with them, one token 0.95).
+# portable build, which also avoids a crash in the AMX path on some CPUs) stops at
+# AVX2/FMA/F16C: on a CPU with AVX-512 the batched verify then runs slower kernels
+# (benchmarks/README.md, section 1).
 CPU_FEATURES = (
     ("avx2", "AVX2", "GGML_AVX2"),
     ("fma", "FMA", "GGML_FMA"),
