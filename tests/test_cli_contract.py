@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+from helpers import assert_one_line_error
+
 PROMPT = "The capital of France is"
 FAST = ["--no-chat", "-n", "8", "-k", "4", "--ctx-size", "512"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -219,18 +221,6 @@ from specli.cli import app  # noqa: E402
 
 def invoke(*args: object, stdin: str | bytes | None = None):
     return CliRunner().invoke(app, [str(arg) for arg in args], input=stdin)
-
-
-def assert_one_line_error(result, code: int, *needles: str) -> None:
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.stdout == ""
-    err = result.stderr
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, err
-    if code == 1:
-        assert err.count("\n") == 1 and err.startswith("specli: error: "), err
 
 
 @pytest.mark.parametrize(

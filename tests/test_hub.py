@@ -25,6 +25,7 @@ import pytest
 from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
 from fakehub import FakeHub, make_gguf
+from helpers import assert_one_line_error
 from specli.errors import OfflineError
 from specli.hub import format_size, resolve_pair
 from specli.registry import load_registry
@@ -176,16 +177,6 @@ def snapshot(repo: str) -> Path:
 def blobs(repo: str) -> list[Path]:
     folder = cache() / f"models--{repo.replace('/', '--')}" / "blobs"
     return sorted(folder.iterdir()) if folder.is_dir() else []
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.code != 0
-    assert result.out == ""
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("specli: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 # --- pull ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import RecordingRows
 from specli.proposers import NGramProposer
 from specli.sampling import Distribution, residual, verify_greedy, verify_sampled
 
@@ -24,20 +25,6 @@ def distribution(raw: list[int]) -> Distribution:
 
 
 # --- greedy verification -------------------------------------------------------
-
-
-class RecordingRows:
-    """Logits rows that remember which rows were read."""
-
-    def __init__(self, rows: np.ndarray) -> None:
-        self.rows, self.read = rows, set()
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        self.read.add(i)
-        return self.rows[i]
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
 
 def reference_greedy(draft: list[int], argmax: list[int]) -> tuple[int, int]:
@@ -68,7 +55,7 @@ def test_greedy_verification_matches_a_reference_loop(case):
     accepted, written = verify_greedy(draft, rows)
     assert (accepted, written) == reference_greedy(draft, [int(np.argmax(row)) for row in logits])
     assert 0 <= accepted <= len(draft)
-    assert rows.read <= set(range(accepted + 1)), "no row after the first disagreement is read"
+    assert set(rows.read) <= set(range(accepted + 1)), "no row after the first disagreement is read"
 
 
 # --- rejection sampling -------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel
+from helpers import RecordingRows
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.proposers import DraftModelProposer, NGramProposer
 from specli.sampling import Distribution, SamplingSettings, residual, verify_greedy, verify_sampled, warp
@@ -40,22 +41,6 @@ def test_verify_greedy_keeps_the_longest_agreeing_prefix():
     assert verify_greedy([4, 5, 6], rows(4, 5, 6, 1)) == (3, 1)  # bonus token
     assert verify_greedy([4], rows(3, 8)) == (0, 3)
     assert verify_greedy([], rows(7)) == (0, 7)
-
-
-class RecordingRows:
-    """Logits rows that remember which rows were read."""
-
-    def __init__(self, logits: np.ndarray) -> None:
-        self.logits = logits
-        self.read: list[int] = []
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        self.read.append(i)
-        return self.logits[i]
-
-    def __array__(self, *args, **kwargs):
-        self.read.extend(range(len(self.logits)))
-        return self.logits
 
 
 def test_verify_greedy_reads_no_row_after_the_first_rejection():
