@@ -172,8 +172,26 @@ def test_warp_on_a_full_vocabulary_matches_the_dense_definition(top_k, top_p, mi
                                rtol=1e-9, atol=1e-12)
 
 
-def test_sampling_is_reproducible_with_a_seed():
+def test_a_sample_is_the_inverse_cdf_of_one_uniform_draw():
+    """One uniform per token, so a seeded run consumes its generator the same way each time."""
     d = dist([0.2, 0.3, 0.5])
-    a = [d.sample(np.random.default_rng(5)) for _ in range(3)]
-    b = [d.sample(np.random.default_rng(5)) for _ in range(3)]
-    assert a == b
+    rng = np.random.default_rng(5)
+    drawn = [d.sample(rng) for _ in range(200)]
+    uniforms = np.random.default_rng(5).random(200)
+    assert drawn == np.searchsorted([0.2, 0.5, 1.0], uniforms, side="right").tolist()
+
+
+def test_sampled_generation_repeats_with_the_same_seeds_and_changes_with_others():
+    settings = SamplingSettings(temperature=1.0)
+
+    def generate(seed: int) -> list[int]:
+        draft = FakeModel(sharpness=1.0, noise_seed=5, noise=2.0)
+        proposer = DraftModelProposer(draft, settings, np.random.default_rng([seed, 1]))
+        engine = Engine(FakeModel(sharpness=1.0), proposer, FixedDraftLength(3),
+                        GenerationOptions(max_tokens=40, sampling=settings), np.random.default_rng([seed, 0]))
+        return [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
+
+    first = generate(5)
+    assert len(first) == 40
+    assert generate(5) == first
+    assert generate(6) != first
