@@ -9,6 +9,8 @@ import pytest
 from benchmarks.batch_margins import batched_margins, measure, plain_output
 from specli.backend import LoadSettings, Model
 
+pytestmark = pytest.mark.slow  # loads real models
+
 
 @pytest.fixture(scope="module")
 def model(gemma_path):

@@ -17,6 +17,8 @@ from specli.errors import VocabMismatchError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
 
+pytestmark = pytest.mark.slow  # loads real models
+
 # Logits. With these prompts and fixed Ks (the same batch shapes every run) every flip falls
 # under this bound; elsewhere a batch was measured to lower a margin by up to 0.89
 # (benchmarks/batch_margins.py), so other prompts could need a looser one.

@@ -49,6 +49,7 @@ def test_verify_greedy_reads_no_row_after_the_first_rejection():
     assert sorted(set(logits.read)) == [0, 1]
 
 
+@pytest.mark.slow  # tens of thousands of draws
 @pytest.mark.parametrize(
     "p, q",
     [
@@ -72,6 +73,7 @@ def test_rejection_sampling_reproduces_the_target_distribution(p, q):
     assert chi_square(counts, probs) < CHI2_999[support - 1]
 
 
+@pytest.mark.slow  # tens of thousands of draws
 def test_point_mass_proposals_are_also_lossless():
     """An n-gram proposal has q = one-hot: keep with probability p(x), else draw p without x."""
     p = dist([0.1, 0.6, 0.2, 0.1])
@@ -100,6 +102,7 @@ def first_two_tokens_distribution(model: FakeModel, prompt: list[int], settings:
     return joint.ravel()
 
 
+@pytest.mark.slow  # tens of thousands of draws
 @pytest.mark.parametrize("proposer_kind", ["draft", "ngram"])
 def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_kind):
     """Two tokens through the whole loop (propose, verify, rewind, bonus) follow p exactly."""
