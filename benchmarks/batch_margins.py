@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specli.backend import LoadSettings, Model
     from specli.bench import load_workloads
-    from specli.session import prompt_tokens
+    from specli.prompt import prompt_tokens
 
     batches = tuple(int(b) for b in args.batches.split(","))
     shifts = []

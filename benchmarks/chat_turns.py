@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specli.backend import LoadSettings
 from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions
+from specli.prompt import chat_tokens
 from specli.proposers import NoProposer
 from specli.session import SessionSpec, open_session
 
@@ -30,13 +31,13 @@ def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[
         options = GenerationOptions(max_tokens=96)
         engine = session.engine(session.draft_length(None), options)
         messages = [{"role": "user", "content": FIRST}]
-        prompt = session.target.tokenize(session.target.apply_chat_template(messages), parse_special=True)
+        prompt = chat_tokens(session.target, messages)
         reply = [e for e in engine.generate(prompt)]
         finished = reply[-1]
         assert isinstance(finished, Finished)
         text = "".join(getattr(e, "text", "") for e in reply)
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": SECOND}]
-        prompt = session.target.tokenize(session.target.apply_chat_template(messages), parse_special=True)
+        prompt = chat_tokens(session.target, messages)
         kept = _first_token(engine, prompt)
         fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftLength(0), GenerationOptions(1)), prompt)
     return kept[0], kept[1], fresh[0], fresh[1]

@@ -179,7 +179,8 @@ def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
     from specli.bench import load_workloads
     from specli.engine import FixedDraftLength, GenerationOptions, Token
-    from specli.session import SessionSpec, open_session, prompt_tokens
+    from specli.prompt import prompt_tokens
+    from specli.session import SessionSpec, open_session
 
     cases = []
     with open_session(SessionSpec(model, "none")) as session:

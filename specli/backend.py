@@ -8,7 +8,6 @@ is valid until the next decode on the same model.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -54,6 +53,15 @@ def library_versions() -> dict[str, str]:
         "llama_cpp_python": getattr(llama, "__version__", "unknown"),
         "system_info": info.decode("utf-8", "replace").strip() if info else "",
     }
+
+
+def ggml_library() -> ctypes.CDLL | None:
+    """ggml as llama-cpp-python loaded it (its device API has no Python bindings), or None."""
+    try:
+        from llama_cpp._ggml import libggml
+    except (ImportError, OSError):
+        return None
+    return libggml
 
 
 def check_gguf_file(path: Path) -> None:
@@ -128,7 +136,7 @@ class Model:
         self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
         self._memory = llama.llama_get_memory(self._ctx)
         self._init_batch(self.batch_size)
-        self._piece_cache: dict[int, bytes] = {}
+        self._piece_caches: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})  # by `special`
         self._eog_cache: dict[int, bool] = {}
         self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
         self.decode_seconds = 0.0  # time spent inside llama_decode, for overhead accounting
@@ -186,9 +194,9 @@ class Model:
         """The last decode's logits rows, as a view of llama.cpp's output buffer.
 
         The view is built once per buffer (llama.cpp moves the buffer only when it grows)
-        and sliced after that: building one runs enough Python to cost ~60 µs per step
-        with the caches cold from a decode. It never spans more rows than llama.cpp has
-        written at that address, so it covers allocated memory only.
+        and sliced after that, because building one costs far more than slicing it
+        (benchmarks/README.md, "Costs behind the code"). It never spans more rows than
+        llama.cpp has written at that address, so it covers allocated memory only.
         """
         pointer = llama.llama_get_logits(self._ctx)
         address = ctypes.addressof(pointer.contents)
@@ -248,29 +256,34 @@ class Model:
             count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
         return list(buffer[:count])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes a token stands for (special tokens render as nothing)."""
-        cached = self._piece_cache.get(token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; special tokens (BOS, end of turn) render as nothing
+        unless `special`."""
+        cache = self._piece_caches[special]
+        cached = cache.get(token)
         if cached is None:
             buffer = ctypes.create_string_buffer(64)
-            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, special)
             if size < 0:
                 buffer = ctypes.create_string_buffer(-size)
-                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, False)
-            cached = self._piece_cache[token] = buffer.raw[:size]
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, special)
+            cached = cache[token] = buffer.raw[:size]
         return cached
 
     # --- chat ---------------------------------------------------------------
 
     def chat_template(self) -> str | None:
+        """The model's chat template (Jinja source) from its GGUF metadata, if it has one."""
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Format messages with the model's own template, ready for the assistant's turn."""
+    def apply_builtin_chat_template(self, messages: list[dict[str, str]]) -> str | None:
+        """Messages formatted by llama.cpp's built-in copy of the model's chat template, ready
+        for the assistant's turn; None where llama.cpp does not recognise the template (or
+        the model has none)."""
         template = llama.llama_model_chat_template(self._model, None)
         if not template:
-            raise PromptError(f"{self.path.name} has no chat template", "use --no-chat to send the prompt as is")
+            return None
         chat = (llama.llama_chat_message * len(messages))()
         encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
         for i, (role, content) in enumerate(encoded):
@@ -282,25 +295,7 @@ class Model:
         if written > size:
             buffer = ctypes.create_string_buffer(written)
             written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, written)
-        if written >= 0:
-            return buffer.raw[:written].decode("utf-8", "replace")
-        return self._apply_jinja_template(template.decode("utf-8", "replace"), messages)
-
-    def _apply_jinja_template(self, template: str, messages: list[dict[str, str]]) -> str:
-        """Templates llama.cpp's built-in list does not recognise: render the Jinja source."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        bos = self.piece_special(self.bos)
-        eos = self.piece_special(self.eos)
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-        prompt = formatter(messages=messages).prompt
-        # The BOS token is added by tokenization; a template that writes it would double it.
-        return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
-
-    def piece_special(self, token: int) -> str:
-        buffer = ctypes.create_string_buffer(64)
-        size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, True)
-        return buffer.raw[: max(size, 0)].decode("utf-8", "replace")
+        return buffer.raw[:written].decode("utf-8", "replace") if written >= 0 else None
 
     # --- lifetime -----------------------------------------------------------
 
@@ -384,99 +379,3 @@ def check_vocab_compatible(target: Model, draft: Model) -> None:
                 f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
                 hint,
             )
-
-
-# --- facts for `specli doctor` ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BackendDevice:
-    """A device ggml can compute on (the CPU, a CUDA or Metal GPU, an accelerator)."""
-
-    name: str
-    description: str
-    kind: str  # "cpu" | "gpu" | "igpu" | "accel"
-    memory_free: int | None
-    memory_total: int | None
-
-
-_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
-
-
-def llama_cpp_build() -> dict[str, str | None]:
-    """llama-cpp-python's version, the ggml it bundles (version and commit), and llama.cpp's
-    own summary of the CPU features and backends it was built with."""
-    ggml = _ggml_library()
-    return {
-        "llama_cpp_python": getattr(llama, "__version__", None),
-        "ggml_version": _c_string(ggml, "ggml_version"),
-        "ggml_commit": _c_string(ggml, "ggml_commit"),
-        "system_info": library_versions()["system_info"],
-    }
-
-
-def compute_fingerprint() -> str:
-    """A short digest of what decides decode speed besides the model and its settings: the
-    llama.cpp build (its CPU instruction sets and GPU backends) and the devices it sees. A
-    reinstall with other flags (CUDA, AVX-512) or another GPU changes it."""
-    build = llama_cpp_build()
-    parts = [build["llama_cpp_python"], build["ggml_commit"], build["system_info"]]
-    parts += [f"{device.name}:{device.description}" for device in backend_devices() or []]
-    return hashlib.sha256("\n".join(str(part) for part in parts).encode()).hexdigest()[:12]
-
-
-def backend_devices() -> list[BackendDevice] | None:
-    """The devices ggml's backend registry knows; None when this build does not expose it."""
-    ggml = _ggml_library()
-    if ggml is None or not hasattr(ggml, "ggml_backend_dev_count"):
-        return None
-    init_backend()
-    try:
-        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-        ggml.ggml_backend_dev_count.argtypes = []
-        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-            getattr(ggml, name).restype = ctypes.c_char_p
-            getattr(ggml, name).argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_dev_type.restype = ctypes.c_int
-        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-        ggml.ggml_backend_dev_memory.restype = None
-        size_pointer = ctypes.POINTER(ctypes.c_size_t)
-        ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_pointer, size_pointer]
-    except AttributeError:
-        return None
-    devices = []
-    for index in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        kind = ggml.ggml_backend_dev_type(device)
-        devices.append(
-            BackendDevice(
-                name=(ggml.ggml_backend_dev_name(device) or b"").decode("utf-8", "replace"),
-                description=(ggml.ggml_backend_dev_description(device) or b"").decode("utf-8", "replace"),
-                kind=_DEVICE_KINDS.get(kind, f"type {kind}"),
-                memory_free=free.value or None,
-                memory_total=total.value or None,
-            )
-        )
-    return devices
-
-
-def _ggml_library():
-    """ggml as llama-cpp-python loaded it (its backend API has no Python bindings), or None."""
-    try:
-        from llama_cpp._ggml import libggml
-    except (ImportError, OSError):
-        return None
-    return libggml
-
-
-def _c_string(library, function: str) -> str | None:
-    if library is None or not hasattr(library, function):
-        return None
-    getattr(library, function).restype = ctypes.c_char_p
-    getattr(library, function).argtypes = []
-    value = getattr(library, function)()
-    return value.decode("utf-8", "replace") if value else None

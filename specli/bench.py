@@ -27,9 +27,10 @@ import numpy as np
 from specli.backend import library_versions
 from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, Stats, Token
 from specli.errors import ConfigError, UsageError
+from specli.prompt import prompt_tokens
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
-from specli.session import Session, SessionSpec, exact_batch_sizes, open_session, prompt_tokens
+from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
 
 PLAIN = "plain"
 AUTO = "auto"

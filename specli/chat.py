@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import IO, TYPE_CHECKING
 
 from specli.engine import Finished, StepRecord, Token
+from specli.prompt import chat_tokens
 from specli.render import TextRenderer, use_colour
 from specli.runner import EXIT_OK, Output
 
@@ -80,8 +81,7 @@ class Conversation:
         target = self._session.target
         if not self.templated:
             return target.tokenize(self.text + line, add_special=True)
-        formatted = target.apply_chat_template(self.messages + [{"role": "user", "content": line}])
-        return target.tokenize(formatted, add_special=True, parse_special=True)
+        return chat_tokens(target, self.messages + [{"role": "user", "content": line}])
 
     def add(self, line: str, reply: str) -> None:
         if self.templated:

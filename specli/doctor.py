@@ -10,8 +10,12 @@ import platform
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specli import __version__
+
+if TYPE_CHECKING:
+    from specli.devices import Device
 
 PIP_REINSTALL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
 GPU_INSTALL = {
@@ -20,9 +24,9 @@ GPU_INSTALL = {
 }
 # x86 instruction sets that ggml has CPU kernels for: the name in /proc/cpuinfo's flags, in
 # llama.cpp's system info, and the CMake option that builds for it. `-DGGML_NATIVE=OFF` (the
-# portable build, and the way around the AMX crash) stops at AVX2/FMA/F16C: on a CPU with
-# AVX-512 the batched verify then runs slower kernels (measured on a 2-core AVX-512 box,
-# Gemma 3 270M: an 8- to 48-token verify took 0.75-0.8 of the time with them, one token 0.95).
+# portable build, which also avoids a crash in the AMX path on some CPUs) stops at
+# AVX2/FMA/F16C: on a CPU with AVX-512 the batched verify then runs slower kernels
+# (benchmarks/README.md, section 1).
 CPU_FEATURES = (
     ("avx2", "AVX2", "GGML_AVX2"),
     ("fma", "FMA", "GGML_FMA"),
@@ -37,15 +41,6 @@ GPU_INSTALL_HINT = (
     f"for an NVIDIA GPU reinstall llama-cpp-python with CUDA: {GPU_INSTALL['cuda']}; "
     f"on a Mac with Metal: {GPU_INSTALL['metal']}"
 )
-
-
-@dataclass
-class Device:
-    name: str
-    description: str
-    kind: str
-    memory_free: int | None = None
-    memory_total: int | None = None
 
 
 @dataclass
@@ -132,17 +127,16 @@ def diagnose() -> Report:
 
 def check_backend() -> Backend:
     try:
-        from specli import backend
+        from specli import backend, devices
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
-        build = backend.llama_cpp_build()
-        devices = backend.backend_devices()
+        build = devices.llama_cpp_build()
         unused = unused_cpu_features(cpu_flags(), build.get("system_info"))
         return Backend(
             **build,
             gpu_offload=backend.supports_gpu_offload(),
-            devices=None if devices is None else [Device(**asdict(device)) for device in devices],
+            devices=devices.backend_devices(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,
         )

@@ -178,7 +178,8 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
     from specli.adaptive import AdaptiveDraftLength
     from specli.engine import Finished, StepRecord, Token, check_prompt_fits
     from specli.render import JsonRenderer, TextRenderer, use_colour
-    from specli.session import open_session, prompt_tokens
+    from specli.prompt import prompt_tokens
+    from specli.session import open_session
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr

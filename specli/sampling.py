@@ -1,24 +1,18 @@
-"""Pure numpy: warp logits into a distribution, sample from it, verify a draft against it.
+"""Pure numpy: warp logits into a distribution, draw from it, verify a draft against it.
 
-The verification rules are the ones that make speculative decoding lossless:
+Verification keeps the output exactly the target's:
 
 - greedy: a draft token is kept while it equals the target's argmax; the target's argmax
-  at the first mismatch (or after the last draft token) is the token the target writes.
-- sampling: a draft token x drawn from q is kept with probability min(1, p(x)/q(x)); on
-  rejection the target writes a token drawn from normalise(max(0, p - q)); when every
-  draft token is kept the target writes a bonus token drawn from p. The committed
-  tokens are then distributed exactly as if drawn from p one at a time
-  (Leviathan et al. 2023, Chen et al. 2023).
-
-A proposer without probabilities (n-gram lookup) proposes with q = one-hot(x): it is kept
-with probability p(x), and the residual is p with x removed.
-
-- keyed sampling (the default): the token at each position of the sequence is the
-  Gumbel-max draw argmax(log p(x) + g(seed, position, x)), with noise g that depends on the
+  at the first mismatch (or after the last draft token) is the token it writes.
+- sampling: the token at each position of the sequence is the keyed draw
+  argmax(log p(x) + g(seed, position, x)), a Gumbel-max draw whose noise g depends on the
   seed, the position and the token id only. It is distributed as p, independently at each
-  position, and it does not depend on how the positions were batched: a draft token is
-  kept when it equals that draw, so a seed writes the same text with any proposer and any
-  draft length. A draft model drafting with the same noise agrees with the target often.
+  position, whichever batch verifies the position: a draft token is kept when it equals
+  that draw, and the draw at the first mismatch is written. So a seed writes the same
+  text with any proposer and any draft length. An n-gram token x is kept with
+  probability p(x), as under rejection sampling; a draft model that draws with the same
+  noise agrees with the target wherever the two distributions do (benchmarks/README.md
+  compares it with rejection sampling).
 """
 
 from __future__ import annotations
@@ -89,20 +83,10 @@ class Distribution:
         hit = np.flatnonzero(self.ids == token)
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
-    def sample(self, rng: np.random.Generator) -> int:
-        return int(self.ids[_draw(self.probs, rng)])
-
     def dense(self, n_vocab: int) -> np.ndarray:
         out = np.zeros(n_vocab, dtype=np.float64)
         out[self.ids] = self.probs
         return out
-
-
-def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Index drawn from probs by inverse CDF; one uniform per draw keeps runs reproducible."""
-    cdf = np.cumsum(probs)
-    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(index, probs.size - 1)
 
 
 def warp(logits: np.ndarray, settings: SamplingSettings) -> Distribution:
@@ -236,52 +220,3 @@ def verify_greedy(draft_tokens: list[int], logits: Sequence[np.ndarray]) -> tupl
         if best != token:
             return i, best  # the target disagrees: its own token replaces the draft's
     return len(draft_tokens), int(np.argmax(logits[len(draft_tokens)]))
-
-
-def residual(p: Distribution, q: Distribution | None, rejected: int) -> Distribution:
-    """normalise(max(0, p - q)); q None means the draft was the point mass at `rejected`."""
-    if q is None:
-        mass = np.where(p.ids == rejected, 0.0, p.probs)
-        ids = p.ids
-    else:
-        ids = np.union1d(p.ids, q.ids)
-        p_dense = _on(ids, p)
-        q_dense = _on(ids, q)
-        mass = np.maximum(p_dense - q_dense, 0.0)
-    total = mass.sum()
-    if total <= 0.0:
-        # p == q exactly: rejection has probability zero, so this is only reached through
-        # rounding. Any draw from p keeps the output distribution intact.
-        return p
-    return Distribution(ids, mass / total)
-
-
-def _on(ids: np.ndarray, dist: Distribution) -> np.ndarray:
-    """dist's probabilities laid out on the sorted id set `ids` (dist.ids is a subset)."""
-    out = np.zeros(ids.size, dtype=np.float64)
-    out[np.searchsorted(ids, dist.ids)] = dist.probs
-    return out
-
-
-def verify_sampled(
-    draft_tokens: list[int],
-    draft_dists: list[Distribution] | None,
-    target_dists: list[Distribution],
-    rng: np.random.Generator,
-) -> tuple[int, int]:
-    """Rejection sampling: return (number of draft tokens accepted, the token the target writes).
-
-    draft_dists None: the proposer was deterministic (q is a point mass at each token).
-    target_dists has len(draft_tokens) + 1 entries.
-    """
-    for i, token in enumerate(draft_tokens):
-        p = target_dists[i]
-        q = None if draft_dists is None else draft_dists[i]
-        p_x = p.prob(token)
-        q_x = 1.0 if q is None else q.prob(token)
-        # q(x) >= p(x): keep with probability p/q; q(x) < p(x): always keep.
-        if q_x > 0.0 and rng.random() * q_x < p_x:
-            continue
-        return i, residual(p, q, token).sample(rng)
-    # Every draft token kept: the target's distribution after them gives a bonus token.
-    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)

@@ -1,4 +1,4 @@
-"""Wiring: load the target and the draft, check they fit together, build the prompt."""
+"""Wiring: load the target and the draft, check they fit together."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Callable, Literal, Union
 import numpy as np
 
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
-from specli.backend import LoadSettings, Model, check_vocab_compatible, compute_fingerprint, library_versions, supports_gpu_offload
+from specli.backend import LoadSettings, Model, check_vocab_compatible, library_versions, supports_gpu_offload
 from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
                           learn, prior_costs)
 from specli.config import cache_dir
+from specli.devices import compute_fingerprint
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions, StepRecord
 from specli.errors import PromptError
 from specli.exact import exact_batch_size
@@ -207,18 +208,3 @@ def _open_proposer(spec: SessionSpec, target: Model, seed: int) -> Proposer:
         draft.close()
         raise
     return DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
-
-
-def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat: bool | None = None) -> list[int]:
-    """Tokens for the prompt; through the model's chat template when it has one (or chat=True)."""
-    if not prompt.strip():
-        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
-    if chat is None:
-        chat = model.chat_template() is not None
-    if not chat:
-        if system:
-            raise PromptError("--system needs a chat template", "drop --no-chat, or put the instructions in the prompt")
-        return model.tokenize(prompt, add_special=True, parse_special=False)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    formatted = model.apply_chat_template(messages)
-    return model.tokenize(formatted, add_special=True, parse_special=True)

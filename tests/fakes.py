@@ -7,6 +7,7 @@ different token. A draft is the same model with noise added to the logits.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -43,12 +44,7 @@ class FakeModel:
 
     def logits_after(self, context: list[int]) -> np.ndarray:
         key = np.array([self.seed, *context[-self.order :]], dtype=np.int64).tobytes()
-        rng = np.random.default_rng(zlib.crc32(key))
-        logits = rng.normal(size=self.n_vocab) * self.sharpness
-        if self.noise and self.noise_seed is not None:
-            noise_rng = np.random.default_rng(zlib.crc32(key) ^ (self.noise_seed * 7919))
-            logits = logits + noise_rng.normal(size=self.n_vocab) * self.noise
-        return logits.astype(np.float32)
+        return _scripted_logits(key, self.n_vocab, self.sharpness, self.noise_seed, self.noise)
 
     def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray:
         assert tokens, "decode needs tokens"
@@ -71,6 +67,20 @@ class FakeModel:
 
     def close(self) -> None:
         self.closed = True
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _scripted_logits(key: bytes, n_vocab: int, sharpness: float, noise_seed: int | None, noise: float) -> np.ndarray:
+    """FakeModel's logits for one context key. A pure function, so it is computed once per
+    key (seeding a generator is most of its cost) and returned read-only."""
+    rng = np.random.default_rng(zlib.crc32(key))
+    logits = rng.normal(size=n_vocab) * sharpness
+    if noise and noise_seed is not None:
+        noise_rng = np.random.default_rng(zlib.crc32(key) ^ (noise_seed * 7919))
+        logits = logits + noise_rng.normal(size=n_vocab) * noise
+    logits = logits.astype(np.float32)
+    logits.flags.writeable = False
+    return logits
 
 
 def plain_greedy(model: FakeModel, prompt: list[int], max_tokens: int) -> list[int]:

@@ -6,8 +6,11 @@ import math
 
 import pytest
 
-from benchmarks.batch_margins import batched_margins, measure, plain_output
+from benchmarks.batch_margins import batched_margins, measure
+from specli.bench import plain_greedy
 from specli.backend import LoadSettings, Model
+
+pytestmark = pytest.mark.slow  # loads real models
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def test_one_token_chunks_are_plain_decoding_exactly(model):
 
 def test_batched_margins_line_up_with_plain_tokens(model):
     prompt = model.tokenize("Copy: alpha beta gamma delta. Copy: alpha beta")
-    output, plain = plain_output(model, prompt, 12)
+    output, plain = plain_greedy(model, prompt, 12)
     for batch, offset in ((4, 0), (4, 2), (8, 0)):
         margins = batched_margins(model, prompt, output, batch, offset)
         assert len(margins) == len(output) and math.isnan(margins[0])

@@ -76,6 +76,7 @@ def test_configs_parse_with_plain_as_the_baseline():
         parse_configs("auto,0")
 
 
+@pytest.mark.slow
 def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path):
     workloads = tmp_path / "workloads.toml"
     workloads.write_text(COPY_WORKLOAD)
@@ -114,6 +115,7 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
     assert len(fixed["acceptance_by_position"]) == 4
 
 
+@pytest.mark.slow
 def test_bench_without_a_proposer_is_a_usage_error(gemma_path):
     result = CliRunner().invoke(app, ["bench", "--target", str(gemma_path), "--draft", "none", "--runs", "1"])
     assert result.exit_code == 2 and result.stdout == ""

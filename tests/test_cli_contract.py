@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+from helpers import assert_one_line_error
+
 PROMPT = "The capital of France is"
 FAST = ["--no-chat", "-n", "8", "-k", "4", "--ctx-size", "512"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -65,6 +67,7 @@ def plain_run(gemma_path):
     return result
 
 
+@pytest.mark.slow
 def test_a_pipe_gets_only_the_text_ending_in_one_newline(plain_run):
     out, err = plain_run.stdout.decode(), plain_run.stderr.decode()
     assert out.strip(), "some text was generated"
@@ -74,6 +77,7 @@ def test_a_pipe_gets_only_the_text_ending_in_one_newline(plain_run):
     assert re.fullmatch(r"specli: 8 tokens, .*\n", err), "the stats line, alone, on stderr"
 
 
+@pytest.mark.slow
 def test_json_lines_carry_every_token_then_the_stats(gemma_path, plain_run):
     result = run_specli("run", "--target", gemma_path, *FAST, "--json", PROMPT)
     assert result.returncode == 0, result.stderr.decode()
@@ -91,6 +95,7 @@ def test_json_lines_carry_every_token_then_the_stats(gemma_path, plain_run):
     assert text.rstrip("\n") + "\n" == plain_run.stdout.decode()
 
 
+@pytest.mark.slow
 def test_color_always_colours_a_pipe_and_quiet_silences_stderr(gemma_path, plain_run):
     result = run_specli("run", "--target", gemma_path, *FAST, "--color", "always", "-q", PROMPT)
     assert result.returncode == 0
@@ -100,6 +105,7 @@ def test_color_always_colours_a_pipe_and_quiet_silences_stderr(gemma_path, plain
     assert result.stderr == b"", "-q: no legend, no stats"
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_colours_and_the_legend(gemma_path):
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
@@ -135,6 +141,7 @@ def _read_until_exit(controller: int, process: subprocess.Popen, timeout: float)
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dash", "no-argument", "file"])
 def test_the_prompt_comes_from_stdin_or_a_file(gemma_path, plain_run, tmp_path, how):
     if how == "file":
@@ -148,6 +155,7 @@ def test_the_prompt_comes_from_stdin_or_a_file(gemma_path, plain_run, tmp_path, 
     assert result.stdout == plain_run.stdout
 
 
+@pytest.mark.slow
 def test_head_closing_the_pipe_ends_the_run_quietly(gemma_path):
     command = shlex.join(specli_command("run", "--target", gemma_path, "--no-chat", "-n", "200", "-k", "4",
                                         "--ctx-size", "512", "Write a long story about a dragon."))
@@ -161,6 +169,7 @@ def test_head_closing_the_pipe_ends_the_run_quietly(gemma_path):
     assert time.monotonic() - started < 240, "it stops when the reader goes, not after 200 tokens"
 
 
+@pytest.mark.slow
 def test_ctrl_c_flushes_the_text_prints_stats_and_exits_130(gemma_path):
     process = subprocess.Popen(
         specli_command("run", "--target", gemma_path, "--no-chat", "-n", "400", "-k", "4", "--ctx-size", "1024",
@@ -184,6 +193,7 @@ def test_ctrl_c_flushes_the_text_prints_stats_and_exits_130(gemma_path):
 # --- bad input: one line, a non-zero exit, no traceback ----------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, code, needle",
     [
@@ -204,6 +214,7 @@ def test_bad_input_through_a_real_process(args, code, needle):
         assert err.count("\n") == 1 and err.startswith("specli: error: ")
 
 
+@pytest.mark.slow
 def test_debug_mode_shows_the_traceback():
     result = run_specli("run", "--target", "no/such/model.gguf", "hi", env=child_env(SPECLI_DEBUG="1"), timeout=120)
     assert result.returncode != 0
@@ -219,18 +230,6 @@ from specli.cli import app  # noqa: E402
 
 def invoke(*args: object, stdin: str | bytes | None = None):
     return CliRunner().invoke(app, [str(arg) for arg in args], input=stdin)
-
-
-def assert_one_line_error(result, code: int, *needles: str) -> None:
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.stdout == ""
-    err = result.stderr
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, err
-    if code == 1:
-        assert err.count("\n") == 1 and err.startswith("specli: error: "), err
 
 
 @pytest.mark.parametrize(
@@ -272,6 +271,7 @@ def test_model_paths_that_are_not_models(tmp_path):
     assert_one_line_error(invoke("run", "--target", tmp_path / "empty.gguf", "hi"), 1, "not a GGUF file")
 
 
+@pytest.mark.slow
 def test_a_truncated_model_names_the_tensor_that_is_cut(gemma_path, tmp_path):
     cut = tmp_path / "cut.gguf"
     with gemma_path.open("rb") as source:
@@ -300,12 +300,14 @@ def test_prompt_problems(tmp_path):
     assert_one_line_error(invoke("run", "-f", tmp_path / "latin1.txt"), 1, "not UTF-8", "0xff at offset 0")
 
 
+@pytest.mark.slow
 def test_prompt_longer_than_the_context(gemma_path):
     result = invoke("run", "--target", gemma_path, "--no-chat", "-k", "4", "--ctx-size", "32", "word " * 100)
     assert_one_line_error(result, 1, "tokens but the context holds 32", "raise --ctx-size")
     assert int(re.search(r"the prompt is (\d+) tokens", result.stderr).group(1)) > 100
 
 
+@pytest.mark.slow
 def test_system_message_for_a_chat_model(smollm_path):
     result = invoke("run", "--target", smollm_path, "--system", "Answer in one word.", "-n", "4", "-k", "4",
                     "--ctx-size", "128", "--json", "What colour is the sky?")
@@ -314,16 +316,19 @@ def test_system_message_for_a_chat_model(smollm_path):
     assert stats["type"] == "stats" and stats["prompt_tokens"] > 20, "the chat template and system turn were applied"
 
 
+@pytest.mark.slow
 def test_system_needs_a_chat_template(gemma_path):
     result = invoke("run", "--target", gemma_path, "--no-chat", "--system", "Be brief.", "-k", "4", "--ctx-size", "64", "hi")
     assert_one_line_error(result, 1, "--system needs a chat template")
 
 
+@pytest.mark.slow
 def test_a_draft_with_another_vocabulary_is_refused_with_what_differs(gemma_path, smollm_path):
     result = invoke("run", "--target", gemma_path, "--draft", smollm_path, "--no-chat", "-k", "4", "--ctx-size", "64", "hi")
     assert_one_line_error(result, 1, "use different tokenizers (BPE vs SPM)", smollm_path.name, gemma_path.name)
 
 
+@pytest.mark.slow
 def test_gpu_request_on_a_cpu_build_warns_and_runs(gemma_path):
     from specli.backend import supports_gpu_offload
 

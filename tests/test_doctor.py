@@ -77,3 +77,16 @@ def test_the_report_says_where_the_embedded_model_lives_and_how_big_it_is(monkey
     out = io.StringIO()
     doctor.print_report(report, Console(file=out, width=300, highlight=False))
     assert f"embedded model    {path} (2.0 kB)" in out.getvalue()
+
+
+def test_the_device_probe_sees_the_cpu_and_the_fingerprint_is_stable():
+    from specli import devices
+
+    found = devices.backend_devices()
+    assert found is not None and any(device.kind == "cpu" and device.name for device in found)
+    build = devices.llama_cpp_build()
+    assert build["llama_cpp_python"] and build["ggml_version"] and "CPU :" in build["system_info"]
+    fingerprint = devices.compute_fingerprint()
+    assert len(fingerprint) == 12 and devices.compute_fingerprint() == fingerprint
+    report = doctor.check_backend()
+    assert report.error is None and report.devices == found

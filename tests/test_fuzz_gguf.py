@@ -147,6 +147,7 @@ def run_target(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, timeout=300, env=dict(os.environ))
 
 
+@pytest.mark.slow
 def test_the_tiny_model_itself_runs(base_model, tmp_path):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(base_model[0])
@@ -154,6 +155,7 @@ def test_the_tiny_model_itself_runs(base_model, tmp_path):
     assert result.returncode == 0, result.stderr.decode()
 
 
+@pytest.mark.slow
 def test_broken_files_end_in_one_line_never_a_crash(base_model, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -199,6 +201,7 @@ def test_the_header_check_only_ever_raises_model_file_error(base_model, tmp_path
 U32 = gguf.GGUFValueType.UINT32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, options, message",
     [

@@ -26,6 +26,7 @@ from filelock import FileLock
 from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
 from fakehub import FakeHub, make_gguf
+from helpers import assert_one_line_error
 from specli.errors import OfflineError
 from specli.hub import format_size, resolve_pair
 from specli.registry import load_registry
@@ -201,16 +202,6 @@ def add_pairs(text: str) -> None:
     """Pairs for one test only: pairs sharing files change what `rm` keeps in the others."""
     registry = Path(os.environ["SPECLI_HOME"]) / "models.toml"
     registry.write_text(registry.read_text() + text)
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.code != 0
-    assert result.out == ""
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("specli: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 # --- pull ---------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import RecordingRows
 from specli.proposers import NGramProposer
-from specli.sampling import Distribution, residual, verify_greedy, verify_sampled
+from specli.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
 VOCAB = 6
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)
@@ -24,20 +25,6 @@ def distribution(raw: list[int]) -> Distribution:
 
 
 # --- greedy verification -------------------------------------------------------
-
-
-class RecordingRows:
-    """Logits rows that remember which rows were read."""
-
-    def __init__(self, rows: np.ndarray) -> None:
-        self.rows, self.read = rows, set()
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        self.read.add(i)
-        return self.rows[i]
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
 
 def reference_greedy(draft: list[int], argmax: list[int]) -> tuple[int, int]:
@@ -68,54 +55,32 @@ def test_greedy_verification_matches_a_reference_loop(case):
     accepted, written = verify_greedy(draft, rows)
     assert (accepted, written) == reference_greedy(draft, [int(np.argmax(row)) for row in logits])
     assert 0 <= accepted <= len(draft)
-    assert rows.read <= set(range(accepted + 1)), "no row after the first disagreement is read"
+    assert set(rows.read) <= set(range(accepted + 1)), "no row after the first disagreement is read"
 
 
-# --- rejection sampling -------------------------------------------------------
+# --- keyed sampling ---------------------------------------------------------
 
 
 @st.composite
-def sampled_cases(draw):
+def keyed_cases(draw):
     k = draw(st.integers(min_value=0, max_value=6))
     targets = [distribution(draw(weights)) for _ in range(k + 1)]
-    point_mass = draw(st.booleans())  # a proposer without probabilities (n-gram)
-    drafts = None if point_mass else [distribution(draw(weights)) for _ in range(k)]
-    if drafts is None:
-        draft_tokens = [draw(tokens) for _ in range(k)]
-    else:  # drawn from q, as a draft model would
-        draft_tokens = [int(draw(st.sampled_from(list(q.ids)))) for q in drafts]
-    return draft_tokens, drafts, targets, draw(st.integers(min_value=0, max_value=2**32 - 1))
+    draft_tokens = [draw(tokens) for _ in range(k)]
+    return draft_tokens, targets, draw(st.integers(min_value=0, max_value=2**63)), draw(st.integers(0, 10_000))
 
 
 @PROPERTY_SETTINGS
-@given(sampled_cases())
-def test_sampled_verification_writes_a_token_the_target_could_write(case):
-    draft_tokens, drafts, targets, seed = case
-    accepted, written = verify_sampled(draft_tokens, drafts, targets, np.random.default_rng(seed))
-    assert 0 <= accepted <= len(draft_tokens)
-    for i in range(accepted):
-        assert targets[i].prob(draft_tokens[i]) > 0, "a token the target rules out is never kept"
-    p = targets[accepted]
-    assert p.prob(written) > 0, "the written token is in the target's support"
-    if accepted < len(draft_tokens):
-        q = None if drafts is None else drafts[accepted]
-        rejected = draft_tokens[accepted]
-        leftover = residual(p, q, rejected)
-        assert leftover.prob(written) > 0, "a correction comes from the residual max(p - q, 0)"
-        if leftover is not p:  # the residual has mass of its own (not the p == q rounding case)
-            q_written = float(written == rejected) if q is None else q.prob(written)
-            assert p.prob(written) > q_written
-
-
-@PROPERTY_SETTINGS
-@given(st.lists(weights, min_size=1, max_size=7), st.integers(min_value=0, max_value=2**32 - 1), st.data())
-def test_a_draft_distributed_like_the_target_is_always_kept(raw, seed, data):
-    targets = [distribution(w) for w in raw]
-    drafts = targets[:-1]  # q == p at every drafted position
-    draft_tokens = [int(data.draw(st.sampled_from(list(q.ids)))) for q in drafts]
-    accepted, written = verify_sampled(draft_tokens, drafts, targets, np.random.default_rng(seed))
-    assert accepted == len(draft_tokens)
-    assert targets[-1].prob(written) > 0
+@given(keyed_cases())
+def test_keyed_verification_writes_the_targets_own_draws(case):
+    """Whatever the draft proposed, the committed tokens are the target's keyed draws at
+    their positions: the accepted prefix equals them, and so does the written token."""
+    draft_tokens, targets, seed, position = case
+    accepted, written = verify_keyed(draft_tokens, targets, seed, position)
+    own = [keyed_choice(p, seed, position + i) for i, p in enumerate(targets)]
+    assert draft_tokens[:accepted] == own[:accepted]
+    assert written == own[accepted]
+    assert accepted == len(draft_tokens) or draft_tokens[accepted] != own[accepted]
+    assert targets[accepted].prob(written) > 0, "the written token is in the target's support"
 
 
 # --- n-gram proposer ----------------------------------------------------------

@@ -1,4 +1,5 @@
-from specli.proposers import EXTENT_LIMIT, NGramProposer, _common_prefix_length
+from specli.proposers import EXTENT_LIMIT, NGramProposer
+from specli.text import common_prefix_length as _common_prefix_length
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():

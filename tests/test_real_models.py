@@ -18,6 +18,8 @@ from specli.errors import VocabMismatchError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
 
+pytestmark = pytest.mark.slow  # loads real models
+
 # Logits. With these prompts and fixed Ks (the same batch shapes every run) every flip falls
 # under this bound; elsewhere a batch was measured to lower a margin by up to 0.89
 # (benchmarks/batch_margins.py), so other prompts could need a looser one.
@@ -153,13 +155,14 @@ def test_vocab_mismatch_between_gemma_and_smollm_is_named(gemma_path, smollm_pat
 
 
 def test_chat_template_is_applied_for_smollm(smollm_path):
-    from specli.session import prompt_tokens
+    from specli.prompt import prompt_tokens
 
     with Model(smollm_path, LoadSettings(ctx_size=256)) as smol:
         assert smol.chat_template() is not None
         chat = prompt_tokens(smol, "Hi", system="Be brief.")
         raw = prompt_tokens(smol, "Hi", chat=False)
-        text = "".join(smol.piece_special(t) for t in chat)
+        text = b"".join(smol.piece(t, special=True) for t in chat).decode()
+        assert smol.piece(chat[0]) == b"" and smol.piece(chat[0], special=True) == b"<|im_start|>"
     assert "<|im_start|>system\nBe brief.<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
     assert len(raw) < len(chat)
 

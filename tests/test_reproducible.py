@@ -16,7 +16,8 @@ from specli.bench import load_workloads
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings
-from specli.session import SessionSpec, open_session, prompt_tokens
+from specli.prompt import prompt_tokens
+from specli.session import SessionSpec, open_session
 from specli.backend import LoadSettings
 
 pytestmark = pytest.mark.slow
