@@ -304,14 +304,30 @@ def remove(
 @app.command("doctor")
 def doctor(
     *,
+    model: Annotated[Optional[str], typer.Option("-m", "--model", metavar="PAIR", help="Also report this pair's stored verify costs and exact batch sizes.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="... or this GGUF's (or Hub owner/repo:QUANT's).")] = None,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure them now and store them (the embedded model without -m/--target).")] = False,
+    gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", "-ngl", metavar="N", callback=_layers, help="Target layers on the GPU (-1: all), as run will use them.")] = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, help="Context size, as run will use it.")] = 4096,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, help="CPU threads, as run will use them.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object, for scripts.")] = False,
 ) -> None:
-    """Check the installation: llama.cpp build and GPU support, devices, cache and free disk, registry, downloaded pairs."""
+    """Check the installation: llama.cpp build and GPU support, devices, caches, registry; with a model, its costs."""
     import json
 
-    from specli.doctor import diagnose, print_report
+    from specli.doctor import check_model, diagnose, print_report
 
     report = diagnose()
+    if model is not None or target is not None or calibrate:
+        from specli import runner
+        from specli.sampling import SamplingSettings
+
+        with user_errors():
+            models = runner.resolve_models(model, target, "ngram")
+            spec = _session_spec(models, SamplingSettings(), None, 0.0, gpu_layers, None, ctx_size, threads, True,
+                                 False, False)
+            notice = None if as_json else (lambda message: print(f"specli: {message}", file=sys.stderr, flush=True))
+            report.model = check_model(spec, calibrate, notice)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

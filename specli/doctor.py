@@ -85,6 +85,17 @@ class RegistryState:
 
 
 @dataclass
+class ModelState:
+    """One model's stored costs and exact verify batch sizes (`doctor -m PAIR`)."""
+
+    target: str
+    costs: str  # "prior" | "learned" | "calibrated"
+    verify_ms: dict[int, float] | None  # by batch size; None for the prior, which has no unit
+    verify_relative: dict[int, float]  # by batch size, against one token
+    exact_batch: dict[str, int]  # "repack" / "no_repack": the largest exact verify batch, where measured
+
+
+@dataclass
 class Report:
     specli: str
     python: str
@@ -95,6 +106,7 @@ class Report:
     registry: RegistryState
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)  # faster settings; not problems (exit code 0)
+    model: ModelState | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +135,29 @@ def diagnose() -> Report:
         problems=problems,
         hints=hints,
     )
+
+
+SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
+
+
+def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
+    """A model's stored costs and exact batch sizes; with `calibrate`, measured now and stored."""
+    from specli.costs import VerifyCurve
+    from specli.session import exact_batch_sizes, open_session
+
+    exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
+    with open_session(spec) as session:
+        if calibrate:
+            if notice is not None:
+                notice("timing the target's verify batches")
+            session.calibrate()
+        costs = session.costs()
+    curve = VerifyCurve(costs.verify)
+    relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
+    absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
+    named = {"repack": exact.get(True), "no_repack": exact.get(False)}
+    return ModelState(spec.target.name, costs.source, absolute, relative,
+                      {name: size for name, size in named.items() if size is not None})
 
 
 def check_backend() -> Backend:
@@ -266,7 +301,33 @@ def print_report(report: Report, console) -> None:
             pairs.add_row(Text(pair.name), pair.status, format_size(pair.size_bytes) if pair.size_bytes else "-")
         console.print()
         console.print(pairs)
+    if report.model is not None:
+        print_model(report.model, console)
     for hint in report.hints:
         console.print(Text.assemble(("hint: ", "yellow"), hint))
     for problem in report.problems:
         console.print(Text.assemble(("problem: ", "red"), problem))
+
+
+def print_model(model: ModelState, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    facts = Table(show_header=False, box=None, pad_edge=False)
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    batches = ", ".join(f"{size}: {cost:.2f}x" for size, cost in model.verify_relative.items())
+    if model.verify_ms is None:
+        costs = f"the prior (nothing stored yet; `specli doctor --calibrate` measures): {batches}"
+    else:
+        costs = f"{model.costs}, {model.verify_ms[1]:.1f} ms for one token; a batch of b tokens costs {batches}"
+    exact = model.exact_batch
+    if exact:
+        found = "; ".join(f"{size} rows with repacking {'on' if name == 'repack' else 'off'}" for name, size in exact.items())
+    else:
+        found = "not measured (`specli doctor --calibrate`, `specli bench` or the first `--exact` run measures)"
+    console.print()
+    facts.add_row("model", Text(model.target))
+    facts.add_row("verify costs", Text(costs))
+    facts.add_row("exact batch", Text(found))
+    console.print(facts)

@@ -167,17 +167,21 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     return Session(spec, target, proposer, seed, exact_batch)
 
 
-def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> dict[bool, int]:
+def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None, *, measure: bool = True,
+                      again: bool = False) -> dict[bool, int]:
     """The exact verify batch size with repacking on (True) and off (False), measured once per
-    model, settings and build and stored with the costs."""
+    model, settings and build and stored with the costs. measure=False: only what is stored;
+    again=True: measured anew."""
     store = CostStore(cache_dir() / "costs.json")
     sizes: dict[bool, int] = {}
     for repack in (True, False):
         load = replace(spec.target_load, repack=repack)
         key = settings_key(spec.target, load) + "|exact"
         stored = store.get(key)
-        if isinstance(stored, int) and stored >= 1:
+        if isinstance(stored, int) and stored >= 1 and not again:
             sizes[repack] = stored
+            continue
+        if not measure:
             continue
         if notice is not None:
             notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'} "
