@@ -285,6 +285,7 @@ def wait_for_bytes(repo: str, timeout: float = 60) -> Path:
     raise AssertionError(f"no download into {repo} got bytes in {timeout} s")
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_killed_pull_leaves_no_model_and_the_next_pull_clears_its_partial(hub, specli):
     repo, served = "test-org/hang-GGUF", hub.repos["test-org/hang-GGUF"].files["hang.gguf"]
     process = subprocess.Popen(
@@ -364,6 +365,7 @@ def test_dry_run_and_disk_check_count_whole_files(hub, specli, monkeypatch):
     assert not stale.exists()
 
 
+@pytest.mark.slow  # a subprocess
 def test_rm_deletes_what_a_killed_pull_left_and_not_a_running_download(hub, specli):
     stale = leave_partial("test-org/target-GGUF", TARGET, TARGET[:1000])
     running = leave_partial("test-org/target-GGUF", DRAFT, b"x")
@@ -798,6 +800,7 @@ def subprocess_env(hub: FakeHub) -> dict[str, str]:
     return {**os.environ, "HF_ENDPOINT": hub.url, "PYTHONPATH": str(REPO_ROOT)}
 
 
+@pytest.mark.slow  # a subprocess
 def test_pull_in_a_pipe_prints_only_paths(hub):
     result = subprocess.run(
         [sys.executable, "-m", "specli", "pull", "tiny"],
@@ -844,6 +847,7 @@ def assert_progress_bar(filename: str, stderr: str) -> None:
     assert re.search(rf"{filename}: 100%.*\d+(\.\d+)?k?/\d+(\.\d+)?kB? \[\d\d:\d\d<\d\d:\d\d, .*B/s\]", stderr), stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_progress_bars_go_to_a_terminal_stderr(hub):
     code, out, stderr = on_a_terminal(hub, "pull", "tiny")
     assert code == 0, stderr

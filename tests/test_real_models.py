@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specli.backend import LoadSettings, Model, check_vocab_compatible
+from specli.backend import LoadSettings, Model
+from specli.session import check_vocab_compatible
 from specli.bench import plain_greedy
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.errors import VocabMismatchError

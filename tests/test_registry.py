@@ -299,6 +299,7 @@ def test_unknown_top_level_key_is_reported():
         load_registry()
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_reports_a_bad_user_registry_on_one_line():
     path = write_user_registry('[pairs.foo]\ntarget = { rpo = "a/b", file = "t.gguf" }\ndraft = "ngram"\n')
     result = subprocess.run(

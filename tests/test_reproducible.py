@@ -85,3 +85,17 @@ def test_a_seed_writes_one_text_whatever_drafts_it(gemma_path):
             tokens = prompt_tokens(session.target, "Once upon a time, in a village by the sea,", chat=False)
             texts[(str(draft), draft_tokens)] = generate(session, tokens, draft_tokens, 48)
     assert len(set(map(tuple, texts.values()))) == 1, texts
+
+
+def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
+    """Each verified row is penalised for the text before it, draft tokens of the same step
+    included: under --exact, speculative output with the penalty is plain decoding's."""
+    sampling = SamplingSettings(repeat_penalty=1.3, repeat_last_n=32)
+    load = LoadSettings(ctx_size=1024)
+    spec = SessionSpec(gemma_path, "ngram", load, load, sampling, exact=True)
+    with open_session(spec) as session:
+        tokens = workload_tokens(session, "code-edit")
+        plain = generate(session, tokens, None, 60, plain=True)
+        assert generate(session, tokens, session.exact_batch - 1, 60) == plain
+        unpenalised = Engine(session.target, NoProposer(), FixedDraftLength(0), GenerationOptions(60), session.seed)
+        assert [e.id for e in unpenalised.generate(tokens) if isinstance(e, Token) and e.id >= 0] != plain
