@@ -90,13 +90,14 @@ class Replayed:
 
 class Costs:
     """Seconds per target decode by batch size; past the largest recorded size, the
-    cost of one more row at the top of the curve."""
+    cost of one more row at the top of the curve (never less than nothing: a noisy curve
+    whose top falls must not make long batches cheaper than short ones)."""
 
     def __init__(self, by_size: dict[int, float]) -> None:
         self.by_size = dict(by_size)
         top = max(self.by_size)
         below = max((s for s in self.by_size if s < top and s % 2 == top % 2), default=None)
-        self._slope = (self.by_size[top] - self.by_size[below]) / (top - below) if below else 0.0
+        self._slope = max(0.0, (self.by_size[top] - self.by_size[below]) / (top - below)) if below else 0.0
         self._top = top
 
     def __call__(self, batch: int) -> float:
@@ -266,6 +267,8 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
         # calls (decode, then rewind), each size `repeats` times, the median kept.
         filler = [t for case in cases for t in case["prompt"] + case["output"]]
         context = int(statistics.median(len(case["prompt"]) for case in cases)) + 32
+        while filler and len(filler) < context + MAX_DRAFT + 1:
+            filler += filler  # a small recording: its tokens again, so every batch size gets a full batch
         samples: dict[int, list[float]] = {size: [] for size in range(1, MAX_DRAFT + 2)}
         target.rewind(0)
         target.decode(filler[:context])

@@ -33,6 +33,9 @@ def copy_case(max_tokens: int = 60) -> Case:
 def test_costs_interpolate_and_extend_the_top_of_the_curve():
     assert COSTS(3) == pytest.approx(0.016)
     assert COSTS(50) == pytest.approx(COSTS(48) + 2 * 0.003)
+    # A noisy curve whose top falls is extended flat, never below its last point.
+    falling = Costs({1: 0.04, 2: 0.4, 4: 0.03})
+    assert falling(48) == pytest.approx(0.03)
 
 
 def test_plain_replay_is_one_decode_per_token():
