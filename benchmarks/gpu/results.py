@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -184,18 +185,22 @@ def memory(command: list[str], files: list[Path], interval: float = 0.25) -> dic
     available = shutil.which("nvidia-smi") is not None
     baseline, _ = _gpu_memory_used() if available else (None, {})
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-    peak, peak_process = baseline, 0
-    samples = 0
-    while process.poll() is None:
-        if available:
-            used, by_pid = _gpu_memory_used()
-            samples += 1
-            if used is not None and (peak is None or used > peak):
-                peak = used
-            peak_process = max(peak_process, by_pid.get(process.pid, 0))
-        time.sleep(interval)
-    stdout, stderr = process.communicate()
+    # Output to files, not pipes: llama.cpp's verbose log would fill a pipe nobody reads
+    # while this loop samples, and block the process.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        peak, peak_process = baseline, 0
+        samples = 0
+        while process.poll() is None:
+            if available:
+                used, by_pid = _gpu_memory_used()
+                samples += 1
+                if used is not None and (peak is None or used > peak):
+                    peak = used
+                peak_process = max(peak_process, by_pid.get(process.pid, 0))
+            time.sleep(interval)
+        err.seek(0)
+        stderr = err.read()
     offloaded = [{"layers": int(a), "of": int(b)} for a, b in OFFLOADED.findall(stderr)]
     return {
         "command": command,
@@ -238,7 +243,8 @@ def _environment_section(results: dict) -> list[str]:
         ["CPU", f"{env.get('cpu')} ({env.get('cpu_count')} threads)"],
         ["nvcc / CMake / Python", f"{env.get('nvcc')} / {env.get('cmake')} / {env.get('python')}"],
         ["llama-cpp-python", install.get("llama_cpp_python") or build.get("llama_cpp_python")],
-        ["build", f"{build.get('mode')}, {build.get('seconds')} s: {build.get('cmake_args')}"],
+        ["build", f"{build.get('mode')}" + (f", {build['seconds']} s" if build.get("seconds") is not None else "")
+                  + f": {build.get('cmake_args')}"],
         ["llama.cpp system info", install.get("system_info")],
         ["commit", env.get("commit")],
     ]

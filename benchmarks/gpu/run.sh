@@ -184,13 +184,22 @@ nvcc_path() {
         || die "nvcc not found (PATH, /usr/local/cuda/bin)"
 }
 
+# The CUDA toolkit's folder, as nvcc reports it ("#$ TOP=..."): the nvcc on PATH may be a
+# wrapper script or a link outside the toolkit.
+cuda_toolkit() {
+    local top
+    top="$("$(nvcc_path)" -v --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)"
+    [[ -n "$top" ]] || die "nvcc did not name its toolkit (#\$ TOP=)"
+    readlink -f "$top"
+}
+
 # cuBLAS: the CUDA toolkit's, else the nvidia-cublas wheel that PyTorch brings (headers in
 # nvidia/cu13/include, libcublas.so.13 and libcublasLt.so.13 with no unversioned links, which
 # CMake's FindCUDAToolkit does not find by itself). Prints "INCLUDE_DIR LIB_DIR", or nothing
 # when the toolkit has it.
 cublas_dirs() {
     local toolkit
-    toolkit="$(dirname "$(dirname "$(nvcc_path)")")"
+    toolkit="$(cuda_toolkit)"
     for include in "$toolkit/include" "$toolkit/targets/x86_64-linux/include" /usr/include; do
         [[ -f "$include/cublas_v2.h" ]] && return 0
     done
@@ -213,7 +222,7 @@ EOF
 # by itself (the toolkit's stub), else the driver's own libcuda.so.1, else "none".
 cuda_driver_library() {
     local toolkit found
-    toolkit="$(dirname "$(dirname "$(nvcc_path)")")"
+    toolkit="$(cuda_toolkit)"
     for stub in "$toolkit/lib64/stubs/libcuda.so" "$toolkit/targets/x86_64-linux/lib/stubs/libcuda.so" \
                 /usr/lib/x86_64-linux-gnu/libcuda.so; do
         [[ -f "$stub" ]] && return 0
@@ -258,9 +267,9 @@ cuda_cmake_args() {
 }
 
 # Where the built libraries find the CUDA runtime, and cuBLAS when it came from a wheel.
-if gpu && nvcc_bin="$(nvcc_path 2>/dev/null)"; then
+if gpu && toolkit="$(cuda_toolkit 2>/dev/null)"; then
     cublas_lib="$(cublas_dirs | cut -s -d' ' -f2)"
-    toolkit_lib="$(dirname "$(dirname "$nvcc_bin")")/lib64"
+    toolkit_lib="$toolkit/lib64"
     export LD_LIBRARY_PATH="${cublas_lib:+$cublas_lib:}$toolkit_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
@@ -580,7 +589,7 @@ step_replay() {
         case "$curve" in
             recorded) name=own ;;
             gpu-paper) name=paper; costs=(--costs gpu-paper) ;;
-            *) name=8b; costs=(--costs "$curve") ;;
+            *) name=synthetic; costs=(--costs "$curve") ;;
         esac
         "$PY" "$repo/benchmarks/replay.py" replay "$recording" "${costs[@]}" --json \
             >"$RESULTS/replay-$name.json.partial"
