@@ -295,16 +295,22 @@ def _compare_row(label: str, data: dict) -> list[object]:
     setting = f"K={work['k']}" if work.get("ngram_n") is None else f"n={work['ngram_n']} m={work['k']}"
     paired = data.get("same_round_ratios", {}).get("specli / llama.cpp")
     speedups = data.get("speedup_over_plain", {})
-    texts = data.get("text_agreement", [])
-    same = next((t["same"] for t in texts if t["tools"] == ["specli", "llama.cpp"]), None)
+    agreement = next((t for t in data.get("text_agreement", []) if t["tools"] == ["specli", "llama.cpp"]), None)
+    if agreement is None or agreement["same"] is None:
+        texts = "?"
+    elif agreement["same"]:
+        texts = "same"
+    elif agreement["first_difference"] == min(agreement["chars"]):  # one stopped earlier
+        texts = "same up to the shorter's end"
+    else:
+        texts = f"differ from char {agreement['first_difference']}"
 
     def speed(tool: str) -> str | None:
         return _f(tools[tool]["median_tokens_per_second"], 1) if tool in tools else None
 
     return [label, setting, speed("llama.cpp"), speed("specli"), _f(data.get("specli_over_llama_cpp")),
             f"{paired['median']:.2f} ({paired['min']:.2f}–{paired['max']:.2f})" if paired else None,
-            _f(speedups.get("llama.cpp"), suffix="×"), _f(speedups.get("specli"), suffix="×"),
-            {True: "same", False: "differ", None: "?"}[same]]
+            _f(speedups.get("llama.cpp"), suffix="×"), _f(speedups.get("specli"), suffix="×"), texts]
 
 
 COMPARE_HEADER = ["workload", "llama.cpp setting", "llama.cpp t/s", "specli -k auto t/s", "ratio of medians",
