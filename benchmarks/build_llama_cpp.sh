@@ -12,6 +12,8 @@
 #   PYTHON        interpreter whose llama-cpp-python version is matched
 #                 (default: python3 on PATH)
 #   LLAMA_CPP_PYTHON_VERSION   build this version instead of the installed one
+#   SOURCE_DIR    an extracted llama-cpp-python sdist to build from, offline (no
+#                 download; PYTHON and LLAMA_CPP_PYTHON_VERSION are then unused)
 #   CMAKE_ARGS    extra CMake flags, appended last, e.g. "-DGGML_CUDA=on"
 #   JOBS          parallel compile jobs (default: number of CPUs)
 #   TARGETS       CMake targets (default: llama-speculative-simple llama-completion llama-simple)
@@ -28,7 +30,13 @@ targets="${TARGETS:-llama-speculative-simple llama-completion llama-simple}"
 log() { echo "build_llama_cpp: $*" >&2; }
 
 version="${LLAMA_CPP_PYTHON_VERSION:-}"
-if [[ -z "$version" ]]; then
+if [[ -n "${SOURCE_DIR:-}" ]]; then
+    version="$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$SOURCE_DIR/llama_cpp/__init__.py")"
+    if [[ -z "$version" || ! -f "$SOURCE_DIR/vendor/llama.cpp/CMakeLists.txt" ]]; then
+        log "SOURCE_DIR=$SOURCE_DIR is not an extracted llama-cpp-python sdist"
+        exit 1
+    fi
+elif [[ -z "$version" ]]; then
     if ! version="$("$python" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)"; then
         log "cannot import llama_cpp with $python; set PYTHON=/path/to/venv/bin/python or LLAMA_CPP_PYTHON_VERSION"
         exit 1
@@ -39,7 +47,7 @@ log "llama-cpp-python $version"
 mkdir -p "$work_dir"
 work_dir="$(cd "$work_dir" && pwd)"
 sdist="$work_dir/llama_cpp_python-$version.tar.gz"
-src="$work_dir/llama_cpp_python-$version"
+src="${SOURCE_DIR:-$work_dir/llama_cpp_python-$version}"
 llama_src="$src/vendor/llama.cpp"
 # One build folder per version and CMAKE_ARGS, so a CUDA build never reuses a CPU cache.
 build="$work_dir/build-$version"
@@ -47,7 +55,7 @@ if [[ -n "${CMAKE_ARGS:-}" ]]; then
     build="$build-$(printf '%s' "$CMAKE_ARGS" | cksum | cut -d' ' -f1)"
 fi
 
-if [[ ! -f "$sdist" ]]; then
+if [[ -z "${SOURCE_DIR:-}" && ! -f "$sdist" ]]; then
     log "downloading the sdist into $work_dir"
     "$python" -m pip download --quiet --no-deps --no-binary :all: \
         "llama-cpp-python==$version" -d "$work_dir" >&2

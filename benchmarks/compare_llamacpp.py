@@ -33,6 +33,10 @@ report says where the texts first differ.
     python benchmarks/compare_llamacpp.py -m gemma.gguf --ngram --workload code-edit \
         -k 48 --ngram-n 12 --specli-k auto --plain
 
+`--plain-only` times the two plain rows alone. `--gpu-layers N` passes -ngl N (and -ngld N
+with a draft model) to llama.cpp and --gpu-layers N to specli; 999 puts every layer of both
+models on the GPU in both tools (llama.cpp's own default, -1, lets it fit what it decides).
+
 Only the standard library is used.
 """
 
@@ -93,6 +97,7 @@ class Workload:
     threads: int | None
     ctx_size: int
     specli_k: str | None = None  # specli's -k when it differs from llama.cpp's (e.g. "auto")
+    gpu_layers: int | None = None  # layers of each model on the GPU (None: each tool's default)
 
 
 # ---------------------------------------------------------------------------
@@ -108,6 +113,8 @@ def llama_speculative_command(binary: str, work: Workload, extra: Sequence[str] 
             "-md", str(work.draft), "--spec-type", "draft-simple",
             "--spec-draft-n-max", str(work.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
         ]
+        if work.gpu_layers is not None:
+            command += ["-ngld", str(work.gpu_layers)]
     else:
         command += [
             "--spec-type", "ngram-simple",
@@ -129,6 +136,8 @@ def _llama_common_arguments(work: Workload) -> list[str]:
     ]
     if work.threads is not None:
         arguments += ["-t", str(work.threads)]
+    if work.gpu_layers is not None:
+        arguments += ["-ngl", str(work.gpu_layers)]
     return arguments
 
 
@@ -208,6 +217,8 @@ def specli_command(
     ]
     if work.threads is not None:
         command += ["--threads", str(work.threads)]
+    if work.gpu_layers is not None:  # the draft's layers follow the target's
+        command += ["--gpu-layers", str(work.gpu_layers)]
     return command + list(extra) + [work.prompt]
 
 
@@ -392,6 +403,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llama-plain-bin", default=os.environ.get(LLAMA_PLAIN_BIN_ENV),
                         help=f"llama-completion binary for --plain (default: ${LLAMA_PLAIN_BIN_ENV}, "
                              "else llama-completion next to --llama-bin).")
+    parser.add_argument("--plain-only", action="store_true",
+                        help="Time plain decoding alone: llama-completion and `specli run --draft none`.")
+    parser.add_argument("--gpu-layers", type=int,
+                        help="Layers of each model on the GPU: llama.cpp's -ngl (and -ngld for a draft model), "
+                             "specli's --gpu-layers; 999 puts every layer there in both (default: each tool's own).")
     parser.add_argument("--llama-arg", action="append", default=[], help="Extra argument for llama.cpp (repeatable).")
     parser.add_argument("--specli", default=f"{shlex.quote(sys.executable)} -m specli",
                         help="Command that starts specli (default: this Python's `-m specli`).")
@@ -400,12 +416,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=600, help="Seconds allowed per run (default: 600).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
     args = parser.parse_args(argv)
-    if not args.llama_bin:
+    if args.plain_only:
+        args.plain = True
+    if not args.llama_bin and not (args.plain_only and args.llama_plain_bin):
         parser.error(f"name the llama-speculative-simple binary with --llama-bin or ${LLAMA_BIN_ENV} "
                      "(build it with benchmarks/build_llama_cpp.sh)")
     if args.plain and not args.llama_plain_bin:
         args.llama_plain_bin = str(Path(args.llama_bin).with_name("llama-completion"))
     return args
+
+
+def tool_commands(args: argparse.Namespace, work: Workload) -> dict[str, tuple]:
+    """Tool name -> (runner, command line). Speculative rows first, plain references after."""
+    specli = shlex.split(args.specli)
+    commands: dict[str, tuple] = {}
+    if not args.plain_only:
+        commands["llama.cpp"] = (run_llama, llama_speculative_command(args.llama_bin, work, args.llama_arg))
+        if not args.skip_specli:
+            commands["specli"] = (run_specli, specli_command(specli, work, args.specli_arg))
+    if args.plain:
+        commands["llama.cpp plain"] = (run_llama, llama_plain_command(args.llama_plain_bin, work))
+        if not args.skip_specli:
+            commands["specli plain"] = (run_specli, specli_command(specli, work, args.specli_arg, plain=True))
+    return commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -419,17 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Workload(
         model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=max_tokens or 128,
         ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k,
+        gpu_layers=args.gpu_layers,
     )
-
-    # Tool name -> (runner, command). Speculative rows first, plain references after.
-    specli = shlex.split(args.specli)
-    commands = {"llama.cpp": (run_llama, llama_speculative_command(args.llama_bin, work, args.llama_arg))}
-    if not args.skip_specli:
-        commands["specli"] = (run_specli, specli_command(specli, work, args.specli_arg))
-    if args.plain:
-        commands["llama.cpp plain"] = (run_llama, llama_plain_command(args.llama_plain_bin, work))
-        if not args.skip_specli:
-            commands["specli plain"] = (run_specli, specli_command(specli, work, args.specli_arg, plain=True))
+    commands = tool_commands(args, work)
     for name, (_, command) in commands.items():
         shown = [f"<prompt: {len(prompt)} chars>" if part == prompt and len(prompt) > 60 else part for part in command]
         print(f"{name}: {shlex.join(shown)}", file=sys.stderr)
@@ -456,9 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     summary = {name: summarize(tool_runs) for name, tool_runs in runs.items()}
     median = {name: s["median_tokens_per_second"] for name, s in summary.items()}
-    ratio = median["specli"] / median["llama.cpp"] if "specli" in median else None
+    ratio = median["specli"] / median["llama.cpp"] if "specli" in median and "llama.cpp" in median else None
     speedups = {
-        tool: median[tool] / median[f"{tool} plain"] for tool in ("llama.cpp", "specli") if f"{tool} plain" in median
+        tool: median[tool] / median[f"{tool} plain"]
+        for tool in ("llama.cpp", "specli") if tool in median and f"{tool} plain" in median
     }
     paired = {"specli / llama.cpp": paired_ratios(runs, "specli", "llama.cpp"),
               **{f"{tool} / {tool} plain": paired_ratios(runs, tool, f"{tool} plain") for tool in ("llama.cpp", "specli")}}
@@ -469,7 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "workload": {
                 "model": str(work.model), "draft": str(work.draft) if work.draft else "ngram",
                 "k": work.k, "n": work.n, "ngram_n": work.ngram_n if work.draft is None else None,
-                "threads": work.threads, "runs": args.runs, "prompt_chars": len(prompt),
+                "threads": work.threads, "gpu_layers": work.gpu_layers, "runs": args.runs,
+                "prompt_chars": len(prompt),
             },
             "tools": summary,
             "specli_over_llama_cpp": ratio,

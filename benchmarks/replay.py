@@ -26,6 +26,17 @@ What it leaves out: greedy near-ties that a batched verify resolves differently 
 plain decoding (the replay follows plain's text), the first use of a batch size in a
 process (llama.cpp grows its buffers then: +4 ms at 8 rows, +37 ms at 48 here), and
 draft models (their proposals depend on the draft's own logits).
+
+`--costs` replaces the recorded verify costs (and the calibration `-k auto` starts from)
+with another curve: a named one (`gpu-paper`: published llama.cpp CUDA figures for an 8B
+model, scaled to a 5 ms one-token decode; see `paper_costs`) or a JSON file of seconds by
+batch size, such as the one benchmarks/gpu/run.sh measures with llama-bench:
+
+    python benchmarks/replay.py replay benchmarks/out/replay.json --costs gpu-paper
+    python benchmarks/replay.py replay benchmarks/out/replay.json --costs costs.json --decode-ms 5
+
+The report then also gives the draft lengths `-k auto` chose and Python's share of its
+time (the loop's `--loop-ms` per step plus `--row-us` per logits row read).
 """
 
 from __future__ import annotations
@@ -48,6 +59,15 @@ from specli.proposers import NGramProposer
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
 ROW_SECONDS = 0.000045  # reading one verified logits row (262k vocabulary, 2-core CPU)
 LLAMA_N, LLAMA_M = 12, 48  # llama.cpp ngram-simple defaults: match length, draft length
+
+# The paper model's verify costs until a GPU measures them: llama-bench's pp512 tokens per
+# second at microbatch sizes 1 to 9 for "llama 8B BF16" on an RTX 4090, FlashAttention on,
+# in the merged branch's column (cuda-mmf-2) of https://github.com/ggml-org/llama.cpp/pull/15131
+# ("CUDA: GEMM for FP32/FP16/BF16 and ne11 <= 16"). A microbatch of b tokens takes b / (t/s).
+RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND = {
+    1: 65.20, 2: 124.32, 3: 185.23, 4: 246.37, 5: 304.10, 6: 363.19, 7: 420.78, 8: 485.16, 9: 529.01,
+}
+PAPER_DECODE_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -72,13 +92,14 @@ class Replayed:
 
 class Costs:
     """Seconds per target decode by batch size; past the largest recorded size, the
-    cost of one more row at the top of the curve."""
+    cost of one more row at the top of the curve (never less than nothing: a noisy curve
+    whose top falls must not make long batches cheaper than short ones)."""
 
     def __init__(self, by_size: dict[int, float]) -> None:
         self.by_size = dict(by_size)
         top = max(self.by_size)
         below = max((s for s in self.by_size if s < top and s % 2 == top % 2), default=None)
-        self._slope = (self.by_size[top] - self.by_size[below]) / (top - below) if below else 0.0
+        self._slope = max(0.0, (self.by_size[top] - self.by_size[below]) / (top - below)) if below else 0.0
         self._top = top
 
     def __call__(self, batch: int) -> float:
@@ -89,6 +110,57 @@ class Costs:
         lower = max(s for s in self.by_size if s < batch)
         upper = min(s for s in self.by_size if s > batch)
         return self.by_size[lower] + (batch - lower) * (self.by_size[upper] - self.by_size[lower]) / (upper - lower)
+
+
+def paper_costs(decode_seconds: float = PAPER_DECODE_SECONDS, largest: int = MAX_DRAFT + 1) -> dict[int, float]:
+    """Seconds per decode of 1 to `largest` tokens on the paper model's curve, scaled so one
+    token takes `decode_seconds`. Past the 9 published sizes each extra token adds the
+    least-squares slope of the published points from 2 tokens up (the step from 1 to 2
+    tokens is a change of kernel, not a trend)."""
+    published = {b: b / rate for b, rate in RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND.items()}
+    sizes = [b for b in published if b >= 2]
+    mean_size = statistics.fmean(sizes)
+    mean_seconds = statistics.fmean(published[b] for b in sizes)
+    slope = (sum((b - mean_size) * (published[b] - mean_seconds) for b in sizes)
+             / sum((b - mean_size) ** 2 for b in sizes))
+    top = max(published)
+    scale = decode_seconds / published[1]
+    curve = {b: seconds * scale for b, seconds in published.items()}
+    curve.update({b: (published[top] + slope * (b - top)) * scale for b in range(top + 1, largest + 1)})
+    return curve
+
+
+COST_CURVES = {"gpu-paper": (paper_costs, "paper model: llama 8B BF16 on an RTX 4090, llama.cpp PR #15131, "
+                                          "scaled to a {decode_ms:g} ms one-token decode")}
+
+
+def load_costs(spec: str, decode_ms: float | None = None) -> tuple[dict[int, float], str]:
+    """A verify-cost curve by name (COST_CURVES) or from a JSON file ({"seconds": {"1": ...}}
+    or a bare {"1": ...}), and its source. `decode_ms` rescales it so one token takes that long
+    (a named curve's default: PAPER_DECODE_SECONDS)."""
+    if spec in COST_CURVES:
+        build, source = COST_CURVES[spec]
+        decode_seconds = PAPER_DECODE_SECONDS if decode_ms is None else decode_ms / 1e3
+        return build(decode_seconds), source.format(decode_ms=decode_seconds * 1e3)
+    path = Path(spec)
+    if not path.is_file():
+        raise SystemExit(f"error: --costs {spec!r} is neither a named curve ({', '.join(COST_CURVES)}) nor a file")
+    data = json.loads(path.read_text())
+    seconds = data.get("seconds", data)
+    curve = {int(size): float(value) for size, value in seconds.items()}
+    source = data.get("source", str(path))
+    if decode_ms is not None:
+        if 1 not in curve:
+            raise SystemExit(f"error: --decode-ms rescales to one token's cost, and {path} has none")
+        scale = decode_ms / 1e3 / curve[1]
+        curve = {size: value * scale for size, value in curve.items()}
+        source += f", scaled to a {decode_ms:g} ms one-token decode"
+    return curve, source
+
+
+def python_seconds(result: Replayed, loop_seconds: float, row_seconds: float) -> float:
+    """The Python part of a replay's time: the loop's share of every step plus each logits row read."""
+    return sum(loop_seconds + row_seconds * (accepted + 1) for _, _, accepted in result.steps)
 
 
 def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, float] | None = None, *,
@@ -198,6 +270,8 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
         # calls (decode, then rewind), each size `repeats` times, the median kept.
         filler = [t for case in cases for t in case["prompt"] + case["output"]]
         context = int(statistics.median(len(case["prompt"]) for case in cases)) + 32
+        while filler and len(filler) < context + MAX_DRAFT + 1:
+            filler += filler  # a small recording: its tokens again, so every batch size gets a full batch
         samples: dict[int, list[float]] = {size: [] for size in range(1, MAX_DRAFT + 2)}
         target.rewind(0)
         target.decode(filler[:context])
@@ -271,9 +345,15 @@ def hazard_report(recording: dict) -> None:
 # --- report -------------------------------------------------------------------------
 
 def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_seconds: float,
-           row_seconds: float) -> list[dict]:
-    costs = Costs({int(k): v for k, v in recording["costs"].items()})
+           row_seconds: float, curve: dict[int, float] | None = None) -> list[dict]:
+    """One row per workload. `curve` replaces the recorded verify costs, and the calibration
+    `-k auto` starts from is then read off the same curve, at the recording's sizes."""
     calibration = {int(k): v for k, v in recording["calibration"].items()}
+    if curve is None:
+        costs = Costs({int(k): v for k, v in recording["costs"].items()})
+    else:
+        costs = Costs(curve)
+        calibration = {size: costs(size) for size in calibration}
     rows = []
     for data in recording["workloads"]:
         case = Case(**data)
@@ -291,8 +371,22 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
 
         best_k, best = max(((k, speedup(k)) for k in fixed_ks), key=lambda pair: pair[1])
         bound = clairvoyant(case, costs, **options).tokens_per_second / plain
+        # What -k auto does, on the noiseless replay: its draft lengths and Python's share.
+        auto = replay(case, "auto", costs, calibration, **options)
+        drafts = [drafted for _, drafted, _ in auto.steps if drafted]
+        kept = sum(accepted for _, _, accepted in auto.steps)
         rows.append(dict(name=case.name, kind=case.kind, auto=speedup("auto"), ngram_simple=speedup("ngram-simple"),
-                         best_k=best_k, best_fixed=best, clairvoyant=bound))
+                         best_k=best_k, best_fixed=best, clairvoyant=bound,
+                         steps=len(auto.steps), drafting_steps=len(drafts),
+                         mean_draft=statistics.fmean(drafts) if drafts else 0.0,
+                         median_draft=statistics.median(drafts) if drafts else 0,
+                         max_draft=max(drafts, default=0),
+                         acceptance=kept / sum(drafts) if drafts else None,
+                         tokens_per_step=auto.tokens / len(auto.steps) if auto.steps else 0.0,
+                         auto_seconds=auto.seconds,
+                         python_seconds=python_seconds(auto, loop_seconds, row_seconds),
+                         python_share=python_seconds(auto, loop_seconds, row_seconds) / auto.seconds
+                         if auto.seconds else 0.0))
     return rows
 
 
@@ -311,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("-k", default="2,4,8,16", help="fixed Ks to compare")
     rep.add_argument("--loop-ms", type=float, default=LOOP_SECONDS * 1e3)
     rep.add_argument("--row-us", type=float, default=ROW_SECONDS * 1e6)
+    rep.add_argument("--costs", help=f"verify costs to replay on instead of the recorded ones: "
+                                     f"{', '.join(COST_CURVES)}, or a JSON file of seconds by batch size")
+    rep.add_argument("--decode-ms", type=float, help="rescale --costs so one token's decode takes this long "
+                                                     f"(default for a named curve: {PAPER_DECODE_SECONDS * 1e3:g})")
     rep.add_argument("--json", action="store_true")
     haz = commands.add_parser("hazard", help="how often a drafted n-gram token is rejected, by context length, "
                                              "and the fit behind NGramProposer.prior")
@@ -330,21 +428,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "hazard":
         hazard_report(recording)
         return 0
-    rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")],
-                  args.loop_ms / 1e3, args.row_us / 1e6)
+    curve, source = (None, "recorded") if args.costs is None else load_costs(args.costs, args.decode_ms)
+    loop, row_seconds = args.loop_ms / 1e3, args.row_us / 1e6
+    rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")], loop, row_seconds, curve)
     geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
     bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
+    one_token = (Costs(curve) if curve else Costs({int(k): v for k, v in recording["costs"].items()}))(1)
+    shares = dict(
+        python_share=sum(r["python_seconds"] for r in rows) / sum(r["auto_seconds"] for r in rows) if rows else 0.0,
+        plain_python_share=(loop + row_seconds) / (one_token + loop + row_seconds),
+    )
     if args.json:
-        print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound)))
+        print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound, costs_source=source,
+                              decode_ms=one_token * 1e3, loop_ms=args.loop_ms, row_us=args.row_us, **shares)))
         return 0
+    print(f"verify costs: {source}; one token {one_token * 1e3:.2f} ms; Python {args.loop_ms:g} ms a step "
+          f"+ {args.row_us:g} us a row read")
     print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13} "
-          f"{'clairvoyant':>11}")
+          f"{'clairvoyant':>11} {'auto drafts: mean/max (of steps)':>33} {'py share':>8}")
     for row in rows:
+        drafts = f"{row['mean_draft']:.1f}/{row['max_draft']} ({row['drafting_steps']}/{row['steps']})"
         print(f"{row['name']:16} {row['kind']:9} {row['auto']:5.2f}x {row['ngram_simple']:11.2f}x "
               f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x "
-              f"{row['clairvoyant']:10.2f}x")
+              f"{row['clairvoyant']:10.2f}x {drafts:>33} {row['python_share']:8.1%}")
     print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x; "
           f"clairvoyant bound {bound:.3f}x")
+    print(f"Python's share of auto's time: {shares['python_share']:.1%} (plain decoding: "
+          f"{shares['plain_python_share']:.1%})")
     return 0
 
 

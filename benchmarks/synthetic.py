@@ -23,6 +23,7 @@ Command line::
 
     python benchmarks/synthetic.py tiny OUT_DIR
     python benchmarks/synthetic.py memory-bound OUT_DIR
+    python benchmarks/synthetic.py memory-bound OUT_DIR --shape 8b --vocab ggml-vocab-llama-bpe.gguf
     python benchmarks/synthetic.py mismatched OUT_DIR KIND
     python benchmarks/synthetic.py check TARGET DRAFT    # needs llama-cpp-python
 
@@ -41,7 +42,9 @@ import os
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +272,7 @@ def write_model(
     rope_freq_base: float = 10000.0,
     rms_norm_eps: float = 1e-5,
     name: str = "specli-synthetic",
+    workers: int = 1,
 ) -> Path:
     """Write a random-weight llama GGUF with a real tokenizer; return its path.
 
@@ -276,7 +280,10 @@ def write_model(
     or None for `default_vocab_path()`. `dtype` applies to the matrices; norm
     weights stay F32. `layer_scale[i]` multiplies layer i's `attn_output` and
     `ffn_down` (default 1.0 everywhere). Tensors are generated and written one
-    at a time, so memory use stays at the size of the largest tensor.
+    at a time, so memory use stays at the size of the largest tensor. With
+    `workers` > 1, that many threads generate the next tensors while earlier
+    ones are written (numpy releases the GIL while it fills and casts them):
+    the file is the same, memory use up to 2 × `workers` tensors.
     """
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
@@ -321,10 +328,24 @@ def write_model(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for tensor_name, tensor_shape in tensors:
+
+    def stored_values(tensor: tuple[str, tuple[int, ...]]) -> np.ndarray:
+        tensor_name, tensor_shape = tensor
         values = _tensor_values(tensor_name, tensor_shape, seed, layer_scale, logit_scale)
-        writer.write_tensor_data(values.astype(stored_dtype(tensor_shape), copy=False))
-        del values
+        return values.astype(stored_dtype(tensor_shape), copy=False)
+
+    if workers <= 1:
+        for tensor in tensors:
+            writer.write_tensor_data(stored_values(tensor))
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            pending: deque = deque()
+            for tensor in tensors:
+                pending.append(pool.submit(stored_values, tensor))
+                if len(pending) >= 2 * workers:  # file order; a bounded look-ahead
+                    writer.write_tensor_data(pending.popleft().result())
+            while pending:
+                writer.write_tensor_data(pending.popleft().result())
     writer.close()
     partial.replace(path)
     return path
@@ -367,6 +388,17 @@ MEMORY_BOUND = PairSpec(
     dtype="f16", weak_scale=0.01, context_length=4096,
 )
 
+# Llama 3 8B's shape: 32 layers of n_embd 4096, n_ff 14336, 32 heads (8 KV heads).
+# With Llama 3's 128,256-token vocabulary (llama.cpp's models/ggml-vocab-llama-bpe.gguf)
+# that is 8.0B parameters, 16.1 GB in F16, and the 2-layer draft 1.5B (3.0 GB), the
+# size of a 1B draft model. With SmolLM2's 49k vocabulary, 7.4B and 0.8B.
+LLAMA_8B = PairSpec(
+    target_layers=32, draft_layers=2, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336,
+    dtype="f16", weak_scale=0.01, context_length=4096,
+)
+
+SHAPES = {"1b": MEMORY_BOUND, "8b": LLAMA_8B}
+
 
 def write_prefix_pair(
     out_dir: str | os.PathLike[str],
@@ -375,6 +407,7 @@ def write_prefix_pair(
     prefix: str,
     seed: int = 0,
     vocab: Vocabulary | str | os.PathLike[str] | None = None,
+    workers: int = 1,
 ) -> tuple[Path, Path]:
     """Write `{prefix}-target.gguf` and `{prefix}-draft.gguf`; return both paths."""
     if not 1 <= spec.draft_layers <= spec.target_layers:
@@ -385,7 +418,7 @@ def write_prefix_pair(
     layer_scale = spec.target_layer_scale()
     common = dict(
         n_embd=spec.n_embd, n_head=spec.n_head, n_head_kv=spec.n_head_kv, n_ff=spec.n_ff,
-        vocab=vocab, seed=seed, context_length=spec.context_length,
+        vocab=vocab, seed=seed, context_length=spec.context_length, workers=workers,
     )
     target = write_model(
         out_dir / f"{prefix}-target.gguf", n_layer=spec.target_layers, dtype=spec.dtype,
@@ -441,13 +474,15 @@ def write_memory_bound_pair(
     out_dir: str | os.PathLike[str],
     *,
     seed: int = 0,
-    target_layers: int = MEMORY_BOUND.target_layers,
-    draft_layers: int = MEMORY_BOUND.draft_layers,
-    weak_scale: float = MEMORY_BOUND.weak_scale,
-    dtype: str = MEMORY_BOUND.dtype,
+    shape: str = "1b",
+    target_layers: int | None = None,
+    draft_layers: int | None = None,
+    weak_scale: float | None = None,
+    dtype: str | None = None,
     draft_dtype: str | None = None,
     vocab: Vocabulary | str | os.PathLike[str] | None = None,
     prefix: str = "memory-bound",
+    workers: int = 1,
 ) -> tuple[Path, Path]:
     """A ~1B-parameter F16 target (2.0 GB) and its 2-layer draft (0.6 GB).
 
@@ -457,12 +492,14 @@ def write_memory_bound_pair(
     (about 3x one token's time for 5 tokens on 1 thread); `dtype="f32"` with
     `draft_dtype="f16"` doubles the target's bytes per token and makes it
     memory-bound there too, at the cost of a 4 GB file.
+
+    `shape` names the layers' shape (`SHAPES`: "1b", or "8b" for Llama 3 8B's);
+    the other arguments, where given, replace the shape's own values.
     """
-    spec = dataclasses.replace(
-        MEMORY_BOUND, target_layers=target_layers, draft_layers=draft_layers, weak_scale=weak_scale,
-        dtype=dtype, draft_dtype=draft_dtype,
-    )
-    return write_prefix_pair(out_dir, spec, prefix=prefix, seed=seed, vocab=vocab)
+    changes = dict(target_layers=target_layers, draft_layers=draft_layers, weak_scale=weak_scale, dtype=dtype)
+    spec = dataclasses.replace(SHAPES[shape], draft_dtype=draft_dtype,
+                               **{key: value for key, value in changes.items() if value is not None})
+    return write_prefix_pair(out_dir, spec, prefix=prefix, seed=seed, vocab=vocab, workers=workers)
 
 
 # ---------------------------------------------------------------------------
@@ -562,15 +599,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     tiny = commands.add_parser("tiny", help="Write a tiny target/draft pair for unit tests.")
     tiny.add_argument("out_dir", type=Path)
 
-    bound = commands.add_parser("memory-bound", help="Write a ~1B F16 target and its 2-layer draft.")
+    bound = commands.add_parser("memory-bound", help="Write a ~1B (or 8B-shaped) F16 target and its 2-layer draft.")
     bound.add_argument("out_dir", type=Path)
-    bound.add_argument("--target-layers", type=int, default=MEMORY_BOUND.target_layers)
-    bound.add_argument("--draft-layers", type=int, default=MEMORY_BOUND.draft_layers)
-    bound.add_argument("--weak-scale", type=float, default=MEMORY_BOUND.weak_scale,
-                       help="Scale of the output projections of the target's layers the draft lacks.")
-    bound.add_argument("--dtype", choices=("f16", "f32"), default=MEMORY_BOUND.dtype, help="Target weight type.")
+    bound.add_argument("--target-layers", type=int, help="Target layers (default: the shape's, 18 or 32).")
+    bound.add_argument("--draft-layers", type=int, help="Draft layers (default: 2).")
+    bound.add_argument("--weak-scale", type=float,
+                       help="Scale of the output projections of the target's layers the draft lacks (default: 0.01).")
+    bound.add_argument("--dtype", choices=("f16", "f32"), help="Target weight type (default: f16).")
     bound.add_argument("--draft-dtype", choices=("f16", "f32"), help="Draft weight type (default: as --dtype).")
-    bound.add_argument("--prefix", default="memory-bound", help="File names: PREFIX-target.gguf, PREFIX-draft.gguf.")
+    bound.add_argument("--prefix", help="File names: PREFIX-target.gguf, PREFIX-draft.gguf "
+                       "(default: memory-bound, or memory-bound-8b for --shape 8b).")
+    bound.add_argument("--shape", choices=sorted(SHAPES), default="1b",
+                       help="1b: 18 layers of 2048 (default); 8b: Llama 3 8B's 32 layers of 4096.")
+    bound.add_argument("--workers", type=int, default=1,
+                       help="Threads generating tensors (default: 1; the files are the same with any number).")
 
     mismatch = commands.add_parser("mismatched", help="Write a tiny draft whose vocabulary does not match.")
     mismatch.add_argument("out_dir", type=Path)
@@ -599,7 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = list(write_memory_bound_pair(
             args.out_dir, seed=args.seed, target_layers=args.target_layers,
             draft_layers=args.draft_layers, weak_scale=args.weak_scale, dtype=args.dtype,
-            draft_dtype=args.draft_dtype, vocab=vocab, prefix=args.prefix,
+            draft_dtype=args.draft_dtype, vocab=vocab, shape=args.shape, workers=args.workers,
+            prefix=args.prefix or ("memory-bound" if args.shape == "1b" else f"memory-bound-{args.shape}"),
         ))
     else:
         paths = [write_mismatched_draft(args.out_dir, args.kind, seed=args.seed, vocab=vocab)]

@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from benchmarks.compare_llamacpp import Run, RunError, paired_ratios, parse_llama_output, parse_specli_output
+from benchmarks.compare_llamacpp import (
+    Run,
+    RunError,
+    Workload,
+    paired_ratios,
+    parse_args,
+    parse_llama_output,
+    parse_specli_output,
+    tool_commands,
+)
 
 # The lines llama.cpp 0.3.36's tools print (spacing as they print it).
 SPECULATIVE_LOG = """
@@ -67,3 +76,33 @@ def test_same_round_ratios_pair_the_runs_of_each_round():
 
 def test_same_round_ratios_need_both_tools():
     assert paired_ratios({"specli": [run("specli", 100)]}, "specli", "llama.cpp") is None
+
+
+def commands_for(*argv: str) -> dict[str, list[str]]:
+    args = parse_args(["-m", "target.gguf", "-p", "Hello", "--llama-bin", "/bin/llama-speculative-simple",
+                       "--specli", "specli", *argv])
+    work = Workload(model=args.model, draft=args.draft, prompt="Hello", k=args.draft_tokens, n=16, ngram_n=3,
+                    threads=None, ctx_size=512, gpu_layers=args.gpu_layers)
+    return {name: command for name, (_, command) in tool_commands(args, work).items()}
+
+
+def test_gpu_layers_reach_both_models_in_both_tools():
+    commands = commands_for("--draft", "draft.gguf", "--plain", "--gpu-layers", "999")
+    spec = commands["llama.cpp"]
+    assert spec[spec.index("-ngl") + 1] == "999" and spec[spec.index("-ngld") + 1] == "999"
+    plain = commands["llama.cpp plain"]
+    assert plain[plain.index("-ngl") + 1] == "999" and "-ngld" not in plain
+    for name in ("specli", "specli plain"):
+        assert commands[name][commands[name].index("--gpu-layers") + 1] == "999"
+
+
+def test_without_gpu_layers_each_tool_keeps_its_default():
+    commands = commands_for("--ngram", "--plain")
+    assert not any(flag in command for command in commands.values() for flag in ("-ngl", "-ngld", "--gpu-layers"))
+
+
+def test_plain_only_runs_the_two_plain_rows():
+    commands = commands_for("--ngram", "--plain-only")
+    assert list(commands) == ["llama.cpp plain", "specli plain"]
+    assert commands["llama.cpp plain"][0] == "/bin/llama-completion"
+    assert commands["specli plain"][commands["specli plain"].index("--draft") + 1] == "none"

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.replay import Case, Costs, clairvoyant, replay
+import dataclasses
+import json
+
+from benchmarks.replay import (
+    RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND,
+    Case,
+    Costs,
+    clairvoyant,
+    load_costs,
+    paper_costs,
+    python_seconds,
+    replay,
+    report,
+)
 
 # A CPU-like curve: 10 ms for one token, 3 ms per extra row.
 COSTS = Costs({size: 0.010 + 0.003 * (size - 1) for size in (1, 2, 4, 8, 16, 32, 48, 49)})
@@ -20,6 +33,9 @@ def copy_case(max_tokens: int = 60) -> Case:
 def test_costs_interpolate_and_extend_the_top_of_the_curve():
     assert COSTS(3) == pytest.approx(0.016)
     assert COSTS(50) == pytest.approx(COSTS(48) + 2 * 0.003)
+    # A noisy curve whose top falls is extended flat, never below its last point.
+    falling = Costs({1: 0.04, 2: 0.4, 4: 0.03})
+    assert falling(48) == pytest.approx(0.03)
 
 
 def test_plain_replay_is_one_decode_per_token():
@@ -85,3 +101,56 @@ def test_the_clairvoyant_schedule_bounds_every_policy_and_verifies_only_what_is_
     # On this curve verifying more rows always pays once they will be kept: the 17 passage
     # tokens left go in one step (a longer draft would only be cut by the text's end).
     assert bound.steps[0] == (12, 17, 17)
+
+
+def test_the_paper_curve_is_the_published_figures_scaled_to_the_decode_time():
+    curve = paper_costs(0.005)
+    one = 1 / RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND[1]
+    for size, rate in RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND.items():
+        assert curve[size] == pytest.approx(0.005 * (size / rate) / one)
+    # Past the published sizes, a straight line up to the longest verify (48 drafted + 1).
+    assert max(curve) == 49
+    step = curve[11] - curve[10]
+    assert step > 0 and curve[49] - curve[48] == pytest.approx(step)
+    assert curve[10] - curve[9] == pytest.approx(step)
+    assert paper_costs(0.010)[30] == pytest.approx(2 * curve[30])
+
+
+def test_costs_come_by_name_or_from_a_file_and_can_be_rescaled(tmp_path):
+    named, source = load_costs("gpu-paper", decode_ms=8)
+    assert named[1] == pytest.approx(0.008) and "paper model" in source and "8 ms" in source
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"source": "llama-bench on a GPU", "seconds": {"1": 0.004, "2": 0.0042, "4": 0.0045}}))
+    curve, source = load_costs(str(path))
+    assert curve == {1: 0.004, 2: 0.0042, 4: 0.0045} and source == "llama-bench on a GPU"
+    scaled, source = load_costs(str(path), decode_ms=5)
+    assert scaled[4] == pytest.approx(0.0045 * 5 / 4) and source.endswith("scaled to a 5 ms one-token decode")
+    path.write_text(json.dumps({"1": 0.01, "3": 0.012}))  # a bare mapping
+    assert load_costs(str(path))[0] == {1: 0.01, 3: 0.012}
+    with pytest.raises(SystemExit):
+        load_costs(str(tmp_path / "missing.json"))
+
+
+def recording_of(case: Case, costs: Costs) -> dict:
+    sizes = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
+    return {"costs": {str(size): costs(size) for size in sizes}, "calibration": {str(size): costs(size) for size in sizes},
+            "workloads": [dataclasses.asdict(case)]}
+
+
+def test_a_cost_curve_replaces_the_recorded_costs_and_python_time_is_counted():
+    case = copy_case()
+    recording = recording_of(case, COSTS)  # CPU-like: 3 ms a row on a 10 ms token
+    options = dict(seeds=1, noise=0.0, fixed_ks=[2, 8], loop_seconds=0.0003, row_seconds=0.000045)
+    [cpu] = report(recording, **options)
+    [gpu] = report(recording, curve=paper_costs(0.005), **options)
+    # A verify row costs ~0.7% of a token on the paper curve, 30% on the CPU-like one: the
+    # same copy is worth more there, and -k auto drafts at least as long.
+    assert gpu["auto"] > cpu["auto"] and gpu["max_draft"] >= cpu["max_draft"] >= 12
+    assert gpu["drafting_steps"] >= 1 and gpu["steps"] * gpu["tokens_per_step"] == pytest.approx(59)
+    # Python's share is the loop per step and a row read per kept token, over the replay's time.
+    auto = replay(case, "auto", Costs(paper_costs(0.005)), {size: paper_costs(0.005)[size] for size in
+                                                              map(int, recording["calibration"])},
+                  loop_seconds=0.0003, row_seconds=0.000045)
+    assert gpu["python_seconds"] == pytest.approx(python_seconds(auto, 0.0003, 0.000045))
+    assert gpu["python_share"] == pytest.approx(gpu["python_seconds"] / auto.seconds)
+    assert gpu["python_seconds"] == pytest.approx(len(auto.steps) * 0.0003 + 0.000045 * 59)
