@@ -6,10 +6,11 @@ the draft-length policy gain or lose. But greedy n-gram speculation is determini
 the target's plain output is known: which draft tokens a step keeps depends only on the
 text. So this script records, once per model, each workload's plain greedy output and the
 target's verify cost for every batch size (at a realistic context length), and then
-replays a policy step by step: the real `NGramProposer` and `AdaptiveDraftLength` choose
-each draft, the recorded text decides how much of it is kept, and each step costs the
-recorded verify time plus Python's share. Optional noise (lognormal, per step, several
-seeds) keeps a policy from being tuned to one lucky trajectory.
+replays a policy: specli's own engine runs against a target that writes the recorded
+text (`RecordedTarget`), so the real `NGramProposer` and `AdaptiveDraftLength` choose each
+draft and the recorded text decides how much of it is kept; each step costs the recorded
+verify time plus Python's share. Optional noise (lognormal, per step, several seeds) varies
+those costs; `-k auto` does not see them, so it moves the timing only.
 
     python benchmarks/replay.py record -m gemma.gguf -o benchmarks/out/replay.json \\
         --prompts benchmarks/workloads.toml --prompts benchmarks/heldout.toml
@@ -51,9 +52,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
 from specli.costs import CALIBRATION_SIZES, StepCosts
-from specli.engine import StepRecord
+from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, StepRecord
 from specli.proposers import NGramProposer
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
@@ -163,47 +166,69 @@ def python_seconds(result: Replayed, loop_seconds: float, row_seconds: float) ->
     return sum(loop_seconds + row_seconds * (accepted + 1) for _, _, accepted in result.steps)
 
 
+class RecordedTarget:
+    """A target whose choice after every position is the recorded text's next token, so the
+    engine's own loop (specli.engine) replays a generation: its logits rows are one-hot over
+    a compact vocabulary of the tokens the recording holds, plus one end-of-generation token
+    where the recorded output ended before its budget. A row after a rejected draft token is
+    never read, so rows by position in the recording are all the engine needs."""
+
+    def __init__(self, case: Case) -> None:
+        ids = sorted(set(case.prompt) | set(case.output))
+        self.compact = {token: index for index, token in enumerate(ids)}
+        self.eog = len(ids)
+        ended = len(case.output) < case.max_tokens
+        self.sequence = [self.compact[t] for t in case.prompt + case.output] + ([self.eog] if ended else [])
+        self.n_ctx = len(self.sequence) + case.max_tokens + 2
+        self.n_past = 0
+        self._eye = np.eye(self.eog + 1, dtype=np.float32)
+
+    def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray:
+        positions = range(self.n_past, self.n_past + len(tokens))
+        self.n_past += len(tokens)
+        after = [self.sequence[p + 1] if p + 1 < len(self.sequence) else self.eog for p in positions]
+        return self._eye[after if all_logits else after[-1:]]
+
+    def rewind(self, n_keep: int) -> None:
+        self.n_past = min(self.n_past, n_keep)
+
+    def piece(self, token: int) -> bytes:
+        return b""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token == self.eog
+
+
 def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, float] | None = None, *,
            noise: float = 0.0, seed: int | None = None, loop_seconds: float = LOOP_SECONDS,
            row_seconds: float = ROW_SECONDS) -> Replayed:
-    """One generation as the engine runs it, with the recorded text deciding acceptance.
+    """One generation run by the engine itself against the recorded text, each step priced
+    at the recorded verify cost (times lognormal noise, if any), Python's loop and the rows read.
 
-    policy: "auto" (`-k auto` with n-gram lookup), "ngram-simple" (a draft of LLAMA_M after
-    an LLAMA_N-token match), or a fixed K (n-gram lookup, every length)."""
-    rng = random.Random(seed)
-    proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
-    proposer.prepare(case.prompt)
-    calibrated = StepCosts(calibration or {size: costs(size) for size in CALIBRATION_SIZES}, 0.0, loop_seconds)
-    adaptive = AdaptiveDraftLength(calibrated, prior=proposer.prior) if policy == "auto" else None
-    fixed = LLAMA_M if policy == "ngram-simple" else (policy if isinstance(policy, int) else None)
-    output = case.output
-    if not output:
+    policy: "auto" (`-k auto` with n-gram lookup, priced with `calibration`), "ngram-simple"
+    (a draft of LLAMA_M after an LLAMA_N-token match), or a fixed K (n-gram lookup, every length)."""
+    if not case.output:
         return Replayed(0, 0.0, [])
-    tokens = case.prompt + output[:1]
-    produced, seconds, steps = 1, 0.0, []
-    while produced < case.max_tokens and produced < len(output):
-        limit = case.max_tokens - produced - 1  # as the engine: the step's own token is extra
-        proposal = proposer.propose(tokens, min(MAX_DRAFT, limit)) if limit > 0 else None
-        if proposal is None or not proposal.tokens:
-            k = 0
-        elif adaptive is not None:
-            k = adaptive.next(proposal.key, proposal.extent, len(proposal.tokens))
-        else:
-            k = min(fixed, len(proposal.tokens))
-        draft = proposal.tokens[:k] if k else []
-        accepted = 0
-        while accepted < k and produced + accepted < len(output) and draft[accepted] == output[produced + accepted]:
-            accepted += 1
-        verify = costs(k + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
-        if adaptive is not None:
-            adaptive.record(StepRecord(k, accepted, 0.0, verify, 0.0, loop_seconds, proposal.key if proposal else None,
-                                       proposal.extent if proposal else 0))
-        committed = min(accepted + 1, len(output) - produced)
-        tokens += output[produced : produced + committed]
-        produced += committed
-        seconds += verify + loop_seconds + row_seconds * (accepted + 1)
-        steps.append((proposal.key if k else None, k, accepted))
-    return Replayed(produced - 1, seconds, steps)
+    target = RecordedTarget(case)
+    proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
+    if policy == "auto":
+        calibrated = StepCosts(calibration or {size: costs(size) for size in CALIBRATION_SIZES}, 0.0, loop_seconds)
+        draft_length = AdaptiveDraftLength(calibrated, prior=proposer.prior)
+    else:
+        draft_length = FixedDraftLength(LLAMA_M if policy == "ngram-simple" else int(policy))
+    engine = Engine(target, proposer, draft_length, GenerationOptions(max_tokens=case.max_tokens))
+    rng = random.Random(seed)
+    seconds, steps = 0.0, []
+    finished = None
+    for event in engine.generate([target.compact[t] for t in case.prompt]):
+        if isinstance(event, StepRecord):
+            verify = costs(event.drafted + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
+            seconds += verify + loop_seconds + row_seconds * event.rows_read
+            steps.append((event.key if event.drafted else None, event.drafted, event.accepted))
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None
+    return Replayed(finished.stats.generated_after_first, seconds, steps)
 
 
 def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
