@@ -23,7 +23,6 @@ def test_a_chat_keeps_its_caches_between_turns_and_leaves_on_bye(smollm_path):
     assert "new tokens" not in stats[0]
     decoded, total = map(int, re.search(r"prefill (\d+) new tokens \((\d+) in all\)", stats[1]).groups())
     assert decoded < total / 2, "turn 2 decodes its own tokens, not the conversation again"
-    assert "Paris" in result.output
 
 
 def test_a_base_model_gets_completion_turns(gemma_path):

@@ -21,6 +21,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(((counts[mask] - expected[mask]) ** 2 / expected[mask]).sum())
 
 
+@pytest.mark.slow  # tens of thousands of draws
 @pytest.mark.parametrize("vary", ["seed", "position"])
 def test_keyed_draws_follow_the_distribution(vary):
     p = dist([0.1, 0.0, 0.5, 0.15, 0.25])
@@ -40,6 +41,7 @@ def test_keyed_uniforms_depend_on_seed_position_and_id_only():
     assert ((a > 0) & (a < 1)).all()
 
 
+@pytest.mark.slow  # tens of thousands of draws
 def test_consecutive_positions_are_independent():
     """The pair (draw at t, draw at t + 1) over many seeds: the joint is the product."""
     p = dist([0.3, 0.7])
