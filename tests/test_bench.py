@@ -95,7 +95,8 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
     assert plain["speedup"] is None and plain["acceptance_rate"] is None and plain["runs"] == 2
     for measured in (auto, fixed):
         assert measured["runs"] == 2 and measured["speedup"]["min"] <= measured["speedup"]["median"]
-        assert measured["acceptance_rate"] > 0.2  # much of the function is copied from the prompt
+        # Much of the function is copied from the prompt: drafting steps keep several tokens.
+        assert measured["mean_accepted_length"] > 1.0, measured
         assert sum(measured["time_split"].values()) == pytest.approx(1.0, abs=0.01)
         # The Python time per step splits into the loop's part and the logits rows read.
         assert measured["rows_read_per_step"] > 1  # long copies: many rows verified per step
