@@ -278,6 +278,7 @@ class Engine:
         target.rewind(keep)
         stats.prompt_cached = keep
         self._cached = []
+        self._step_ended = None
         # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
         # writes the first token, so plain and speculative runs share it exactly.
         if options.max_tokens > 0:

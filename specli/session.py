@@ -81,12 +81,10 @@ class Session:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
         return prior_costs(gpu, self._draft_size_ratio())
 
-    def calibrate(self, notice: Callable[[], None] | None = None) -> StepCosts:
+    def calibrate(self) -> StepCosts:
         """Time the target's verify batches now and store them (`specli bench`, `doctor --calibrate`)."""
         target = self.target
         sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
-        if notice is not None:
-            notice()
         target.rewind(0)
         token = target.bos if target.bos >= 0 else 0
         verify = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
