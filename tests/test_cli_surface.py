@@ -55,6 +55,7 @@ def test_a_misspelt_proposer_suggests_the_right_one():
     assert "did you mean --draft ngram" in result.output
 
 
+@pytest.mark.slow  # a subprocess
 def test_an_unknown_option_suggests_the_nearest(tmp_path):
     import subprocess
     import sys

@@ -227,6 +227,7 @@ def test_pull_again_downloads_nothing(hub, specli):
     assert len(hub.gets(".gguf")) == gets
 
 
+@pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_cut_transfer_continues_from_where_it_stopped(hub, specli):
     result = specli("pull", "cut")
     assert result.code == 0, result.err
@@ -239,6 +240,7 @@ def test_a_cut_transfer_continues_from_where_it_stopped(hub, specli):
     assert [blob.name for blob in blobs("test-org/cut-GGUF")] == [hashlib.sha256(LARGE).hexdigest()]
 
 
+@pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_server_ignoring_the_range_sends_the_whole_file_again(hub, specli):
     result = specli("pull", "no-ranges")
     assert result.code == 0, result.err
@@ -857,6 +859,7 @@ def test_progress_bars_go_to_a_terminal_stderr(hub):
         assert_progress_bar(filename, stderr)
 
 
+@pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_hub_reference_shows_the_same_progress_as_pull(quants):
     code, _, stderr = on_a_terminal(quants, "run", "--target", "test-org/quants-GGUF:Q8_0", "--draft",
                                     "test-org/quants-GGUF:q4_k_m", "hi")
@@ -1075,6 +1078,7 @@ def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
     assert resolve_models(None, "test-org/quants-GGUF/Q6_K/Model-Q6_K-00001-of-00002.gguf", None).target == target
 
 
+@pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
     from specli.runner import resolve_models
 

@@ -16,6 +16,7 @@ def test_the_8b_shape_has_llama_3_8b_parameter_count_with_its_vocabulary():
     assert SHAPES["8b"] is LLAMA_8B
 
 
+@pytest.mark.slow  # writes model files twice
 def test_threads_write_the_same_file(tmp_path):
     vocab = load_vocabulary()
     shape = dict(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, vocab=vocab, seed=7, dtype="f16",
