@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
-EMPTY_PROMPT = PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) ->
     Refused here, before any model loads, when it is empty."""
     text = _read_prompt(prompt, prompt_file, stdin)
     if not text.strip():
-        raise EMPTY_PROMPT
+        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
     return text
 
 

@@ -16,7 +16,7 @@ from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, Cost
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
 from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions, StepRecord
-from specli.errors import PromptError, VocabMismatchError
+from specli.errors import VocabMismatchError
 from specli.exact import exact_batch_size
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings

@@ -17,7 +17,7 @@ from specli.bench import plain_greedy
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.errors import VocabMismatchError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
-from specli.sampling import SamplingSettings, top_two_margin
+from specli.sampling import SamplingSettings
 
 pytestmark = pytest.mark.slow  # loads real models
 
