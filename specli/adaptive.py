@@ -20,7 +20,7 @@ with the most tokens per second; k = 0 is a plain step.
   what drafting has saved (in modelled seconds): none while the run's drafts have lost more
   than PROBE_BUDGET of its time against the plain steps they replaced.
 
-How each constant was chosen: benchmarks/README.md, "The draft-length policy".
+How each constant was chosen: benchmarks/README.md, sections 4 and 6.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ Source = Literal["prior", "learned", "calibrated"]
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
-# runs the whole output head (1.7x one token for 2 rows, ~4x for 8); on a GPU a batch of a
-# few rows costs little more than one.
+# runs the whole output head, so each row adds much; on a GPU a batch of a few rows costs
+# little more than one (benchmarks/README.md, section 6).
 PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.02, 1.0)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
 LEARN_MIN_SAMPLES = 2  # a batch size's cost is learnt from this many steps of that size or more

@@ -118,7 +118,7 @@ class NGramProposer:
         (key: the match length n): 1 - (0.7·exp(-x/4.25) + 0.0075), 0.44 for one token,
         0.72 for four, 0.95 for twelve, 0.99 past 25. In a copy in progress the policy
         passes the match's extent plus the drafted tokens before the one judged. Fitted to
-        recorded greedy outputs: benchmarks/README.md, "The n-gram prior"."""
+        recorded greedy outputs: benchmarks/README.md, section 4 (`replay.py hazard`)."""
         length = max(int(key), context)  # type: ignore[call-overload]
         return 1.0 - (HAZARD_SCALE * math.exp(-length / HAZARD_LENGTH) + HAZARD_FLOOR)
 

@@ -11,8 +11,8 @@ Verification keeps the output exactly the target's:
   that draw, and the draw at the first mismatch is written. So a seed writes the same
   text with any proposer and any draft length. An n-gram token x is kept with
   probability p(x), as under rejection sampling; a draft model that draws with the same
-  noise agrees with the target wherever the two distributions do (benchmarks/README.md
-  compares it with rejection sampling).
+  noise agrees with the target wherever the two distributions do (benchmarks/README.md,
+  section 8, compares it with rejection sampling).
 """
 
 from __future__ import annotations
