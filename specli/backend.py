@@ -29,18 +29,26 @@ _SILENT_LOG = llama.llama_log_callback(_silent_log)
 _backend_ready = False
 
 
-def init_backend(verbose: bool = False) -> None:
-    """Start llama.cpp once per process; its log lines go to stderr only when verbose."""
+def init_backend(verbose: bool | None = None) -> None:
+    """Start llama.cpp once per process; its log lines go to stderr only when verbose (None:
+    as they went before, silent at first)."""
     global _backend_ready
-    # A NULL callback restores llama.cpp's own logger (stderr).
-    llama.llama_log_set(llama.llama_log_callback() if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+    if verbose is not None or not _backend_ready:
+        # A NULL callback restores llama.cpp's own logger (stderr).
+        llama.llama_log_set(llama.llama_log_callback() if verbose else _SILENT_LOG, ctypes.c_void_p(0))
     if not _backend_ready:
         llama.llama_backend_init()
         _backend_ready = True
 
 
 def supports_gpu_offload() -> bool:
-    return bool(llama.llama_supports_gpu_offload())
+    """Whether this machine has a GPU to offload to. llama.cpp's own check also says yes for
+    any build with RPC, which offloads to other machines only."""
+    from specli import devices
+
+    if not devices.rpc_supported():
+        return bool(llama.llama_supports_gpu_offload())
+    return bool(devices.local_accelerators())
 
 
 def library_versions() -> dict[str, str]:
@@ -86,6 +94,41 @@ class LoadSettings:
     batch_size: int = 512
     threads: int | None = None
     repack: bool = True  # llama.cpp's weight repacking (faster CPU kernels; batch-dependent rounding)
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) that take layers before the local devices
+
+
+class _TensorPlacement(ctypes.Structure):
+    """llama_model_tensor_buft_override (llama.h): tensors whose name matches a regex go to a buffer type."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+# The output head: its weights (tied models reuse token_embd's), the matmul over the whole
+# vocabulary, and so the logits rows specli reads back every step.
+_OUTPUT_HEAD = b"^(output|token_embd)\\."
+
+
+def _place_on_servers(params, rpc: tuple[str, ...]) -> list:
+    """Point a model's params at the RPC servers' devices, then the local accelerators, in
+    the order llama.cpp's own --rpc gives them (remote first, to cross the network least).
+
+    With no local GPU, the output head stays on this machine's CPU: otherwise it would go
+    with the last layers to a server, and every verified row (a vocabulary of float32s)
+    would cross the network instead of one hidden state. Returns the ctypes arrays the
+    params point into, to be kept alive until the model is loaded.
+    """
+    from specli import devices
+
+    placed = [device for endpoint in rpc for device in devices.rpc_server_devices(endpoint)]
+    local = devices.local_accelerators()
+    device_list = (ctypes.c_void_p * (len(placed) + len(local) + 1))(*placed, *local, None)
+    params.devices = ctypes.cast(device_list, ctypes.c_void_p)
+    keep = [device_list]
+    if not local:
+        overrides = (_TensorPlacement * 2)(_TensorPlacement(_OUTPUT_HEAD, devices.cpu_buffer_type()), _TensorPlacement(None, None))
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        keep.append(overrides)
+    return keep
 
 
 class Model:
@@ -101,7 +144,9 @@ class Model:
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack
+        keep = _place_on_servers(model_params, settings.rpc) if settings.rpc else []
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), model_params)
+        del keep
         if not self._model:
             raise ModelFileError(
                 f"llama.cpp could not load {self.path}",

@@ -106,6 +106,22 @@ _layers = _check(lambda v: v >= -1, "must be -1 (all) or more")
 _context = _check(lambda v: v >= 32, "must be at least 32")
 
 
+def _servers(value: Optional[str]) -> tuple[str, ...]:
+    """--rpc / --draft-rpc: HOST:PORT[,HOST:PORT...] (exit 2 on a misspelling)."""
+    from specli.rpc import parse_endpoints
+
+    if value is None:
+        return ()
+    try:
+        return tuple(str(endpoint) for endpoint in parse_endpoints(value))
+    except UsageError as error:
+        raise typer.BadParameter(error.message.split(": ", 1)[-1] + (f" ({error.hint})" if error.hint else "")) from None
+
+
+RPC_HELP = "Spread the target's layers over these llama.cpp rpc-servers, then the local devices."
+DRAFT_RPC_HELP = "Spread the draft's layers over these rpc-servers (default: local devices only)."
+
+
 def _draft_tokens(value: str) -> Optional[int]:
     hint = "'-k' / '--draft-tokens'"
     if value == "auto":
@@ -157,6 +173,8 @@ def run(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
+    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli import runner
@@ -178,7 +196,7 @@ def run(
         models = runner.resolve_models(model, target, draft)
         sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
         spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, draft_gpu_layers, ctx_size, threads,
-                             repack, exact, verbose)
+                             repack, exact, verbose, rpc, draft_rpc)
         if not quiet and not json_output:
             runner.warn_if_self_drafting(spec, sys.stderr)
         limit = max_tokens or (1 << 30 if conversation else DEFAULT_MAX_TOKENS)
@@ -196,7 +214,7 @@ def run(
 
 def _session_spec(models, sampling, seed: int | None, draft_min_p: float, gpu_layers: int | None,
                   draft_gpu_layers: int | None, ctx_size: int, threads: int | None, repack: bool, exact: bool,
-                  verbose: bool):
+                  verbose: bool, rpc: tuple[str, ...] = (), draft_rpc: tuple[str, ...] = ()):
     """run's and bench's models and settings as one SessionSpec."""
     from specli.backend import LoadSettings
     from specli.session import SessionSpec
@@ -206,8 +224,8 @@ def _session_spec(models, sampling, seed: int | None, draft_min_p: float, gpu_la
     return SessionSpec(
         target=models.target,
         draft=models.draft,
-        target_load=LoadSettings(layers, ctx_size, threads=threads, repack=repack),
-        draft_load=LoadSettings(draft_layers, ctx_size, threads=threads, repack=repack),
+        target_load=LoadSettings(layers, ctx_size, threads=threads, repack=repack, rpc=rpc),
+        draft_load=LoadSettings(draft_layers, ctx_size, threads=threads, repack=repack, rpc=draft_rpc),
         sampling=sampling,
         seed=seed,
         draft_min_p=draft_min_p,
@@ -310,6 +328,7 @@ def doctor(
     gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", "-ngl", metavar="N", callback=_layers, help="Target layers on the GPU (-1: all), as run will use them.")] = None,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, help="Context size, as run will use it.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, help="CPU threads, as run will use them.")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, help="Check these llama.cpp rpc-servers (and with a model, price it over them).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object, for scripts.")] = False,
 ) -> None:
     """Check the installation: llama.cpp build and GPU support, devices, caches, registry; with a model, its costs."""
@@ -317,7 +336,7 @@ def doctor(
 
     from specli.doctor import check_model, diagnose, print_report
 
-    report = diagnose()
+    report = diagnose(rpc)
     if model is not None or target is not None or calibrate:
         from specli import runner
         from specli.sampling import SamplingSettings
@@ -325,7 +344,7 @@ def doctor(
         with user_errors():
             models = runner.resolve_models(model, target, "ngram")
             spec = _session_spec(models, SamplingSettings(), None, 0.0, gpu_layers, None, ctx_size, threads, True,
-                                 False, False)
+                                 False, False, rpc)
             notice = None if as_json else (lambda message: print(f"specli: {message}", file=sys.stderr, flush=True))
             report.model = check_model(spec, calibrate, notice)
     if as_json:
@@ -358,6 +377,8 @@ def bench(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
+    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json
@@ -376,7 +397,7 @@ def bench(
             raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
         sampling = SamplingSettings.for_temperature(temp)
         spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, None, ctx_size, threads, repack, exact,
-                             verbose)
+                             verbose, rpc, draft_rpc)
         report = benchmark.execute(spec, benchmark.load_workloads(prompts), configs, runs, max_tokens,
                                    progress=None if json_output else benchmark.print_progress)
         if json_output:

@@ -41,7 +41,19 @@ _SIGNATURES: dict[str, tuple] = {
     "ggml_backend_dev_description": (ctypes.c_char_p, ctypes.c_void_p),
     "ggml_backend_dev_type": (ctypes.c_int, ctypes.c_void_p),
     "ggml_backend_dev_memory": (None, ctypes.c_void_p, _SIZE_POINTER, _SIZE_POINTER),
+    "ggml_backend_dev_backend_reg": (ctypes.c_void_p, ctypes.c_void_p),
+    "ggml_backend_reg_name": (ctypes.c_char_p, ctypes.c_void_p),
+    "ggml_backend_reg_by_name": (ctypes.c_void_p, ctypes.c_char_p),
+    "ggml_backend_reg_get_proc_address": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p),
+    "ggml_backend_reg_dev_count": (ctypes.c_size_t, ctypes.c_void_p),
+    "ggml_backend_reg_dev_get": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t),
+    "ggml_backend_cpu_buffer_type": (ctypes.c_void_p,),
+    "ggml_set_abort_callback": (ctypes.c_void_p, ctypes.c_void_p),
 }
+# ggml_backend_rpc_add_server, reached through the RPC registry as llama.cpp's common/arg.cpp does.
+_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+# ggml_abort_callback_t: called with ggml's message before abort().
+ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _DEVICE_FUNCTIONS = {name for name in _SIGNATURES if name.startswith("ggml_backend_dev_")}
 
 
@@ -79,28 +91,93 @@ def llama_cpp_build() -> dict[str, str | None]:
     }
 
 
+def _describe(device: int) -> Device:
+    ggml = _ggml()
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    ggml["ggml_backend_dev_memory"](device, ctypes.byref(free), ctypes.byref(total))
+    kind = ggml["ggml_backend_dev_type"](device)
+    return Device(
+        name=_text(ggml["ggml_backend_dev_name"](device)) or "",
+        description=_text(ggml["ggml_backend_dev_description"](device)) or "",
+        kind=_DEVICE_KINDS.get(kind, f"type {kind}"),
+        memory_free=free.value or None,
+        memory_total=total.value or None,
+    )
+
+
 def backend_devices() -> list[Device] | None:
     """The devices ggml's backend registry knows; None when this build does not expose it."""
     ggml = _ggml()
     if not _DEVICE_FUNCTIONS <= ggml.keys():
         return None
     backend.init_backend()
-    devices = []
+    return [_describe(ggml["ggml_backend_dev_get"](index)) for index in range(ggml["ggml_backend_dev_count"]())]
+
+
+# --- llama.cpp RPC ------------------------------------------------------------
+
+
+def rpc_supported() -> bool:
+    """Whether this build has ggml's RPC backend (llama-cpp-python built with -DGGML_RPC=ON)."""
+    ggml = _ggml()
+    return "ggml_backend_reg_by_name" in ggml and bool(ggml["ggml_backend_reg_by_name"](b"RPC"))
+
+
+@functools.cache
+def rpc_server_devices(endpoint: str) -> tuple[int, ...]:
+    """The devices of one RPC server (handles for llama_model_params.devices), connecting to it
+    on first use. The servers are not added to ggml's registry, so a model placed by default
+    (a draft without --draft-rpc) never lands on them.
+
+    ggml-rpc aborts the process when the server cannot be reached: specli.rpc.hello checks
+    it, with a timeout, first.
+    """
+    ggml = _ggml()
+    backend.init_backend()
+    registry = ggml["ggml_backend_reg_by_name"](b"RPC")
+    add_server = _ADD_SERVER(ggml["ggml_backend_reg_get_proc_address"](registry, b"ggml_backend_rpc_add_server"))
+    server = add_server(endpoint.encode())
+    if not server:
+        return ()
+    return tuple(ggml["ggml_backend_reg_dev_get"](server, index) for index in range(ggml["ggml_backend_reg_dev_count"](server)))
+
+
+def rpc_devices(endpoint: str) -> list[Device]:
+    """One RPC server's devices, described (name, memory free and total) for `specli doctor`."""
+    return [_describe(device) for device in rpc_server_devices(endpoint)]
+
+
+def local_accelerators() -> list[int]:
+    """The local devices llama.cpp places layers on by default: its GPUs, or, without one,
+    its integrated GPUs (src/llama.cpp, llama_prepare_model_devices). The CPU is not listed:
+    what no device takes stays on it."""
+    ggml = _ggml()
+    backend.init_backend()
+    gpus, igpus = [], []
     for index in range(ggml["ggml_backend_dev_count"]()):
         device = ggml["ggml_backend_dev_get"](index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        ggml["ggml_backend_dev_memory"](device, ctypes.byref(free), ctypes.byref(total))
-        kind = ggml["ggml_backend_dev_type"](device)
-        devices.append(
-            Device(
-                name=_text(ggml["ggml_backend_dev_name"](device)) or "",
-                description=_text(ggml["ggml_backend_dev_description"](device)) or "",
-                kind=_DEVICE_KINDS.get(kind, f"type {kind}"),
-                memory_free=free.value or None,
-                memory_total=total.value or None,
-            )
-        )
-    return devices
+        kind = _DEVICE_KINDS.get(ggml["ggml_backend_dev_type"](device))
+        registry = _text(ggml["ggml_backend_reg_name"](ggml["ggml_backend_dev_backend_reg"](device))) or ""
+        if kind == "gpu" and not registry.startswith("RPC"):
+            gpus.append(device)
+        elif kind == "igpu" and (not igpus or registry == igpus[0][1]):
+            igpus.append((device, registry))
+    return gpus or [device for device, _ in igpus]
+
+
+def cpu_buffer_type() -> int:
+    return _ggml()["ggml_backend_cpu_buffer_type"]()
+
+
+_abort_handler = None  # the installed ABORT_CALLBACK, kept alive while ggml holds it
+
+
+def set_abort_handler(handler: Callable[[str], None]) -> None:
+    """Have ggml call `handler(message)` before it aborts the process (ggml-rpc aborts on any
+    network fault). The handler may end the process itself; if it returns, ggml aborts."""
+    global _abort_handler
+    _abort_handler = ABORT_CALLBACK(lambda message: handler(_text(message) or ""))
+    _ggml()["ggml_set_abort_callback"](ctypes.cast(_abort_handler, ctypes.c_void_p))
 
 
 def compute_fingerprint() -> str:

@@ -56,6 +56,18 @@ class Backend:
     # reinstall that uses them; None where the CPU's features cannot be read (not Linux x86).
     unused_cpu_features: list[str] | None = None
     cpu_install: str | None = None
+    rpc: bool | None = None  # built with ggml's RPC backend (`--rpc`)
+
+
+@dataclass
+class RpcServerState:
+    """One `--rpc` server: whether it answered HELLO in time, its protocol and devices."""
+
+    endpoint: str
+    answers: bool
+    protocol: str | None = None
+    devices: list[Device] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
@@ -107,17 +119,24 @@ class Report:
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)  # faster settings; not problems (exit code 0)
     model: ModelState | None = None
+    rpc_servers: list[RpcServerState] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def diagnose() -> Report:
+def diagnose(rpc: tuple[str, ...] = ()) -> Report:
     backend = check_backend()
     registry = check_registry()
     problems = []
     if backend.error:
         problems.append(f"llama-cpp-python: {backend.error}")
+    servers = check_rpc_servers(rpc) if rpc and backend.rpc else []
+    if rpc and not backend.rpc:
+        from specli.rpc import REINSTALL_WITH_RPC
+
+        problems.append(f"this llama-cpp-python build has no RPC backend: {REINSTALL_WITH_RPC}")
+    problems += [server.error for server in servers if server.error]
     if registry.error:
         problems.append(f"registry: {registry.error}")
     hints = []
@@ -134,7 +153,23 @@ def diagnose() -> Report:
         registry=registry,
         problems=problems,
         hints=hints,
+        rpc_servers=servers,
     )
+
+
+def check_rpc_servers(endpoints: tuple[str, ...]) -> list[RpcServerState]:
+    """Each server's handshake (bounded, see specli.rpc), then its devices and their memory."""
+    from specli import devices, rpc
+
+    states = []
+    for endpoint in endpoints:
+        try:
+            info = rpc.hello(rpc.parse_endpoints(endpoint)[0])
+            rpc.connect([endpoint])
+            states.append(RpcServerState(endpoint, True, ".".join(map(str, info.protocol)), devices.rpc_devices(endpoint)))
+        except rpc.RpcError as error:
+            states.append(RpcServerState(endpoint, False, error=str(error)))
+    return states
 
 
 SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
@@ -172,6 +207,7 @@ def check_backend() -> Backend:
             **build,
             gpu_offload=backend.supports_gpu_offload(),
             devices=devices.backend_devices(),
+            rpc=devices.rpc_supported(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,
         )
@@ -276,6 +312,13 @@ def print_report(report: Report, console) -> None:
             row("device", f"{device.name} ({device.kind}{memory}): {device.description}")
         if backend.devices is None:
             row("device", "unknown: this llama-cpp-python does not expose ggml's device list")
+        row("RPC", "yes (--rpc)" if backend.rpc else "no: this build cannot use rpc-servers")
+    for server in report.rpc_servers:
+        if not server.answers:
+            row("rpc-server", server.error or f"{server.endpoint}: no answer", "red")
+        for device in server.devices:
+            free = f"{format_size(device.memory_free)} free of {format_size(device.memory_total)}" if device.memory_total else "memory unknown"
+            row("rpc-server", f"{server.endpoint} (protocol {server.protocol}): {device.name}, {free}")
     if not backend.gpu_offload:
         row("CUDA build", report.gpu_install["cuda"])
         row("Metal build", report.gpu_install["metal"])

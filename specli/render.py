@@ -84,7 +84,7 @@ class TextRenderer:
         if self._wrote_text:
             self.out.write("\n")
         self.out.flush()
-        if not self.quiet:
+        if not self.quiet and stats.finish_reason != "error":  # an error says its own line
             self.err.write(format_stats(stats, extra) + "\n")
             self.err.flush()
 

@@ -178,6 +178,7 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
     from specli.engine import Finished, StepRecord, Token, check_prompt_fits
     from specli.render import JsonRenderer, TextRenderer, use_colour
     from specli.prompt import prompt_tokens
+    from specli import rpc
     from specli.session import open_session
 
     stdout = stdout or sys.stdout
@@ -218,31 +219,41 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
         }
         if isinstance(draft_length, AdaptiveDraftLength):
             extra["costs"] = session.costs().source
+        if spec.target_load.rpc:
+            extra["rpc"] = list(spec.target_load.rpc)
+        if spec.draft_load.rpc and isinstance(spec.draft, Path):
+            extra["draft_rpc"] = list(spec.draft_load.rpc)
         events = engine.generate(tokens)
         steps: list[StepRecord] = []
-        try:
-            renderer.start()
-            for event in events:
-                if isinstance(event, Token):
-                    renderer.token(event)
-                elif isinstance(event, StepRecord):
-                    steps.append(event)
-                    renderer.step_done()  # flush once per step
-                elif isinstance(event, Finished):
-                    break
-        except KeyboardInterrupt:
-            events.close()  # the engine's own cleanup runs: the stats get their timings
-            engine.stats.finish_reason = "interrupted"
-            _finish_quietly(renderer, engine.stats, extra)
-            return EXIT_INTERRUPTED
-        except BrokenPipeError:
-            _silence_stdout()
-            return EXIT_OK
-        try:
+
+        def flush_partial() -> None:  # an RPC server went away: what was generated still shows
+            engine.stats.finish_reason = "error"
             renderer.finish(engine.stats, extra)
-        except BrokenPipeError:
-            _silence_stdout()
-            return EXIT_OK
+
+        with rpc.on_fault(flush_partial):
+            try:
+                renderer.start()
+                for event in events:
+                    if isinstance(event, Token):
+                        renderer.token(event)
+                    elif isinstance(event, StepRecord):
+                        steps.append(event)
+                        renderer.step_done()  # flush once per step
+                    elif isinstance(event, Finished):
+                        break
+            except KeyboardInterrupt:
+                events.close()  # the engine's own cleanup runs: the stats get their timings
+                engine.stats.finish_reason = "interrupted"
+                _finish_quietly(renderer, engine.stats, extra)
+                return EXIT_INTERRUPTED
+            except BrokenPipeError:
+                _silence_stdout()
+                return EXIT_OK
+            try:
+                renderer.finish(engine.stats, extra)
+            except BrokenPipeError:
+                _silence_stdout()
+                return EXIT_OK
         if isinstance(draft_length, AdaptiveDraftLength):
             session.learn(steps)
         if engine.stats.finish_reason == "context":

@@ -9,6 +9,7 @@ from typing import Callable, Literal, Union
 
 import numpy as np
 
+from specli import rpc
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
 from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
@@ -122,7 +123,7 @@ class Session:
             return f"{self._costs_key()}|draft:{draft}"
         info = draft.stat()
         load = self.spec.draft_load
-        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}"
+        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}|{','.join(load.rpc)}"
 
     def _draft_size_ratio(self) -> float:
         draft = self.spec.draft
@@ -146,7 +147,7 @@ def settings_key(path: Path, load: LoadSettings) -> str:
     build and devices."""
     info = path.stat()
     parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
-             load.ctx_size, library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
+             load.ctx_size, ",".join(load.rpc), library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
     return "|".join(str(part) for part in parts)
 
 
@@ -154,6 +155,9 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     """Load the target and the proposer. With spec.exact, first find (or read) the exact verify
     batch size with repacking on and off, and load with the setting that allows the larger;
     `notice` hears of a measurement before it starts."""
+    servers = tuple(dict.fromkeys(spec.target_load.rpc + (spec.draft_load.rpc if isinstance(spec.draft, Path) else ())))
+    if servers:
+        rpc.connect(servers)
     exact_batch = None
     if spec.exact:
         spec, exact_batch = _exact_settings(spec, notice)

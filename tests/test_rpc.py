@@ -1,0 +1,169 @@
+"""--rpc: how servers are spelled, and the bounded handshake against servers that misbehave.
+
+The servers here are small Python stand-ins on 127.0.0.1 that speak (or break) ggml-rpc's
+framing; tests/test_rpc_servers.py runs the real ggml-rpc-server.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from specli import rpc
+from specli.errors import UsageError
+from specli.rpc import Endpoint, RpcError
+
+
+def test_endpoints_are_parsed_as_llama_cpp_spells_them():
+    assert rpc.parse_endpoints("127.0.0.1:50052, gpu-box:50053") == (
+        Endpoint("127.0.0.1", 50052), Endpoint("gpu-box", 50053))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("127.0.0.1", "is not HOST:PORT"),
+    (":50052", "is not HOST:PORT"),
+    ("a:1,,b:2", "an empty entry"),
+    ("box:http", "not a number"),
+    ("box:0", "not a number from 1 to 65535"),
+    ("box:70000", "not a number from 1 to 65535"),
+    ("[::1]:50052", "IPv6"),
+    ("fe80::1:50052", "IPv6"),
+    ("a:1,a:1", "listed twice"),
+    (",".join(f"h{i}:1" for i in range(17)), "at most 16"),
+])
+def test_misspelled_endpoints_are_usage_errors(text, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        rpc.parse_endpoints(text)
+
+
+class FakeServer:
+    """Accepts one connection at a time on a free port and hands it to `serve`."""
+
+    def __init__(self, serve) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = Endpoint("127.0.0.1", self.listener.getsockname()[1])
+        self.serve = serve
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    self.serve(conn)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def read_command(conn: socket.socket) -> tuple[int, bytes]:
+    head = b""
+    while len(head) < 9:
+        head += conn.recv(9 - len(head))
+    command, size = struct.unpack("<BQ", head)
+    payload = b""
+    while len(payload) < size:
+        payload += conn.recv(size - len(payload))
+    return command, payload
+
+
+def speaking(version: tuple[int, int, int], devices: int = 1):
+    def serve(conn: socket.socket) -> None:
+        command, payload = read_command(conn)
+        assert command == 14 and len(payload) == 24  # HELLO with protocol 7's transport caps
+        conn.sendall(struct.pack("<Q", 28) + bytes([*version, 0]) + bytes(24))
+        command, payload = read_command(conn)
+        assert command == 15 and payload == b""  # DEVICE_COUNT
+        conn.sendall(struct.pack("<QI", 4, devices))
+        conn.recv(1)  # until the client closes
+    return serve
+
+
+@pytest.fixture
+def server_of():
+    servers = []
+
+    def start(serve) -> Endpoint:
+        servers.append(FakeServer(serve))
+        return servers[-1].endpoint
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+def test_a_server_of_this_protocol_answers_with_its_devices(server_of):
+    endpoint = server_of(speaking((7, 0, 0), devices=2))
+    info = rpc.hello(endpoint)
+    assert info.protocol == (7, 0, 0) and info.devices == 2
+
+
+def test_a_refused_connection_names_the_server():
+    endpoint = Endpoint("127.0.0.1", free_port())
+    with pytest.raises(RpcError, match=f"RPC server {endpoint}: connection refused"):
+        rpc.hello(endpoint)
+
+
+def test_a_silent_server_is_given_up_after_the_timeout(server_of):
+    endpoint = server_of(lambda conn: time.sleep(3))  # busy with someone else: never answers
+    started = time.monotonic()
+    with pytest.raises(RpcError, match=f"RPC server {endpoint} accepted the connection but did not answer within 0.5 s"):
+        rpc.hello(endpoint, timeout=0.5)
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("version", [(8, 0, 0), (6, 1, 0), (7, 1, 0)])
+def test_another_protocol_version_is_named(server_of, version):
+    endpoint = server_of(speaking(version))
+    with pytest.raises(RpcError, match=rf"speaks RPC protocol {'.'.join(map(str, version))}; this build speaks 7\.0\.0"):
+        rpc.hello(endpoint)
+
+
+def test_an_older_server_that_hangs_up_on_the_new_hello_is_explained(server_of):
+    def old_server(conn: socket.socket) -> None:
+        conn.recv(9)  # protocol 3 wants an empty HELLO: a 24-byte one is refused by hanging up
+
+    endpoint = server_of(old_server)
+    with pytest.raises(RpcError, match="closed the connection during the handshake: it may speak another RPC protocol"):
+        rpc.hello(endpoint)
+
+
+def test_a_server_without_devices_is_refused(server_of):
+    endpoint = server_of(speaking((7, 0, 0), devices=0))
+    with pytest.raises(RpcError, match="offers no devices"):
+        rpc.hello(endpoint)
+
+
+def test_after_a_fault_the_servers_that_went_away_are_named(server_of):
+    alive = server_of(lambda conn: conn.recv(1))
+    gone = Endpoint("127.0.0.1", free_port())
+    message = rpc.fault_message([alive, gone], "Remote RPC server crashed or returned malformed response")
+    assert message == f"RPC server {gone} stopped answering (connection refused)"
+    message = rpc.fault_message([alive], "Remote RPC server crashed or returned malformed response")
+    assert str(alive) in message and "Remote RPC server crashed" in message
+
+
+def test_watch_sets_keepalive_and_a_user_timeout_on_sockets_to_the_servers(server_of):
+    endpoint = server_of(lambda conn: conn.recv(1))
+    other = server_of(lambda conn: conn.recv(1))
+    with socket.create_connection((endpoint.host, endpoint.port)) as watched, \
+            socket.create_connection((other.host, other.port)) as unwatched:
+        assert rpc.watch([endpoint]) == 1
+        assert watched.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert watched.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == rpc.SILENT_PEER_SECONDS * 1000
+        assert unwatched.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        watched.sendall(b"x")  # the descriptor is still open: watch closed only its duplicate

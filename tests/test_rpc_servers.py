@@ -1,0 +1,146 @@
+"""--rpc against two real ggml-rpc-servers on 127.0.0.1: the target's layers over both, the
+output as without them, and a server killed mid-run ending in one line that names it.
+
+The server is built from the llama.cpp that llama-cpp-python vendors (benchmarks/rpc_server.py;
+minutes the first time, cached after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.rpc_server import Server, free_port
+from helpers import assert_one_line_error
+
+pytestmark = pytest.mark.slow  # builds and starts servers, loads a real model
+
+PROMPT = "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,"
+NEAR_TIE = 0.5  # as tests/test_real_models.py
+
+
+def specli(*args: object) -> list[str]:
+    return [sys.executable, "-m", "specli", *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with Server() as first, Server() as second:
+        yield first, second
+
+
+# In a child process: ggml-rpc keeps its connections (and specli its abort handler) for the
+# life of the process, and a server serves one client at a time.
+LOSSLESS_CHECK = """
+import json, sys
+from specli import rpc
+from specli.backend import LoadSettings, Model
+from specli.bench import plain_greedy
+from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from specli.proposers import NGramProposer
+
+path, endpoints, prompt = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
+rpc.connect(endpoints)
+with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
+    tokens = model.tokenize(prompt)
+    plain, margins = plain_greedy(model, tokens, 40)
+    model.rewind(0)
+    engine = Engine(model, NGramProposer(), FixedDraftLength(4), GenerationOptions(max_tokens=40))
+    events = list(engine.generate(tokens))
+output = [event.id for event in events if isinstance(event, Token) and event.id >= 0]
+print(json.dumps({"plain": plain, "margins": [float(m) for m in margins], "output": output,
+                  "accepted": events[-1].stats.accepted}))
+"""
+
+
+def test_greedy_speculative_over_rpc_is_plain_decoding_over_rpc(gemma_path, servers):
+    endpoints = ",".join(server.endpoint for server in servers)
+    result = subprocess.run([sys.executable, "-c", LOSSLESS_CHECK, str(gemma_path), endpoints, PROMPT],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    plain, margins, output = run["plain"], run["margins"], run["output"]
+    assert run["accepted"] > 0, "a copy task must keep drafted tokens"
+    if output != plain:
+        first = next(i for i, (a, b) in enumerate(zip(plain, output)) if a != b)
+        assert margins[first] < NEAR_TIE, f"diverged at token {first}, margin {margins[first]:.3f}: not a near-tie"
+
+
+def test_run_spreads_the_target_over_both_servers_and_keeps_the_output_head_here(gemma_path, servers):
+    endpoints = ",".join(server.endpoint for server in servers)
+    result = subprocess.run(specli("run", "--target", gemma_path, "--draft", "ngram", "-k", "4", "-n", "24", "--json",
+                                   "--ctx-size", "512", "--rpc", endpoints, "--verbose", PROMPT),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert records[-1]["rpc"] == endpoints.split(",")
+    assert sum(record["type"] == "token" for record in records) > 0
+    # llama.cpp's load log: layers on each server, and the output head (Gemma ties it to the
+    # token embeddings) in a CPU buffer here.
+    for server in servers:
+        assert f"[{server.endpoint}] model buffer size" in result.stderr, result.stderr[-3000:]
+    assert "token_embd.weight" in result.stderr and "buffer type overridden to CPU" in result.stderr
+
+
+def test_a_server_that_is_down_is_named_at_once(gemma_path, servers):
+    down = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = subprocess.run(specli("run", "--target", gemma_path, "-n", "4", "--rpc", f"{servers[0].endpoint},{down}", "hello"),
+                            capture_output=True, text=True, timeout=60)
+    assert_one_line_error(type("R", (), {"code": result.returncode, "out": result.stdout, "err": result.stderr}),
+                          f"RPC server {down}: connection refused")
+    assert time.monotonic() - started < 30
+
+
+def test_doctor_reports_each_server_and_its_devices(servers):
+    endpoints = [server.endpoint for server in servers]
+    down = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(specli("doctor", "--json", "--rpc", ",".join([*endpoints, down])),
+                            capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert result.returncode == 1  # a server that does not answer is a problem
+    assert report["backend"]["rpc"] is True
+    states = {state["endpoint"]: state for state in report["rpc_servers"]}
+    for endpoint in endpoints:
+        assert states[endpoint]["answers"] and states[endpoint]["protocol"] == "7.0.0"
+        device = states[endpoint]["devices"][0]
+        assert device["description"] == endpoint and device["memory_free"] > 0
+    assert not states[down]["answers"] and "connection refused" in states[down]["error"]
+    assert any(down in problem for problem in report["problems"])
+
+
+def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
+    with Server() as first, Server() as second:
+        process = subprocess.Popen(
+            specli("run", "--target", gemma_path, "--draft", "ngram", "-k", "4", "-n", "2000", "--ctx-size", "4096",
+                   "--rpc", f"{first.endpoint},{second.endpoint}", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            text = _read_some(process, 30)
+            assert text, "no token before the kill"
+            second.kill()
+            _, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    err = err.decode()
+    assert process.returncode == 1, err
+    assert err.count("\n") == 1 and err.startswith(f"specli: error: RPC server {second.endpoint}"), err
+    assert "Traceback" not in err
+
+
+def _read_some(process: subprocess.Popen, timeout: float) -> bytes:
+    """Stdout's first bytes: the run is generating."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.5)
+        if ready:
+            return os.read(process.stdout.fileno(), 4096)
+    return b""
