@@ -108,7 +108,7 @@ class _TensorPlacement(ctypes.Structure):
 _OUTPUT_HEAD = b"^(output|token_embd)\\."
 
 
-def _place_on_servers(params, rpc: tuple[str, ...]) -> list:
+def _place_on_servers(params, servers: tuple[str, ...]) -> list:
     """Point a model's params at the RPC servers' devices, then the local accelerators, in
     the order llama.cpp's own --rpc gives them (remote first, to cross the network least).
 
@@ -117,9 +117,10 @@ def _place_on_servers(params, rpc: tuple[str, ...]) -> list:
     would cross the network instead of one hidden state. Returns the ctypes arrays the
     params point into, to be kept alive until the model is loaded.
     """
-    from specli import devices
+    from specli import devices, rpc
 
-    placed = [device for endpoint in rpc for device in devices.rpc_server_devices(endpoint)]
+    rpc.connect(servers)  # each answers in time, or one line naming it (not ggml's abort)
+    placed = [device for endpoint in servers for device in devices.rpc_server_devices(endpoint)]
     local = devices.local_accelerators()
     device_list = (ctypes.c_void_p * (len(placed) + len(local) + 1))(*placed, *local, None)
     params.devices = ctypes.cast(device_list, ctypes.c_void_p)
@@ -170,6 +171,10 @@ class Model:
                 f"llama.cpp could not create a context for {self.path} (n_ctx={ctx_params.n_ctx})",
                 "try a smaller --ctx-size",
             )
+        if settings.rpc:  # ggml-rpc connects when a model's buffers need it: now there are sockets to watch
+            from specli import rpc
+
+            rpc.watch(rpc.parse_endpoints(",".join(settings.rpc)))
         # llama.cpp rounds the KV cache up (to 256 cells at least) but caps a decode at the
         # batch size it was given: holding n_ctx to what was asked keeps every decode within
         # both, and makes --ctx-size exact.

@@ -146,6 +146,7 @@ class Measurement:
             "speedup": _spread(self.speedups) if self.speedups else None,
             "acceptance_rate": total.acceptance_rate if total.drafted else None,
             "mean_accepted_length": total.mean_accepted_length if total.drafted else None,
+            "drafted_per_step": total.drafted / steps,  # -k auto: how long it chose to draft
             "acceptance_by_position": total.acceptance_by_position,
             "time_split": {
                 "draft": total.draft_seconds / seconds,

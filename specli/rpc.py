@@ -84,15 +84,21 @@ def compatible(version: tuple[int, int, int]) -> bool:
 def _connect(endpoint: Endpoint, timeout: float) -> socket.socket:
     try:
         return socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
-    except socket.timeout:
-        raise RpcError(f"RPC server {endpoint} did not accept a connection within {timeout:g} s",
-                       "is the host up, and the port open in its firewall?") from None
-    except socket.gaierror as error:
-        raise RpcError(f"RPC server {endpoint}: cannot resolve {endpoint.host} ({error.strerror})") from None
     except OSError as error:
-        reason = "connection refused" if error.errno == errno.ECONNREFUSED else (error.strerror or str(error))
-        raise RpcError(f"RPC server {endpoint}: {reason}",
-                       f"start it there with: rpc-server -H {endpoint.host} -p {endpoint.port}") from None
+        hint = "is the host up, and the port open in its firewall?" if isinstance(error, socket.timeout) else (
+            f"start it there with: ggml-rpc-server -H {endpoint.host} -p {endpoint.port}")
+        raise RpcError(f"RPC server {endpoint}: {_reason(error, endpoint, timeout)}", hint) from None
+
+
+def _reason(error: OSError, endpoint: Endpoint, timeout: float) -> str:
+    """Why a connect failed, in a few words."""
+    if isinstance(error, socket.timeout):
+        return f"no connection within {timeout:g} s"
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve {endpoint.host}"
+    if error.errno == errno.ECONNREFUSED:
+        return "connection refused"
+    return error.strerror or str(error)
 
 
 def _receive(sock: socket.socket, size: int) -> bytes:
@@ -159,16 +165,17 @@ def unreachable(endpoints: Iterable[Endpoint], timeout: float = 1.0) -> list[tup
     down = []
     for endpoint in endpoints:
         try:
-            _connect(endpoint, timeout).close()
-        except RpcError as error:
-            down.append((endpoint, error.message.split(": ", 1)[-1].split(" within")[0]))
+            socket.create_connection((endpoint.host, endpoint.port), timeout=timeout).close()
+        except OSError as error:
+            down.append((endpoint, _reason(error, endpoint, timeout)))
     return down
 
 
 def watch(endpoints: Iterable[Endpoint]) -> int:
-    """Bound a silent server on the sockets ggml-rpc opened to `endpoints`: keepalive probes
+    """Bound a silent server on the sockets ggml-rpc has open to `endpoints` (one per server
+    while a model's buffers live there; backend.Model calls this once loaded): keepalive probes
     while a reply is awaited and a user timeout for unacknowledged data, so that a vanished
-    host fails a read (and ggml aborts, see on_abort) instead of hanging. Linux only; returns
+    host fails a read (and ggml aborts, see _abort) instead of hanging. Linux only; returns
     how many sockets it set."""
     if not hasattr(socket, "TCP_USER_TIMEOUT"):
         return 0
@@ -214,10 +221,8 @@ def fault_message(endpoints: Iterable[Endpoint], abort_message: str) -> str:
     return f"an RPC server ({listed}) failed: {abort_message.strip() or 'llama.cpp aborted'}"
 
 
-_fault_hooks: list[Callable[[], None]] = []
-
-
 _connected: list[Endpoint] = []  # servers ggml-rpc holds a connection to, in this process
+_fault_hooks: list[Callable[[], None]] = []  # see on_fault
 
 
 def connect(endpoints: Iterable[str]) -> None:
@@ -225,8 +230,8 @@ def connect(endpoints: Iterable[str]) -> None:
     time with a protocol it can use. From then on a ggml abort ends the process through
     `_abort`: the output so far flushed (see on_fault), one line naming the server, exit 1.
 
-    A server already connected is not asked again: it serves this process alone and would
-    not answer a second connection.
+    A server already connected is not asked again: ggml-rpc holds one connection to it while
+    any model's buffers live there, and a server serves one client at a time.
     """
     from specli import devices
 
@@ -239,8 +244,7 @@ def connect(endpoints: Iterable[str]) -> None:
     for endpoint in servers:
         hello(endpoint)
         _connected.append(endpoint)
-        devices.rpc_server_devices(str(endpoint))  # ggml-rpc's one connection to it, from now on
-    watch(servers)
+        devices.rpc_server_devices(str(endpoint))
 
 
 REINSTALL_WITH_RPC = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON" pip install --no-cache-dir --force-reinstall '

@@ -9,7 +9,6 @@ from typing import Callable, Literal, Union
 
 import numpy as np
 
-from specli import rpc
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
 from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
@@ -155,9 +154,6 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     """Load the target and the proposer. With spec.exact, first find (or read) the exact verify
     batch size with repacking on and off, and load with the setting that allows the larger;
     `notice` hears of a measurement before it starts."""
-    servers = tuple(dict.fromkeys(spec.target_load.rpc + (spec.draft_load.rpc if isinstance(spec.draft, Path) else ())))
-    if servers:
-        rpc.connect(servers)
     exact_batch = None
     if spec.exact:
         spec, exact_batch = _exact_settings(spec, notice)

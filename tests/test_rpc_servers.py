@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,18 @@ def test_run_spreads_the_target_over_both_servers_and_keeps_the_output_head_here
     assert "token_embd.weight" in result.stderr and "buffer type overridden to CPU" in result.stderr
 
 
+def test_the_draft_goes_to_servers_only_with_draft_rpc(gemma_path, servers):
+    first, second = (server.endpoint for server in servers)
+    common = ["run", "--target", gemma_path, "--draft", gemma_path, "-k", "3", "-n", "8", "-q", "--ctx-size", "256",
+              "--verbose", "--rpc", first, PROMPT]
+    local = subprocess.run(specli(*common), capture_output=True, text=True, timeout=300)
+    remote = subprocess.run(specli(*common, "--draft-rpc", second), capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr[-2000:] + remote.stderr[-2000:]
+    assert f"[{second}] model buffer size" not in local.stderr  # the draft stayed here
+    assert f"[{second}] model buffer size" in remote.stderr
+    assert f"[{first}] model buffer size" in local.stderr and f"[{first}] model buffer size" in remote.stderr
+
+
 def test_a_server_that_is_down_is_named_at_once(gemma_path, servers):
     down = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
@@ -144,3 +157,32 @@ def _read_some(process: subprocess.Popen, timeout: float) -> bytes:
         if ready:
             return os.read(process.stdout.fileno(), 4096)
     return b""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a network namespace needs root and iproute2")
+def test_a_server_cut_off_mid_run_is_given_up_in_bounded_time(gemma_path):
+    """No reset ever comes from a host that vanished: keepalive and the TCP user timeout
+    on ggml-rpc's socket end the wait (specli.rpc.SILENT_PEER_SECONDS)."""
+    from benchmarks.netdelay import Namespace
+    from specli.rpc import SILENT_PEER_SECONDS
+
+    with Namespace() as namespace:
+        prefix = ("ip", "netns", "exec", namespace.name)
+        with Server(namespace.address, 50052, prefix=prefix) as server:
+            process = subprocess.Popen(
+                specli("run", "--target", gemma_path, "--draft", "ngram", "-n", "2000", "--rpc", server.endpoint,
+                       "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                assert _read_some(process, 60), "no token before the cut"
+                subprocess.run(["ip", "link", "set", namespace.host_link, "down"], check=True)
+                cut = time.monotonic()
+                _, err = process.communicate(timeout=SILENT_PEER_SECONDS + 60)
+                waited = time.monotonic() - cut
+            finally:
+                if process.poll() is None:
+                    process.kill()
+    err = err.decode()
+    assert process.returncode == 1, err
+    assert err.count("\n") == 1 and err.startswith(f"specli: error: RPC server {server.endpoint} stopped answering"), err
+    assert waited < SILENT_PEER_SECONDS + 15

@@ -1,0 +1,201 @@
+"""Plain against speculative decoding with the target over two llama.cpp rpc-servers.
+
+Scenarios: no RPC (the reference), the servers on loopback, then inside a network namespace behind a veth pair
+with a round-trip time added (tc netem where the kernel has it, else benchmarks/netdelay.py's
+relay; see its docstring). For each scenario:
+
+- the round-trip time as measured (an RPC command and its reply, timed from this side);
+- round trips per decode, counted by the relay, for a plain decode and for one
+  speculative step (n-gram, K=4);
+- `specli bench --rpc ...` on the grounded workloads (-k auto, 4, 8 against plain), with a
+  fresh specli cache, so -k auto's calibration runs over this network;
+- the calibrated verify costs -k auto priced its drafts with.
+
+    sudo python benchmarks/rpc_bench.py --rtt-ms 1 5 --runs 3    # root: namespaces
+
+Writes benchmarks/out/rpc/<date>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.netdelay import Namespace  # noqa: E402
+from benchmarks.rpc_server import Server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NETDELAY = REPO / "benchmarks" / "netdelay.py"
+GROUNDED = ("code-edit", "summarise", "extract-fields")
+
+
+def specli(*args: object, cache: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SPECLI_CACHE=str(cache))
+    return subprocess.run([sys.executable, "-m", "specli", *map(str, args)], capture_output=True, text=True,
+                          env=env, check=True)
+
+
+def measured_rtt_ms(endpoint: str, count: int = 20) -> float:
+    """Median time of an RPC command and its reply (DEVICE_COUNT, after HELLO)."""
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def command(code: int, payload: bytes, answer: int) -> None:
+            sock.sendall(struct.pack("<BQ", code, len(payload)) + payload)
+            need = 8 + answer
+            while need:
+                need -= len(sock.recv(need))
+
+        command(14, bytes(24), 28)  # HELLO
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            command(15, b"", 4)  # DEVICE_COUNT
+            times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def relay_trips(stats_files: list[Path]) -> int:
+    return sum(json.loads(path.read_text())["round_trips"] for path in stats_files)
+
+
+def trips_per_decode(target: Path, endpoints: str, stats_files: list[Path], cache: Path) -> dict:
+    """Round trips (all servers together) per target decode, plain and for n-gram steps at
+    K=4: a 48-token run's count less a 1-token run's (loading the model and the prompt's
+    decode), over the decodes between them."""
+
+    def count(draft: list[str], tokens: int) -> tuple[int, int]:
+        time.sleep(0.6)  # the relays write their counters at most every 0.5 s
+        before = relay_trips(stats_files)
+        run = specli("run", "--target", target, *draft, "-n", tokens, "--json", "--rpc", endpoints,
+                     "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,", cache=cache)
+        time.sleep(0.6)
+        stats = json.loads(run.stdout.splitlines()[-1])
+        return relay_trips(stats_files) - before, stats["steps"]
+
+    result = {}
+    for name, draft in (("plain", ["--draft", "none"]), ("speculative_k4", ["--draft", "ngram", "-k", "4"])):
+        base_trips, _ = count(draft, 1)
+        trips, steps = count(draft, 48)
+        result[name] = (trips - base_trips) / max(1, steps)
+    return result
+
+
+def scenario(target: Path, rtt_ms: float | str | None, args, out: Path) -> dict:
+    """rtt_ms: "local" (no RPC, the reference), None (servers on loopback), or milliseconds."""
+    label = rtt_ms if rtt_ms == "local" else "loopback" if rtt_ms is None else f"{rtt_ms:g} ms"
+    cache = out / f"cache-{label.replace(' ', '')}"
+    with contextlib.ExitStack() as stack:
+        stats_files: list[Path] = []
+        if rtt_ms == "local":
+            endpoints, delay = [], None
+        elif rtt_ms is None:
+            servers = [stack.enter_context(Server(threads=args.server_threads)) for _ in range(2)]
+            endpoints = [server.endpoint for server in servers]
+            delay = None
+        else:
+            namespace = stack.enter_context(Namespace())
+            delay = namespace.add_delay(rtt_ms) or "relay"
+            prefix = ("ip", "netns", "exec", namespace.name)
+            servers = [stack.enter_context(Server(namespace.address, port, threads=args.server_threads, prefix=prefix))
+                       for port in (50052, 50053)]  # a fresh namespace: every port is free
+            endpoints = []
+            for server in servers:  # a relay in front of each: it counts, and adds the delay without netem
+                stats = out / f"relay-{label.replace(' ', '')}-{server.port}.json"
+                relay = namespace.run([sys.executable, str(NETDELAY), "relay", "--listen", f"{namespace.address}:0",
+                                       "--to", server.endpoint, "--rtt-ms", str(rtt_ms if delay == "relay" else 0),
+                                       "--stats", str(stats)], stdout=subprocess.PIPE, text=True)
+                endpoints.append(relay.stdout.readline().split()[-1])
+                stats_files.append(stats)
+        joined = ",".join(endpoints)
+        rpc = ["--rpc", joined] if endpoints else []
+        report = {"scenario": label, "delay": delay, "endpoints": endpoints,
+                  "measured_rtt_ms": [measured_rtt_ms(endpoint) for endpoint in endpoints]}
+        if stats_files:
+            report["trips"] = trips_per_decode(target, joined, stats_files, cache)
+        bench = specli("bench", "--target", target, "--draft", "ngram", "-k", args.k, "--runs", args.runs,
+                       "--prompts", out / "grounded.toml", *rpc, "--json", cache=cache)
+        report["bench"] = json.loads(bench.stdout)
+        doctor = subprocess.run([sys.executable, "-m", "specli", "doctor", "--json", "--target", target, *rpc],
+                                capture_output=True, text=True, env=dict(os.environ, SPECLI_CACHE=str(cache)))
+        report["costs"] = json.loads(doctor.stdout)["model"]
+    return report
+
+
+def grounded_workloads(out: Path) -> Path:
+    import tomllib
+
+    data = tomllib.loads((REPO / "benchmarks" / "workloads.toml").read_text())
+    path = out / "grounded.toml"
+    lines = []
+    for workload in data["workload"]:
+        if workload["name"] in GROUNDED:
+            lines.append("[[workload]]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in workload.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def print_table(reports: list[dict]) -> None:
+    print("| network | RTT measured | trips/decode (plain, K=4 step) | workload | plain tok/s | best speculative | "
+          "-k auto | auto drafts/step | verify(8)/verify(1) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for report in reports:
+        rtt = f"{statistics.median(report['measured_rtt_ms']):.2f} ms" if report["measured_rtt_ms"] else "-"
+        trips = report.get("trips")
+        trip_text = f"{trips['plain']:.1f}, {trips['speculative_k4']:.1f}" if trips else "-"
+        ratio = report["costs"]["verify_relative"]["8"] if report.get("costs") else None
+        for workload in report["bench"]["workloads"]:
+            configs = workload["configs"]
+            plain = configs["plain"]["tokens_per_second"]["median"]
+            speculative = {label: c for label, c in configs.items() if label != "plain"}
+            best = max(speculative, key=lambda label: speculative[label]["speedup"]["median"])
+            auto = configs.get("auto")
+            print(f"| {report['scenario']} | {rtt} | {trip_text} | {workload['name']} | {plain:.1f} | "
+                  f"{best} {speculative[best]['speedup']['median']:.2f}× | "
+                  f"{auto['speedup']['median']:.2f}× | {auto['drafted_per_step']:.1f} | "
+                  f"{ratio:.2f}× |" if auto else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rtt-ms", type=float, nargs="*", default=[1.0, 5.0], help="Added round-trip times.")
+    parser.add_argument("--no-local", action="store_true", help="Skip the reference without RPC and the one on loopback.")
+    parser.add_argument("--runs", default="3")
+    parser.add_argument("-k", default="auto,4,8")
+    parser.add_argument("--server-threads", type=int, default=1, help="CPU threads of each rpc-server.")
+    parser.add_argument("--target", type=Path, help="Target GGUF (default: the embedded model).")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "rpc")
+    args = parser.parse_args()
+    from specli.demo import embedded_model_path
+
+    target = args.target or embedded_model_path()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    grounded_workloads(out)
+    scenarios = ([] if args.no_local else ["local", None]) + list(args.rtt_ms)
+    reports = []
+    for rtt in scenarios:
+        reports.append(scenario(target, rtt, args, out))
+        (out / "report.json").write_text(json.dumps(reports, indent=1))
+    print_table(reports)
+    print(f"\n{out / 'report.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
