@@ -12,6 +12,8 @@ relay; see its docstring). For each scenario:
 - the calibrated verify costs -k auto priced its drafts with.
 
     sudo python benchmarks/rpc_bench.py --rtt-ms 1 5 --runs 3    # root: namespaces
+    python benchmarks/synthetic.py tiny /tmp/tiny    # a network-bound pair: tiny layers, local draft
+    sudo python benchmarks/rpc_bench.py --target /tmp/tiny/tiny-s0-target.gguf --draft /tmp/tiny/tiny-s0-draft.gguf
 
 Writes benchmarks/out/rpc/<date>.json and prints a table.
 """
@@ -72,25 +74,47 @@ def relay_trips(stats_files: list[Path]) -> int:
     return sum(json.loads(path.read_text())["round_trips"] for path in stats_files)
 
 
-def trips_per_decode(target: Path, endpoints: str, stats_files: list[Path], cache: Path) -> dict:
-    """Round trips (all servers together) per target decode, plain and for n-gram steps at
-    K=4: a 48-token run's count less a 1-token run's (loading the model and the prompt's
-    decode), over the decodes between them."""
+# In one process: a first generation meets each batch shape once (ggml-rpc then asks each
+# server for some tensors' sizes, a round trip each, and caches the answers); the second
+# is counted, as a bench's measured runs come after its warm-up.
+TRIPS = """
+import json, sys, time
+from specli import rpc
+from specli.backend import LoadSettings, Model
+from specli.engine import Engine, FixedDraftLength, GenerationOptions
+from specli.proposers import NGramProposer, NoProposer
 
-    def count(draft: list[str], tokens: int) -> tuple[int, int]:
-        time.sleep(0.6)  # the relays write their counters at most every 0.5 s
-        before = relay_trips(stats_files)
-        run = specli("run", "--target", target, *draft, "-n", tokens, "--json", "--rpc", endpoints,
-                     "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,", cache=cache)
-        time.sleep(0.6)
-        stats = json.loads(run.stdout.splitlines()[-1])
-        return relay_trips(stats_files) - before, stats["steps"]
+path, endpoints, draft, stats_files = sys.argv[1], tuple(sys.argv[2].split(",")), int(sys.argv[3]), sys.argv[4:]
+prompt = "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,"
 
+def trips():
+    time.sleep(0.6)  # the relays write their counters at most every 0.5 s
+    return sum(json.load(open(path))["round_trips"] for path in stats_files)
+
+rpc.connect(endpoints)
+with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
+    tokens = model.tokenize(prompt)
+    counts = []
+    for _ in range(2):
+        model.rewind(0)
+        before = trips()
+        engine = Engine(model, NGramProposer() if draft else NoProposer(), FixedDraftLength(draft),
+                        GenerationOptions(max_tokens=64))
+        for event in engine.generate(tokens):
+            pass
+        counts.append((trips() - before) / (engine.stats.steps + 1))  # and the prompt's decode
+print(json.dumps(counts[-1]))
+"""
+
+
+def trips_per_decode(target: Path, endpoints: str, stats_files: list[Path]) -> dict:
+    """Round trips (all servers together) per target decode, once every batch shape has been
+    seen: plain, and n-gram steps at K=4."""
     result = {}
-    for name, draft in (("plain", ["--draft", "none"]), ("speculative_k4", ["--draft", "ngram", "-k", "4"])):
-        base_trips, _ = count(draft, 1)
-        trips, steps = count(draft, 48)
-        result[name] = (trips - base_trips) / max(1, steps)
+    for name, draft in (("plain", 0), ("speculative_k4", 4)):
+        run = subprocess.run([sys.executable, "-c", TRIPS, str(target), endpoints, str(draft), *map(str, stats_files)],
+                             capture_output=True, text=True, check=True, cwd=REPO)
+        result[name] = json.loads(run.stdout)
     return result
 
 
@@ -125,8 +149,8 @@ def scenario(target: Path, rtt_ms: float | str | None, args, out: Path) -> dict:
         report = {"scenario": label, "delay": delay, "endpoints": endpoints,
                   "measured_rtt_ms": [measured_rtt_ms(endpoint) for endpoint in endpoints]}
         if stats_files:
-            report["trips"] = trips_per_decode(target, joined, stats_files, cache)
-        bench = specli("bench", "--target", target, "--draft", "ngram", "-k", args.k, "--runs", args.runs,
+            report["trips"] = trips_per_decode(target, joined, stats_files)
+        bench = specli("bench", "--target", target, "--draft", args.draft, "-k", args.k, "--runs", args.runs,
                        "--prompts", out / "grounded.toml", *rpc, "--json", cache=cache)
         report["bench"] = json.loads(bench.stdout)
         doctor = subprocess.run([sys.executable, "-m", "specli", "doctor", "--json", "--target", target, *rpc],
@@ -178,6 +202,7 @@ def main() -> int:
     parser.add_argument("-k", default="auto,4,8")
     parser.add_argument("--server-threads", type=int, default=1, help="CPU threads of each rpc-server.")
     parser.add_argument("--target", type=Path, help="Target GGUF (default: the embedded model).")
+    parser.add_argument("--draft", default="ngram", help="Draft GGUF (kept local) or ngram.")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "rpc")
     args = parser.parse_args()
     from specli.demo import embedded_model_path

@@ -178,6 +178,11 @@ class DraftModelProposer:
         self.draft_min_p = draft_min_p
         self._cached: list[int] = []  # tokens in the draft's KV cache, in order
 
+    def forget(self) -> None:
+        """Empty the draft's cache (before its decode is timed)."""
+        self.model.rewind(0)
+        self._cached.clear()
+
     def prepare(self, prompt: list[int]) -> None:
         """Bring the draft's cache to the prompt but its last token, keeping what it already
         holds of it (an earlier turn of a chat)."""

@@ -82,7 +82,8 @@ class Session:
         return prior_costs(gpu, self._draft_size_ratio())
 
     def calibrate(self) -> StepCosts:
-        """Time the target's verify batches now and store them (`specli bench`, `doctor --calibrate`)."""
+        """Time the target's verify batches, and a draft model's one-token decode, now and store
+        them (`specli bench`, `doctor --calibrate`)."""
         target = self.target
         sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
         target.rewind(0)
@@ -92,6 +93,13 @@ class Session:
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
         costs = StepCosts(verify, 0.0, loop, "calibrated")
         self._store().put_costs(self._costs_key(), costs)
+        if isinstance(self.proposer, DraftModelProposer):
+            # The draft's own cost per token, where it runs: its file size against the
+            # target's says nothing when the target's decodes cross a network (--rpc).
+            self.proposer.forget()
+            draft = self.proposer.model
+            seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
+            self._store().put(self._draft_key(), seconds)
         return self.costs()
 
     def learn(self, steps: list[StepRecord]) -> None:

@@ -191,3 +191,22 @@ def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch):
         assert opened.costs() == calibrated
         monkeypatch.setattr(session_module, "compute_fingerprint", lambda: "another-build")
         assert opened.costs().source == "prior"
+
+
+def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path):
+    """The synthetic prefix pair's files are about the same size (4 and 2 tiny layers over one
+    large vocabulary), so the prior prices a draft token like a target decode; calibration
+    times the draft itself, as it must over --rpc, where the target's decodes also pay the
+    network."""
+    from benchmarks.synthetic import write_tiny_pair
+    from specli import session as session_module
+
+    target_path, draft_path = write_tiny_pair(tmp_path)
+    spec = session_module.SessionSpec(target_path, draft_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
+    with session_module.open_session(spec) as opened:
+        by_size = opened.costs().draft_per_token
+        assert by_size > 0.9  # the prior: file sizes, in units of a one-token verify
+        calibrated = opened.calibrate()
+        stored = opened._store().get(opened._draft_key())
+        assert isinstance(stored, float) and 0 < stored < 1  # seconds, as timed
+        assert calibrated.draft_per_token == stored
