@@ -185,9 +185,11 @@ def print_table(reports: list[dict]) -> None:
         for workload in report["bench"]["workloads"]:
             configs = workload["configs"]
             plain = configs["plain"]["tokens_per_second"]["median"]
-            speculative = {label: c for label, c in configs.items() if label != "plain"}
+            speculative = {label: c for label, c in configs.items() if label != "plain" and c["speedup"]}
+            if not speculative:
+                continue  # nothing generated (a synthetic model may end at once)
             best = max(speculative, key=lambda label: speculative[label]["speedup"]["median"])
-            auto = configs.get("auto")
+            auto = speculative.get("auto")
             print(f"| {report['scenario']} | {rtt} | {trip_text} | {workload['name']} | {plain:.1f} | "
                   f"{best} {speculative[best]['speedup']['median']:.2f}× | "
                   f"{auto['speedup']['median']:.2f}× | {auto['drafted_per_step']:.1f} | "
