@@ -118,8 +118,8 @@ def _servers(value: Optional[str]) -> tuple[str, ...]:
         raise typer.BadParameter(error.message.split(": ", 1)[-1] + (f" ({error.hint})" if error.hint else "")) from None
 
 
-RPC_HELP = "Spread the target's layers over these llama.cpp rpc-servers, then the local devices."
-DRAFT_RPC_HELP = "Spread the draft's layers over these rpc-servers (default: local devices only)."
+RPC_HELP = "Target layers on rpc-servers (HOST:PORT,...)."
+DRAFT_RPC_HELP = "Draft layers on rpc-servers."
 
 
 def _draft_tokens(value: str) -> Optional[int]:
@@ -173,8 +173,8 @@ def run(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
-    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
+    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli import runner
@@ -328,7 +328,7 @@ def doctor(
     gpu_layers: Annotated[Optional[int], typer.Option("--gpu-layers", "-ngl", metavar="N", callback=_layers, help="Target layers on the GPU (-1: all), as run will use them.")] = None,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, help="Context size, as run will use it.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, help="CPU threads, as run will use them.")] = None,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, help="Check these llama.cpp rpc-servers (and with a model, price it over them).")] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, help="Check these llama.cpp rpc-servers, HOST:PORT,... (with a model: its costs over them).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object, for scripts.")] = False,
 ) -> None:
     """Check the installation: llama.cpp build and GPU support, devices, caches, registry; with a model, its costs."""
@@ -377,8 +377,8 @@ def bench(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
-    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="HOST:PORT,...", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
+    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json
