@@ -1,4 +1,5 @@
-"""What llama.cpp was built with and the devices ggml can compute on, for `specli doctor`.
+"""What llama.cpp was built with, the devices ggml can compute on (for `specli doctor`), and
+the RPC servers' devices a model is placed on (for `--rpc`).
 
 ggml's device API has no Python bindings in llama-cpp-python: its functions are called
 through ctypes on the libggml that llama-cpp-python loaded (backend.ggml_library), each

@@ -167,3 +167,12 @@ def test_watch_sets_keepalive_and_a_user_timeout_on_sockets_to_the_servers(serve
         assert watched.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == rpc.SILENT_PEER_SECONDS * 1000
         assert unwatched.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
         watched.sendall(b"x")  # the descriptor is still open: watch closed only its duplicate
+
+
+def test_a_build_without_rpc_says_how_to_get_one(monkeypatch):
+    from specli import devices
+
+    monkeypatch.setattr(devices, "rpc_supported", lambda: False)
+    with pytest.raises(RpcError, match="no RPC backend") as raised:
+        rpc.connect(["127.0.0.1:50052"])
+    assert "-DGGML_RPC=ON" in raised.value.hint
