@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import struct
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -210,15 +212,20 @@ def watch(endpoints: Iterable[Endpoint]) -> int:
     return count
 
 
-def fault_message(endpoints: Iterable[Endpoint], abort_message: str) -> str:
-    """One line for a ggml abort while RPC servers are in use, naming the server(s) gone."""
+def fault_message(endpoints: Iterable[Endpoint], abort_message: str, tries: int = 4) -> str:
+    """One line for a ggml abort while RPC servers are in use, naming the server(s) gone. A
+    server that is shutting down may still accept connections for a moment: ask again."""
     endpoints = list(endpoints)
-    down = unreachable(endpoints)
-    if down:
-        named = " and ".join(f"{endpoint} stopped answering ({why})" for endpoint, why in down)
-        return f"RPC server {named}"
+    for attempt in range(tries):
+        down = unreachable(endpoints)
+        if down:
+            named = " and ".join(f"{endpoint} stopped answering ({why})" for endpoint, why in down)
+            return f"RPC server {named}"
+        if attempt + 1 < tries:
+            time.sleep(0.5)
     listed = ", ".join(map(str, endpoints))
-    return f"an RPC server ({listed}) failed: {abort_message.strip() or 'llama.cpp aborted'}"
+    reason = re.sub(r"^\S+:\d+: ", "", abort_message.strip()) or "llama.cpp aborted"  # without ggml's file:line
+    return f"an RPC server ({listed}) failed: {reason}"
 
 
 _connected: list[Endpoint] = []  # servers ggml-rpc holds a connection to, in this process
