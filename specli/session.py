@@ -130,7 +130,7 @@ class Session:
             return f"{self._costs_key()}|draft:{draft}"
         info = draft.stat()
         load = self.spec.draft_load
-        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}|{','.join(load.rpc)}"
+        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}{_servers_key(load)}"
 
     def _draft_size_ratio(self) -> float:
         draft = self.spec.draft
@@ -150,12 +150,18 @@ class Session:
 
 
 def settings_key(path: Path, load: LoadSettings) -> str:
-    """Stored costs and exactness hold for this model file, its settings, and this llama.cpp
-    build and devices."""
+    """Stored costs and exactness hold for this model file, its settings, this llama.cpp build
+    and devices, and the RPC servers it runs on."""
     info = path.stat()
     parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
-             load.ctx_size, ",".join(load.rpc), library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
-    return "|".join(str(part) for part in parts)
+             load.ctx_size, library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
+    return "|".join(str(part) for part in parts) + _servers_key(load)
+
+
+def _servers_key(load: LoadSettings) -> str:
+    """The RPC servers a model spreads over (nothing without --rpc, so the keys stored
+    before --rpc existed still hold)."""
+    return f"|rpc:{','.join(load.rpc)}" if load.rpc else ""
 
 
 def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> Session:

@@ -177,3 +177,18 @@ def test_a_build_without_rpc_says_how_to_get_one(monkeypatch):
     with pytest.raises(RpcError, match="no RPC backend") as raised:
         rpc.connect(["127.0.0.1:50052"])
     assert "-DGGML_RPC=ON" in raised.value.hint
+
+
+def test_stored_costs_are_kept_per_set_of_servers(tmp_path):
+    """A decode over a network costs what that network makes it cost: -k auto must not read
+    the local costs for it, nor one network's for another."""
+    from specli.backend import LoadSettings
+    from specli.session import settings_key
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    local = settings_key(model, LoadSettings())
+    near = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052",)))
+    far = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052", "10.0.0.3:50052")))
+    assert len({local, near, far}) == 3
+    assert "rpc" not in local  # keys stored before --rpc existed still hold
