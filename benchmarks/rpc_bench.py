@@ -15,7 +15,7 @@ relay; see its docstring). For each scenario:
     python benchmarks/synthetic.py tiny /tmp/tiny    # a network-bound pair: tiny layers, local draft
     sudo python benchmarks/rpc_bench.py --target /tmp/tiny/tiny-s0-target.gguf --draft /tmp/tiny/tiny-s0-draft.gguf
 
-Writes benchmarks/out/rpc/<date>.json and prints a table.
+Writes benchmarks/out/rpc/<date-time>/report.json and prints a table.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def measured_rtt_ms(endpoint: str, count: int = 20) -> float:
             sock.sendall(struct.pack("<BQ", code, len(payload)) + payload)
             need = 8 + answer
             while need:
-                need -= len(sock.recv(need))
+                chunk = sock.recv(need)
+                if not chunk:
+                    raise ConnectionError(f"{endpoint} hung up")
+                need -= len(chunk)
 
         command(14, bytes(24), 28)  # HELLO
         times = []

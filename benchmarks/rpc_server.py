@@ -70,7 +70,11 @@ class Server:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen([*prefix, str(binary()), "-H", host, "-p", str(self.port), "-t", str(threads)],
                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._wait_listening()
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.kill()
+            raise
 
     def _wait_listening(self, timeout: float = 30.0) -> None:
         """Until a connect succeeds (the server takes it as a client that leaves at once)."""

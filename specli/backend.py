@@ -114,17 +114,30 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
 
     With no local GPU, the output head stays on this machine's CPU: otherwise it would go
     with the last layers to a server, and every verified row (a vocabulary of float32s)
-    would cross the network instead of one hidden state. Returns the ctypes arrays the
-    params point into, to be kept alive until the model is loaded.
+    would cross the network instead of one hidden state. The sockets to the servers are
+    watched (specli.rpc.watch) from the first progress report of the load on. Returns the
+    ctypes objects the params point into, to be kept alive until the model is loaded.
     """
     from specli import devices, rpc
 
+    endpoints = rpc.parse_endpoints(",".join(servers))
     rpc.connect(servers)  # each answers in time, or one line naming it (not ggml's abort)
-    placed = [device for endpoint in servers for device in devices.rpc_server_devices(endpoint)]
+    placed = [device for endpoint in endpoints for device in devices.rpc_server_devices(str(endpoint))]
     local = devices.local_accelerators()
     device_list = (ctypes.c_void_p * (len(placed) + len(local) + 1))(*placed, *local, None)
     params.devices = ctypes.cast(device_list, ctypes.c_void_p)
-    keep = [device_list]
+    watched: list[int] = []
+
+    def progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+        # The first call comes once the buffers are allocated: the connections exist, and the
+        # weights (gigabytes, for a large model) are about to cross them.
+        if not watched:
+            watched.append(rpc.watch(endpoints))
+        return True
+
+    callback = llama.llama_progress_callback(progress)
+    params.progress_callback = callback
+    keep = [device_list, callback]
     if not local:
         overrides = (_TensorPlacement * 2)(_TensorPlacement(_OUTPUT_HEAD, devices.cpu_buffer_type()), _TensorPlacement(None, None))
         params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
@@ -171,7 +184,7 @@ class Model:
                 f"llama.cpp could not create a context for {self.path} (n_ctx={ctx_params.n_ctx})",
                 "try a smaller --ctx-size",
             )
-        if settings.rpc:  # ggml-rpc connects when a model's buffers need it: now there are sockets to watch
+        if settings.rpc:  # and the context's buffers (the KV cache) may have opened a connection anew
             from specli import rpc
 
             rpc.watch(rpc.parse_endpoints(",".join(settings.rpc)))

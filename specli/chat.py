@@ -97,22 +97,30 @@ def _turn(engine: Engine, tokens: list[int], options: GenerationOptions, rendere
 
     check_prompt_fits(len(tokens), engine.target.n_ctx)
     engine.options = replace(options, max_tokens=min(options.max_tokens, engine.target.n_ctx - len(tokens)))
+    from specli import rpc
+
     pieces: list[str] = []
     events = engine.generate(tokens)
     if legend:
         renderer.start()
-    try:
-        for event in events:
-            if isinstance(event, Token):
-                pieces.append(event.text)
-                renderer.token(event)
-            elif isinstance(event, StepRecord):
-                renderer.step_done()
-            elif isinstance(event, Finished):
-                break
-    except KeyboardInterrupt:
-        events.close()
-        engine.stats.finish_reason = "interrupted"
+
+    def flush_partial() -> None:  # an RPC server went away: the answer so far still shows
+        engine.stats.finish_reason = "error"
+        renderer.finish(engine.stats, {})
+
+    with rpc.on_fault(flush_partial):
+        try:
+            for event in events:
+                if isinstance(event, Token):
+                    pieces.append(event.text)
+                    renderer.token(event)
+                elif isinstance(event, StepRecord):
+                    renderer.step_done()
+                elif isinstance(event, Finished):
+                    break
+        except KeyboardInterrupt:
+            events.close()
+            engine.stats.finish_reason = "interrupted"
     renderer.finish(engine.stats, {})
     return "".join(pieces)
 

@@ -190,13 +190,13 @@ def run(
         if conversation and json_output:
             raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
         text = None if conversation else runner.read_prompt(prompt, file, sys.stdin)
-        if gpu_layers is not None or draft_gpu_layers is not None:
-            runner.warn_without_gpu(sys.stderr)
         runner.check_draft_spelling(draft)
         models = runner.resolve_models(model, target, draft)
         sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
         spec = _session_spec(models, sampling, seed, draft_min_p, gpu_layers, draft_gpu_layers, ctx_size, threads,
                              repack, exact, verbose, rpc, draft_rpc)
+        if (gpu_layers is not None or draft_gpu_layers is not None) and not (rpc or draft_rpc):
+            runner.warn_without_gpu(sys.stderr)  # with --rpc, layers go to the servers
         if not quiet and not json_output:
             runner.warn_if_self_drafting(spec, sys.stderr)
         limit = max_tokens or (1 << 30 if conversation else DEFAULT_MAX_TOKENS)
@@ -221,6 +221,12 @@ def _session_spec(models, sampling, seed: int | None, draft_min_p: float, gpu_la
 
     layers = -1 if gpu_layers is None else gpu_layers
     draft_layers = layers if draft_gpu_layers is None else draft_gpu_layers
+    if rpc and layers == 0:
+        raise UsageError("--rpc with --gpu-layers 0 puts no layer on the servers", "drop --gpu-layers 0")
+    if draft_rpc and not isinstance(models.draft, Path):
+        raise UsageError(f"--draft-rpc places a draft model's layers; --draft {models.draft} has none")
+    if draft_rpc and draft_layers == 0:
+        raise UsageError("--draft-rpc with --draft-gpu-layers 0 puts no layer on the servers")
     return SessionSpec(
         target=models.target,
         draft=models.draft,

@@ -175,10 +175,12 @@ _abort_handler = None  # the installed ABORT_CALLBACK, kept alive while ggml hol
 
 def set_abort_handler(handler: Callable[[str], None]) -> None:
     """Have ggml call `handler(message)` before it aborts the process (ggml-rpc aborts on any
-    network fault). The handler may end the process itself; if it returns, ggml aborts."""
+    network fault). The handler may end the process itself; if it returns, ggml aborts. The
+    first handler set stays (ggml holds its address)."""
     global _abort_handler
-    _abort_handler = ABORT_CALLBACK(lambda message: handler(_text(message) or ""))
-    _ggml()["ggml_set_abort_callback"](ctypes.cast(_abort_handler, ctypes.c_void_p))
+    if _abort_handler is None:
+        _abort_handler = ABORT_CALLBACK(lambda message: handler(_text(message) or ""))
+        _ggml()["ggml_set_abort_callback"](ctypes.cast(_abort_handler, ctypes.c_void_p))
 
 
 def compute_fingerprint() -> str:

@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from specli.devices import Device
 
 PIP_REINSTALL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+# Every reinstall specli suggests keeps RPC (--rpc), as README's install does.
 GPU_INSTALL = {
-    "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {PIP_REINSTALL}',
-    "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {PIP_REINSTALL}',
+    "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=ON" {PIP_REINSTALL}',
+    "metal": f'CMAKE_ARGS="-DGGML_METAL=on -DGGML_RPC=ON" {PIP_REINSTALL}',
 }
+RPC_INSTALL = f'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON" {PIP_REINSTALL}'
 # x86 instruction sets that ggml has CPU kernels for: the name in /proc/cpuinfo's flags, in
 # llama.cpp's system info, and the CMake option that builds for it. `-DGGML_NATIVE=OFF` (the
 # portable build, which also avoids a crash in the AMX path on some CPUs) stops at
@@ -133,9 +135,7 @@ def diagnose(rpc: tuple[str, ...] = ()) -> Report:
         problems.append(f"llama-cpp-python: {backend.error}")
     servers = check_rpc_servers(rpc) if rpc and backend.rpc else []
     if rpc and not backend.rpc:
-        from specli.rpc import REINSTALL_WITH_RPC
-
-        problems.append(f"this llama-cpp-python build has no RPC backend: {REINSTALL_WITH_RPC}")
+        problems.append(f"this llama-cpp-python build has no RPC backend: {RPC_INSTALL}")
     problems += [server.error for server in servers if server.error]
     if registry.error:
         problems.append(f"registry: {registry.error}")
@@ -240,7 +240,7 @@ def unused_cpu_features(flags: set[str] | None, system_info: str | None) -> list
 
 def cpu_install_command(unused: list[tuple[str, str]]) -> str:
     options = " ".join(f"-D{option}=ON" for _, option in unused)
-    return f'CMAKE_ARGS="-DGGML_NATIVE=OFF {options}" {PIP_REINSTALL}'
+    return f'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON {options}" {PIP_REINSTALL}'
 
 
 def check_storage() -> Storage:

@@ -17,6 +17,7 @@ import re
 import socket
 import struct
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -86,14 +87,16 @@ def compatible(version: tuple[int, int, int]) -> bool:
 def _connect(endpoint: Endpoint, timeout: float) -> socket.socket:
     try:
         return socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
-    except OSError as error:
+    except (OSError, UnicodeError) as error:
         hint = "is the host up, and the port open in its firewall?" if isinstance(error, socket.timeout) else (
             f"start it there with: ggml-rpc-server -H {endpoint.host} -p {endpoint.port}")
         raise RpcError(f"RPC server {endpoint}: {_reason(error, endpoint, timeout)}", hint) from None
 
 
-def _reason(error: OSError, endpoint: Endpoint, timeout: float) -> str:
+def _reason(error: OSError | UnicodeError, endpoint: Endpoint, timeout: float) -> str:
     """Why a connect failed, in a few words."""
+    if isinstance(error, UnicodeError):  # a label too long for IDNA
+        return f"{endpoint.host} is not a valid host name"
     if isinstance(error, socket.timeout):
         return f"no connection within {timeout:g} s"
     if isinstance(error, socket.gaierror):
@@ -137,7 +140,7 @@ def hello(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT) -> ServerInfo:
     Raises RpcError naming the server: down, refusing, silent (busy with another client),
     or speaking another protocol version than this build's.
     """
-    mismatch_hint = "build rpc-server from the llama.cpp that llama-cpp-python vendors (`specli doctor` names its commit)"
+    mismatch_hint = "build ggml-rpc-server from the llama.cpp that llama-cpp-python vendors (`specli doctor` names its commit)"
     with _connect(endpoint, timeout) as sock:
         sock.settimeout(timeout)
         try:
@@ -168,28 +171,26 @@ def unreachable(endpoints: Iterable[Endpoint], timeout: float = 1.0) -> list[tup
     for endpoint in endpoints:
         try:
             socket.create_connection((endpoint.host, endpoint.port), timeout=timeout).close()
-        except OSError as error:
+        except (OSError, UnicodeError) as error:
             down.append((endpoint, _reason(error, endpoint, timeout)))
     return down
 
 
-def watch(endpoints: Iterable[Endpoint]) -> int:
-    """Bound a silent server on the sockets ggml-rpc has open to `endpoints` (one per server
-    while a model's buffers live there; backend.Model calls this once loaded): keepalive probes
-    while a reply is awaited and a user timeout for unacknowledged data, so that a vanished
-    host fails a read (and ggml aborts, see _abort) instead of hanging. Linux only; returns
-    how many sockets it set."""
-    if not hasattr(socket, "TCP_USER_TIMEOUT"):
-        return 0
-    wanted = {(endpoint.host, endpoint.port) for endpoint in endpoints}
+def _sockets_to(endpoints: Iterable[Endpoint]) -> Iterator[socket.socket]:
+    """Duplicates of this process's TCP sockets connected to `endpoints` (ggml-rpc's: it
+    exposes none of its own), each closed once the caller moves on. Linux only."""
     resolved = set()
-    for host, port in wanted:
+    for endpoint in endpoints:
         try:
-            resolved |= {(info[4][0], port) for info in socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)}
-        except OSError:
-            pass
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
+            infos = socket.getaddrinfo(endpoint.host, endpoint.port, socket.AF_INET, socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue
+        resolved |= {(info[4][0], endpoint.port) for info in infos}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
         try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 continue
@@ -200,15 +201,31 @@ def watch(endpoints: Iterable[Endpoint]) -> int:
             try:
                 if sock.getpeername() not in resolved:
                     continue
-                interval = 5
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, SILENT_PEER_SECONDS // interval - 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SILENT_PEER_SECONDS * 1000)
-                count += 1
             except OSError:  # not an IPv4 TCP socket, or not connected
                 continue
+            yield sock
+
+
+def watch(endpoints: Iterable[Endpoint]) -> int:
+    """Bound a silent server on the sockets ggml-rpc has open to `endpoints` (one per server
+    while a model's buffers live there; backend.Model calls this as soon as they exist):
+    keepalive probes while a reply is awaited and a user timeout for unacknowledged data, so
+    that a vanished host fails a read (and ggml aborts, see _abort) instead of hanging.
+    Returns how many sockets it set."""
+    if not hasattr(socket, "TCP_USER_TIMEOUT"):
+        return 0
+    count = 0
+    interval = 5
+    for sock in _sockets_to(endpoints):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, SILENT_PEER_SECONDS // interval - 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SILENT_PEER_SECONDS * 1000)
+            count += 1
+        except OSError:
+            continue
     return count
 
 
@@ -228,7 +245,7 @@ def fault_message(endpoints: Iterable[Endpoint], abort_message: str, tries: int 
     return f"an RPC server ({listed}) failed: {reason}"
 
 
-_connected: list[Endpoint] = []  # servers ggml-rpc holds a connection to, in this process
+_connected: list[Endpoint] = []  # servers ggml-rpc has been given, in this process (named by _abort)
 _fault_hooks: list[Callable[[], None]] = []  # see on_fault
 
 
@@ -237,25 +254,25 @@ def connect(endpoints: Iterable[str]) -> None:
     time with a protocol it can use. From then on a ggml abort ends the process through
     `_abort`: the output so far flushed (see on_fault), one line naming the server, exit 1.
 
-    A server already connected is not asked again: ggml-rpc holds one connection to it while
-    any model's buffers live there, and a server serves one client at a time.
+    A server ggml-rpc holds a connection to right now (a loaded model's buffers live there)
+    is not asked: a server serves one client at a time, so it would not answer. ggml-rpc
+    drops the connection when no buffer needs it and reconnects later, so a server is asked
+    again before each model that finds none.
     """
     from specli import devices
 
-    servers = [endpoint for endpoint in parse_endpoints(",".join(endpoints)) if endpoint not in _connected]
-    if not servers:
-        return
+    servers = parse_endpoints(",".join(endpoints))
     if not devices.rpc_supported():
-        raise RpcError("this llama-cpp-python build has no RPC backend", f"reinstall it: {REINSTALL_WITH_RPC}")
+        from specli.doctor import RPC_INSTALL
+
+        raise RpcError("this llama-cpp-python build has no RPC backend", f"reinstall it: {RPC_INSTALL}")
     devices.set_abort_handler(_abort)
     for endpoint in servers:
-        hello(endpoint)
-        _connected.append(endpoint)
+        if next(_sockets_to([endpoint]), None) is None:
+            hello(endpoint)
+        if endpoint not in _connected:
+            _connected.append(endpoint)
         devices.rpc_server_devices(str(endpoint))
-
-
-REINSTALL_WITH_RPC = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON" pip install --no-cache-dir --force-reinstall '
-                      '--no-deps llama-cpp-python')
 
 
 @contextmanager
@@ -268,22 +285,49 @@ def on_fault(hook: Callable[[], None]) -> Iterator[None]:
         _fault_hooks.remove(hook)
 
 
+_aborting = threading.Lock()
+
+# What ggml-rpc says when it cannot go on (ggml-rpc.cpp's GGML_ABORTs).
+_RPC_ABORTS = ("Remote RPC server", "Failed to connect", "RPC handshake failed", "Failed to parse endpoint",
+               "RPC transport")
+
+
 def _abort(message: str) -> None:
-    """ggml is about to abort (it cannot go on without a server): say which server, and exit 1
-    instead. With SPECLI_DEBUG=1, ggml's own message and backtrace follow, then the abort."""
+    """ggml is about to abort: say which server went away (or what llama.cpp said, for an abort
+    of its own), flush the output so far, and exit 1 instead. It runs on whichever thread
+    aborts (ggml-rpc's dispatcher, mid-run); a second abort meanwhile waits for the first.
+    With SPECLI_DEBUG=1, ggml's message and every thread's stack follow, then the abort."""
+    import faulthandler
+
     from specli.config import debug_enabled
 
-    line = fault_message(_connected, message)
-    for hook in list(_fault_hooks):
+    if not _aborting.acquire(blocking=False):
+        _aborting.acquire()  # another thread is reporting: it ends the process
+    try:
+        line = _fault_line(message)
+        for hook in list(_fault_hooks):
+            try:
+                hook()
+            except BaseException:
+                pass
         try:
-            hook()
+            sys.stdout.flush()
         except BaseException:
             pass
-    try:
-        sys.stdout.flush()
+        sys.stderr.write(f"specli: error: {line}\n")
+        if debug_enabled():
+            sys.stderr.write(f"{message}\n")
+            sys.stderr.flush()
+            faulthandler.dump_traceback(all_threads=True)
+            return
+        sys.stderr.flush()
     except BaseException:
-        pass
-    sys.stderr.write(f"specli: error: {line}\n")
-    sys.stderr.flush()
-    if not debug_enabled():
-        os._exit(1)
+        os.write(2, b"specli: error: llama.cpp aborted\n")
+    os._exit(1)
+
+
+def _fault_line(message: str) -> str:
+    if any(text in message for text in _RPC_ABORTS) or unreachable(_connected):
+        return fault_message(_connected, message)
+    reason = re.sub(r"^\S+:\d+: ", "", message.strip()) or "no reason given"
+    return f"llama.cpp aborted: {reason}"

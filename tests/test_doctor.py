@@ -23,7 +23,7 @@ def test_a_portable_build_on_an_avx512_cpu_misses_avx512():
     assert unused == [("AVX512", "GGML_AVX512"), ("AVX512_VBMI", "GGML_AVX512_VBMI"),
                       ("AVX512_VNNI", "GGML_AVX512_VNNI"), ("AVX512_BF16", "GGML_AVX512_BF16")]
     command = doctor.cpu_install_command(unused)
-    assert command.startswith('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON ')
+    assert command.startswith('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON ')
     assert command.endswith('" pip install --force-reinstall --no-cache-dir llama-cpp-python')
 
 

@@ -139,7 +139,7 @@ def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
             text = _read_some(process, 30)
             assert text, "no token before the kill"
             second.kill()
-            _, err = process.communicate(timeout=60)
+            out, err = process.communicate(timeout=60)
         finally:
             if process.poll() is None:
                 process.kill()
@@ -147,6 +147,8 @@ def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
     assert process.returncode == 1, err
     assert err.count("\n") == 1 and err.startswith(f"specli: error: RPC server {second.endpoint}"), err
     assert "Traceback" not in err
+    written = (text + out).decode()
+    assert written.startswith(" 11, 12,") and written.endswith("\n"), written  # the text so far, flushed
 
 
 def _read_some(process: subprocess.Popen, timeout: float) -> bytes:
