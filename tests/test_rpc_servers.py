@@ -136,8 +136,8 @@ def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
                    "--rpc", f"{first.endpoint},{second.endpoint}", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            text = _read_some(process, 30)
-            assert text, "no token before the kill"
+            text = _read_some(process, 60, at_least=16)
+            assert len(text) >= 16, f"too little text before the kill: {text!r}"
             second.kill()
             out, err = process.communicate(timeout=60)
         finally:
@@ -151,14 +151,18 @@ def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
     assert written.startswith(" 11, 12,") and written.endswith("\n"), written  # the text so far, flushed
 
 
-def _read_some(process: subprocess.Popen, timeout: float) -> bytes:
-    """Stdout's first bytes: the run is generating."""
+def _read_some(process: subprocess.Popen, timeout: float, at_least: int = 1) -> bytes:
+    """Stdout's first bytes (at least `at_least` of them): the run is generating."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    data = b""
+    while len(data) < at_least and time.monotonic() < deadline:
         ready, _, _ = select.select([process.stdout], [], [], 0.5)
         if ready:
-            return os.read(process.stdout.fileno(), 4096)
-    return b""
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            data += chunk
+    return data
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a network namespace needs root and iproute2")
