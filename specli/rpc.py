@@ -1,12 +1,12 @@
 """llama.cpp RPC servers: their addresses, a bounded handshake, and what a fault says.
 
-The model work itself is ggml-rpc's (specli.devices registers the servers and
-specli.backend places a model's layers on them). ggml-rpc aborts the process on any
-network fault and its connect has no timeout, so this module talks to a server first
-in plain Python: a TCP connect and the protocol's HELLO, each bounded by a timeout,
-naming the server in every error. Mid-run, `watch` bounds a silent peer with TCP
-keepalive and a user timeout on ggml's own sockets, and `on_abort` turns ggml's abort
-into one line naming the server that went away.
+The model work itself is ggml-rpc's (specli.devices adds the servers and specli.backend
+places a model's layers on them). ggml-rpc aborts the process on any network fault and
+its connect has no timeout, so this module talks to a server first in plain Python: a TCP
+connect and the protocol's HELLO, each bounded by a timeout, naming the server in every
+error. Mid-run, `watch` bounds a silent peer with TCP keepalive and a user timeout on
+ggml's own sockets, and `_abort` (ggml's abort callback) turns ggml's abort into the output
+so far (`on_fault`) and one line naming the server that went away.
 """
 
 from __future__ import annotations
@@ -301,8 +301,7 @@ def _abort(message: str) -> None:
 
     from specli.config import debug_enabled
 
-    if not _aborting.acquire(blocking=False):
-        _aborting.acquire()  # another thread is reporting: it ends the process
+    _aborting.acquire()  # held by another thread that is reporting: it ends the process
     try:
         line = _fault_line(message)
         for hook in list(_fault_hooks):
