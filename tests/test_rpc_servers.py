@@ -1,5 +1,6 @@
-"""--rpc against two real ggml-rpc-servers on 127.0.0.1: the target's layers over both, the
-output as without them, and a server killed mid-run ending in one line that names it.
+"""--rpc against real ggml-rpc-servers on 127.0.0.1: the target's layers over two, the output
+as without them, the draft placed by --draft-rpc, doctor's report, and a server that is down,
+killed mid-run or cut off mid-run ending in one line that names it.
 
 The server is built from the llama.cpp that llama-cpp-python vendors (benchmarks/rpc_server.py;
 minutes the first time, cached after).
@@ -11,7 +12,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,18 +37,16 @@ def servers():
         yield first, second
 
 
-# In a child process: ggml-rpc keeps its connections (and specli its abort handler) for the
-# life of the process, and a server serves one client at a time.
+# In a child process: specli's abort handler stays for the life of a process that used RPC,
+# and a server serves one client at a time (this test's, not the next test's).
 LOSSLESS_CHECK = """
 import json, sys
-from specli import rpc
 from specli.backend import LoadSettings, Model
 from specli.bench import plain_greedy
 from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
 from specli.proposers import NGramProposer
 
 path, endpoints, prompt = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
-rpc.connect(endpoints)
 with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
     tokens = model.tokenize(prompt)
     plain, margins = plain_greedy(model, tokens, 40)
