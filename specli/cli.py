@@ -118,8 +118,11 @@ def _servers(value: Optional[str]) -> tuple[str, ...]:
         raise typer.BadParameter(error.message.split(": ", 1)[-1] + (f" ({error.hint})" if error.hint else "")) from None
 
 
-RPC_HELP = "Target layers on rpc-servers (HOST:PORT,...)."
-DRAFT_RPC_HELP = "Draft layers on rpc-servers."
+# run's and bench's --rpc and --draft-rpc (HOST:PORT,... parsed into a tuple of endpoints).
+Servers = Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE,
+                                                help="Target layers on rpc-servers (HOST:PORT,...).")]
+DraftServers = Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers,
+                                                     rich_help_panel=HARDWARE, help="Draft layers on rpc-servers.")]
 
 
 def _draft_tokens(value: str) -> Optional[int]:
@@ -173,8 +176,8 @@ def run(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
-    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
+    rpc: Servers = None,
+    draft_rpc: DraftServers = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli import runner
@@ -383,8 +386,8 @@ def bench(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE, help="Context size in tokens.")] = 4096,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE, help="CPU threads (default: all cores).")] = None,
     repack: Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")] = True,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=RPC_HELP)] = None,
-    draft_rpc: Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE, help=DRAFT_RPC_HELP)] = None,
+    rpc: Servers = None,
+    draft_rpc: DraftServers = None,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json

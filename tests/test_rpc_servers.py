@@ -127,26 +127,37 @@ def test_doctor_reports_each_server_and_its_devices(servers):
     assert any(down in problem for problem in report["problems"])
 
 
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # Gemma goes on counting, for as long as it is let
+
+
+def _fault_mid_run(gemma_path, endpoints: str, fault, timeout: float) -> tuple[int, str, str, float]:
+    """Start a long run over `endpoints`, call `fault()` once it has written a few tokens, and
+    wait for the run to end: its exit code, stdout (all of it), stderr, and the seconds it
+    took after the fault."""
+    process = subprocess.Popen(
+        specli("run", "--target", gemma_path, "--draft", "ngram", "-k", "4", "-n", "2000", "--ctx-size", "4096",
+               "--rpc", endpoints, COUNTING),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        before = _read_some(process, 60, at_least=16)
+        assert len(before) >= 16, f"too little text before the fault: {before!r}"
+        fault()
+        faulted = time.monotonic()
+        out, err = process.communicate(timeout=timeout)
+        waited = time.monotonic() - faulted
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, (before + out).decode(), err.decode(), waited
+
+
 def test_a_server_killed_mid_run_ends_in_one_line_naming_it(gemma_path):
     with Server() as first, Server() as second:
-        process = subprocess.Popen(
-            specli("run", "--target", gemma_path, "--draft", "ngram", "-k", "4", "-n", "2000", "--ctx-size", "4096",
-                   "--rpc", f"{first.endpoint},{second.endpoint}", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            text = _read_some(process, 60, at_least=16)
-            assert len(text) >= 16, f"too little text before the kill: {text!r}"
-            second.kill()
-            out, err = process.communicate(timeout=60)
-        finally:
-            if process.poll() is None:
-                process.kill()
-    err = err.decode()
-    assert process.returncode == 1, err
+        code, out, err, _ = _fault_mid_run(gemma_path, f"{first.endpoint},{second.endpoint}", second.kill, 60)
+    assert code == 1, err
     assert err.count("\n") == 1 and err.startswith(f"specli: error: RPC server {second.endpoint}"), err
     assert "Traceback" not in err
-    written = (text + out).decode()
-    assert written.startswith(" 11, 12,") and written.endswith("\n"), written  # the text so far, flushed
+    assert out.startswith(" 11, 12,") and out.endswith("\n"), out  # the text so far, flushed
 
 
 def _read_some(process: subprocess.Popen, timeout: float, at_least: int = 1) -> bytes:
@@ -173,20 +184,9 @@ def test_a_server_cut_off_mid_run_is_given_up_in_bounded_time(gemma_path):
     with Namespace() as namespace:
         prefix = ("ip", "netns", "exec", namespace.name)
         with Server(namespace.address, 50052, prefix=prefix) as server:
-            process = subprocess.Popen(
-                specli("run", "--target", gemma_path, "--draft", "ngram", "-n", "2000", "--rpc", server.endpoint,
-                       "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            try:
-                assert _read_some(process, 60), "no token before the cut"
-                subprocess.run(["ip", "link", "set", namespace.host_link, "down"], check=True)
-                cut = time.monotonic()
-                _, err = process.communicate(timeout=SILENT_PEER_SECONDS + 60)
-                waited = time.monotonic() - cut
-            finally:
-                if process.poll() is None:
-                    process.kill()
-    err = err.decode()
-    assert process.returncode == 1, err
+            cut = ["ip", "link", "set", namespace.host_link, "down"]
+            code, _, err, waited = _fault_mid_run(gemma_path, server.endpoint, lambda: subprocess.run(cut, check=True),
+                                                  SILENT_PEER_SECONDS + 60)
+    assert code == 1, err
     assert err.count("\n") == 1 and err.startswith(f"specli: error: RPC server {server.endpoint} stopped answering"), err
     assert waited < SILENT_PEER_SECONDS + 15
