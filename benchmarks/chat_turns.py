@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from specli.backend import LoadSettings
-from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions
+from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions
 from specli.prompt import chat_tokens
 from specli.proposers import NoProposer
 from specli.session import SessionSpec, open_session
@@ -29,7 +29,7 @@ def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[
     load = LoadSettings(ctx_size=2048, threads=threads)
     with open_session(SessionSpec(target, draft, load, load)) as session:
         options = GenerationOptions(max_tokens=96)
-        engine = session.engine(session.draft_length(None), options)
+        engine = session.engine(session.draft_policy("auto"), options)
         messages = [{"role": "user", "content": FIRST}]
         prompt = chat_tokens(session.target, messages)
         reply = [e for e in engine.generate(prompt)]
@@ -39,7 +39,7 @@ def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": SECOND}]
         prompt = chat_tokens(session.target, messages)
         kept = _first_token(engine, prompt)
-        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftLength(0), GenerationOptions(1)), prompt)
+        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(1)), prompt)
     return kept[0], kept[1], fresh[0], fresh[1]
 
 

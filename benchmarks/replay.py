@@ -7,7 +7,7 @@ the target's plain output is known: which draft tokens a step keeps depends only
 text. So this script records, once per model, each workload's plain greedy output and the
 target's verify cost for every batch size (at a realistic context length), and then
 replays a policy: specli's own engine runs against a target that writes the recorded
-text (`RecordedTarget`), so the real `NGramProposer` and `AdaptiveDraftLength` choose each
+text (`RecordedTarget`), so the real `NGramProposer` and `AdaptiveDraftPolicy` choose each
 draft and the recorded text decides how much of it is kept; each step costs the recorded
 verify time plus Python's share. Optional noise (lognormal, per step, several seeds) varies
 those costs; `-k auto` does not see them, so it moves the timing only.
@@ -54,9 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.costs import CALIBRATION_SIZES, StepCosts
-from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, StepRecord
+from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord
 from specli.proposers import NGramProposer
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
@@ -213,9 +213,9 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
     proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
     if policy == "auto":
         calibrated = StepCosts(calibration or {size: costs(size) for size in CALIBRATION_SIZES}, 0.0, loop_seconds)
-        draft_length = AdaptiveDraftLength(calibrated, prior=proposer.prior)
+        draft_length = AdaptiveDraftPolicy(calibrated, prior=proposer.prior)
     else:
-        draft_length = FixedDraftLength(LLAMA_M if policy == "ngram-simple" else int(policy))
+        draft_length = FixedDraftPolicy(LLAMA_M if policy == "ngram-simple" else int(policy))
     engine = Engine(target, proposer, draft_length, GenerationOptions(max_tokens=case.max_tokens))
     rng = random.Random(seed)
     seconds, steps = 0.0, []
@@ -275,7 +275,7 @@ def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 
 def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
     from specli.bench import load_workloads
-    from specli.engine import FixedDraftLength, GenerationOptions, Token
+    from specli.engine import FixedDraftPolicy, GenerationOptions, Token
     from specli.prompt import prompt_tokens
     from specli.session import SessionSpec, open_session
 
@@ -285,7 +285,7 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
         for prompt_file in prompt_files:
             for workload in load_workloads(prompt_file):
                 prompt = prompt_tokens(target, workload.prompt, chat=workload.chat)
-                engine = session.engine(FixedDraftLength(0), GenerationOptions(max_tokens=workload.max_tokens))
+                engine = session.engine(FixedDraftPolicy(0), GenerationOptions(max_tokens=workload.max_tokens))
                 output = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
                                   max_tokens=workload.max_tokens))

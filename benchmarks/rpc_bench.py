@@ -84,7 +84,7 @@ TRIPS = """
 import json, sys, time
 from specli import rpc
 from specli.backend import LoadSettings, Model
-from specli.engine import Engine, FixedDraftLength, GenerationOptions
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions
 from specli.proposers import NGramProposer, NoProposer
 
 path, endpoints, draft, stats_files = sys.argv[1], tuple(sys.argv[2].split(",")), int(sys.argv[3]), sys.argv[4:]
@@ -101,7 +101,7 @@ with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
     for _ in range(2):
         model.rewind(0)
         before = trips()
-        engine = Engine(model, NGramProposer() if draft else NoProposer(), FixedDraftLength(draft),
+        engine = Engine(model, NGramProposer() if draft else NoProposer(), FixedDraftPolicy(draft),
                         GenerationOptions(max_tokens=64))
         for event in engine.generate(tokens):
             pass

@@ -62,7 +62,7 @@ class _KeyState:
             self.rejected += 1.0
 
 
-class AdaptiveDraftLength:
+class AdaptiveDraftPolicy:
     def __init__(
         self,
         costs: StepCosts,
@@ -82,10 +82,10 @@ class AdaptiveDraftLength:
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
-    def next(self, key: object, extent: int, draft_tokens: int) -> int:
-        """How many of `draft_tokens` available draft tokens to verify (0: a plain step)."""
+    def choose(self, key: object, extent: int, available: int) -> int:
+        """How many of the `available` draft tokens to verify (0: a plain step)."""
         state = self._state(key)
-        limit = min(self.draft_tokens, draft_tokens)
+        limit = min(self.draft_tokens, available)
         if limit <= 0:
             return 0
         ratio = self._hazard_ratio(state)

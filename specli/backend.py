@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import numpy as np
 
 import llama_cpp as llama
 
+from specli import devices, rpc
 from specli.errors import ModelFileError, PromptError
-
 
 
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -44,8 +43,6 @@ def init_backend(verbose: bool | None = None) -> None:
 def supports_gpu_offload() -> bool:
     """Whether this machine has a GPU to offload to. llama.cpp's own check also says yes for
     any build with RPC, which offloads to other machines only."""
-    from specli import devices
-
     if not devices.rpc_supported():
         return bool(llama.llama_supports_gpu_offload())
     return bool(devices.local_accelerators())
@@ -85,6 +82,9 @@ def check_gguf_file(path: Path) -> None:
     read_header(path)
 
 
+devices.attach(devices.Binding(ggml_library(), init_backend, library_versions))
+
+
 @dataclass(frozen=True)
 class LoadSettings:
     """How a model is placed: GPU layers (-1: all), context and batch sizes, CPU threads."""
@@ -118,8 +118,6 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
     watched (specli.rpc.watch) from the first progress report of the load on. Returns the
     ctypes objects the params point into, to be kept alive until the model is loaded.
     """
-    from specli import devices, rpc
-
     endpoints = rpc.parse_endpoints(",".join(servers))
     rpc.connect(servers)  # each answers in time, or one line naming it (not ggml's abort)
     placed = [device for endpoint in endpoints for device in devices.rpc_server_devices(str(endpoint))]
@@ -185,8 +183,6 @@ class Model:
                 "try a smaller --ctx-size",
             )
         if settings.rpc:  # and the context's buffers (the KV cache) may have opened a connection anew
-            from specli import rpc
-
             rpc.watch(rpc.parse_endpoints(",".join(settings.rpc)))
         # llama.cpp rounds the KV cache up (to 256 cells at least) but caps a decode at the
         # batch size it was given: holding n_ctx to what was asked keeps every decode within
@@ -198,7 +194,6 @@ class Model:
         self._piece_caches: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})  # by `special`
         self._eog_cache: dict[int, bool] = {}
         self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
-        self.decode_seconds = 0.0  # time spent inside llama_decode, for overhead accounting
         self._logits_view: np.ndarray | None = None  # see _logits_rows
         self._logits_address = 0
 
@@ -239,9 +234,7 @@ class Model:
             if last_chunk:
                 self._batch_logits[n - 1] = 1
             self._batch.n_tokens = n
-            started = time.perf_counter()
             status = llama.llama_decode(self._ctx, self._batch)
-            self.decode_seconds += time.perf_counter() - started
             if status != 0:
                 self.rewind(self.n_past)  # drop whatever a failed decode left behind
                 raise DecodeError(status, self.path)

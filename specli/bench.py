@@ -25,18 +25,19 @@ from typing import Callable
 import numpy as np
 
 from specli.backend import library_versions
-from specli.engine import Engine, Finished, FixedDraftLength, GenerationOptions, Stats, Token
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
 from specli.errors import ConfigError, UsageError
 from specli.prompt import prompt_tokens
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
+from specli.stream import stream
 
 PLAIN = "plain"
 AUTO = "auto"
 
 
-def execute(spec: SessionSpec, workloads: list[Workload], configs: list[str | int], runs: int,
+def benchmark(spec: SessionSpec, workloads: list[Workload], configs: list[str | int], runs: int,
             max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Load the models, run every configuration on every workload; the report as a dict."""
     if max_tokens:
@@ -296,27 +297,37 @@ def plain_greedy(model, prompt: list[int], max_tokens: int) -> tuple[list[int], 
     return output, margins
 
 
+class _ReleaseTimes:
+    """A sink that notes when each token was released."""
+
+    def __init__(self) -> None:
+        self.released: list[float] = []
+
+    def start(self) -> None:
+        pass
+
+    def token(self, event: Token) -> None:
+        if event.id >= 0:
+            self.released.append(time.perf_counter())
+
+    def step(self, record: StepRecord) -> None:
+        pass
+
+    def finish(self, stats: Stats) -> None:
+        pass
+
+
 def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
               sampling: SamplingSettings) -> tuple[list[int], list[float], Stats]:
     """The output, when each of its tokens was released (seconds after the first), and the stats."""
     options = GenerationOptions(max_tokens=max_tokens, sampling=sampling)
     if config == PLAIN:
-        engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.seed)
+        engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), options, session.seed)
     else:
-        draft_length = session.draft_length(None if config == AUTO else int(config))
-        engine = session.engine(draft_length, options)
-    output: list[int] = []
-    released: list[float] = []
-    stats = None
-    for event in engine.generate(tokens):
-        if isinstance(event, Token):
-            if event.id >= 0:
-                output.append(event.id)
-                released.append(time.perf_counter())
-        elif isinstance(event, Finished):
-            stats = event.stats
-    assert stats is not None
-    return output, [t - released[0] for t in released], stats
+        engine = session.engine(session.draft_policy(AUTO if config == AUTO else int(config)), options)
+    times = _ReleaseTimes()
+    outcome = stream(engine, tokens, times)
+    return outcome.tokens, [t - times.released[0] for t in times.released], outcome.stats
 
 
 def render_report(report: dict, console) -> None:

@@ -10,40 +10,32 @@ continues it.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
-from specli.engine import Finished, StepRecord, Token
+from specli.engine import DraftTokens, GenerationOptions
+from specli.errors import PromptError
 from specli.prompt import chat_tokens
-from specli.render import TextRenderer, use_colour
+from specli.render import TextRenderer, notifier, use_colour
 from specli.runner import EXIT_OK, Output
-
-if TYPE_CHECKING:
-    from specli.engine import Engine, GenerationOptions
-    from specli.session import Session, SessionSpec
+from specli.session import Session, SessionSpec, open_session
+from specli.stream import stream
 
 PROMPT = ">>> "
 LEAVE = ("/bye", "/exit", "/quit")
 HELP = "Type a message; /bye or Ctrl-D leaves; Ctrl-C stops an answer; /clear starts over."
 
 
-def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: int | None, output: Output,
+def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: DraftTokens, output: Output,
          system: str | None = None, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
          stderr: IO[str] | None = None) -> int:
-    from specli.session import open_session
-
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
-
-    def notice(message: str) -> None:
-        stderr.write(f"specli: {message}\n")
-        stderr.flush()
-
+    notice = notifier(stderr)
     with open_session(spec, notice) as session:
         conversation = Conversation(session, system)
         if not conversation.templated:
             notice(f"{spec.target.name} has no chat template (a completion model): "
                    "each turn continues the text so far")
-        engine = session.engine(session.draft_length(draft_tokens), options)
+        engine = session.engine(session.draft_policy(draft_tokens), options)
         colour = use_colour(output.colour, stdout)
         _enable_line_editing(stdin)
         stderr.write(HELP + "\n")
@@ -57,9 +49,9 @@ def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: int | None
                 continue
             if not line.strip():
                 continue
-            renderer = TextRenderer(stdout, stderr, colour=colour, quiet=output.quiet)
-            reply = _turn(engine, conversation.tokens_with(line), options, renderer, legend=first)
-            conversation.add(line, reply)
+            renderer = TextRenderer(stdout, stderr, colour=colour, quiet=output.quiet, legend=first)
+            reply = stream(engine, conversation.tokens_with(line), renderer)  # Ctrl-C stops the answer only
+            conversation.add(line, reply.text)
             first = False
     return EXIT_OK
 
@@ -71,8 +63,6 @@ class Conversation:
         self._session = session
         self.templated = session.target.chat_template() is not None
         if system and not self.templated:
-            from specli.errors import PromptError
-
             raise PromptError("--system needs a chat template", "use a chat model, or put the instructions in the text")
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self.text = ""  # a completion model's text so far
@@ -88,41 +78,6 @@ class Conversation:
             self.messages += [{"role": "user", "content": line}, {"role": "assistant", "content": reply}]
         else:
             self.text += line + reply
-
-
-def _turn(engine: Engine, tokens: list[int], options: GenerationOptions, renderer: TextRenderer, *,
-          legend: bool) -> str:
-    """One answer, streamed; Ctrl-C stops it and keeps what was written. Returns its text."""
-    from specli.engine import check_prompt_fits
-
-    check_prompt_fits(len(tokens), engine.target.n_ctx)
-    engine.options = replace(options, max_tokens=min(options.max_tokens, engine.target.n_ctx - len(tokens)))
-    from specli import rpc
-
-    pieces: list[str] = []
-    events = engine.generate(tokens)
-    if legend:
-        renderer.start()
-
-    def flush_partial() -> None:  # an RPC server went away: the answer so far still shows
-        engine.stats.finish_reason = "error"
-        renderer.finish(engine.stats, {})
-
-    with rpc.on_fault(flush_partial):
-        try:
-            for event in events:
-                if isinstance(event, Token):
-                    pieces.append(event.text)
-                    renderer.token(event)
-                elif isinstance(event, StepRecord):
-                    renderer.step_done()
-                elif isinstance(event, Finished):
-                    break
-        except KeyboardInterrupt:
-            events.close()
-            engine.stats.finish_reason = "interrupted"
-    renderer.finish(engine.stats, {})
-    return "".join(pieces)
 
 
 def _read_line(stdin: IO[str], stdout: IO[str]) -> str | None:

@@ -14,14 +14,15 @@ import bisect
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal
 
 if TYPE_CHECKING:
+    from specli.backend import LoadSettings
     from specli.engine import StepRecord
 
-Source = Literal["prior", "learned", "calibrated"]
+CostSource = Literal["prior", "learned", "calibrated"]
 
 # Batch sizes a calibration times. Odd and even both: on CPUs llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it.
@@ -41,7 +42,7 @@ class StepCosts:
     verify: dict[int, float]  # the target's all-logits decode, by batch size
     draft_per_token: float = 0.0  # proposing one draft token
     loop: float = 0.0  # the rest of a step: emitting text, reading logits rows
-    source: Source = "prior"
+    source: CostSource = "prior"
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -209,5 +210,34 @@ class CostStore:
             pass  # a read-only cache only means the prior next time
 
 
-def with_draft(costs: StepCosts, draft_per_token: float) -> StepCosts:
-    return replace(costs, draft_per_token=draft_per_token)
+# --- where costs are stored -------------------------------------------------------
+
+COSTS_VERSION = 3  # part of every key: a change in how costs are measured measures again
+
+
+def settings_key(path: Path, load: LoadSettings, build: str) -> str:
+    """Stored costs and exactness hold for this model file, its settings, this llama.cpp build
+    and devices (`build`: session.build_key()), and the RPC servers it runs on."""
+    info = path.stat()
+    parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
+             load.ctx_size, build, f"v{COSTS_VERSION}")
+    return "|".join(str(part) for part in parts) + _servers_key(load)
+
+
+def _servers_key(load: LoadSettings) -> str:
+    """The RPC servers a model spreads over (nothing without --rpc, so the keys stored
+    before --rpc existed still hold)."""
+    return f"|rpc:{','.join(load.rpc)}" if load.rpc else ""
+
+
+def exact_key(path: Path, load: LoadSettings, build: str) -> str:
+    """Where the exact verify batch size of a model and its settings is stored."""
+    return settings_key(path, load, build) + "|exact"
+
+
+def draft_key(target_key: str, draft: Path | str, load: LoadSettings) -> str:
+    """Where a draft's cost per token is stored: with its target's key, as it runs beside it."""
+    if not isinstance(draft, Path):
+        return f"{target_key}|draft:{draft}"
+    info = draft.stat()
+    return f"{target_key}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}{_servers_key(load)}"

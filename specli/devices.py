@@ -2,8 +2,9 @@
 the RPC servers' devices a model is placed on (for `--rpc`).
 
 ggml's device API has no Python bindings in llama-cpp-python: its functions are called
-through ctypes on the libggml that llama-cpp-python loaded (backend.ggml_library), each
-bound once with its C signature.
+through ctypes on the libggml that llama-cpp-python loaded, each bound once with its C
+signature. This module does not import the binding: specli.backend, which loads llama.cpp,
+hands it the library when it is imported (`attach`), so the layers point one way.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Callable
-
-from specli import backend
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,31 @@ ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _DEVICE_FUNCTIONS = {name for name in _SIGNATURES if name.startswith("ggml_backend_dev_")}
 
 
+@dataclass(frozen=True)
+class Binding:
+    """What this module needs of llama.cpp's binding (specli.backend attaches it)."""
+
+    library: ctypes.CDLL | None  # libggml as llama-cpp-python loaded it; None: not exposed
+    init: Callable[[], None]  # starts llama.cpp's backends once per process
+    versions: Callable[[], dict[str, str]]  # llama-cpp-python's version and llama.cpp's system info
+
+
+_binding: Binding | None = None
+
+
+def attach(binding: Binding) -> None:
+    """Called once by specli.backend as it loads llama.cpp."""
+    global _binding
+    _binding = binding
+    _ggml.cache_clear()
+
+
+def _bound() -> Binding:
+    if _binding is None:
+        raise RuntimeError("specli.devices needs specli.backend to be imported first")
+    return _binding
+
+
 @functools.cache
 def _ggml() -> dict[str, Callable]:
     """The functions of _SIGNATURES that this libggml exports, bound once.
@@ -65,7 +89,7 @@ def _ggml() -> dict[str, Callable]:
     Each is a new ctypes function object built from its prototype, so the library object
     llama-cpp-python shares is left as it is.
     """
-    library = backend.ggml_library()
+    library = _bound().library
     if library is None:
         return {}
     functions = {}
@@ -83,7 +107,7 @@ def llama_cpp_build() -> dict[str, str | None]:
     """llama-cpp-python's version, the ggml it bundles (version and commit), and llama.cpp's
     own summary of the CPU features and backends it was built with."""
     ggml = _ggml()
-    versions = backend.library_versions()
+    versions = _bound().versions()
     return {
         "llama_cpp_python": versions["llama_cpp_python"],
         "ggml_version": _text(ggml["ggml_version"]()) if "ggml_version" in ggml else None,
@@ -92,7 +116,7 @@ def llama_cpp_build() -> dict[str, str | None]:
     }
 
 
-def _describe(device: int) -> Device:
+def _device(device: int) -> Device:
     ggml = _ggml()
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     ggml["ggml_backend_dev_memory"](device, ctypes.byref(free), ctypes.byref(total))
@@ -111,8 +135,8 @@ def backend_devices() -> list[Device] | None:
     ggml = _ggml()
     if not _DEVICE_FUNCTIONS <= ggml.keys():
         return None
-    backend.init_backend()
-    return [_describe(ggml["ggml_backend_dev_get"](index)) for index in range(ggml["ggml_backend_dev_count"]())]
+    _bound().init()
+    return [_device(ggml["ggml_backend_dev_get"](index)) for index in range(ggml["ggml_backend_dev_count"]())]
 
 
 # --- llama.cpp RPC ------------------------------------------------------------
@@ -134,7 +158,7 @@ def rpc_server_devices(endpoint: str) -> tuple[int, ...]:
     it, with a timeout, first.
     """
     ggml = _ggml()
-    backend.init_backend()
+    _bound().init()
     registry = ggml["ggml_backend_reg_by_name"](b"RPC")
     add_server = _ADD_SERVER(ggml["ggml_backend_reg_get_proc_address"](registry, b"ggml_backend_rpc_add_server"))
     server = add_server(endpoint.encode())
@@ -145,7 +169,7 @@ def rpc_server_devices(endpoint: str) -> tuple[int, ...]:
 
 def rpc_devices(endpoint: str) -> list[Device]:
     """One RPC server's devices, described (name, memory free and total) for `specli doctor`."""
-    return [_describe(device) for device in rpc_server_devices(endpoint)]
+    return [_device(device) for device in rpc_server_devices(endpoint)]
 
 
 def local_accelerators() -> list[int]:
@@ -153,7 +177,7 @@ def local_accelerators() -> list[int]:
     its integrated GPUs (src/llama.cpp, llama_prepare_model_devices). The CPU is not listed:
     what no device takes stays on it."""
     ggml = _ggml()
-    backend.init_backend()
+    _bound().init()
     gpus, igpus = [], []
     for index in range(ggml["ggml_backend_dev_count"]()):
         device = ggml["ggml_backend_dev_get"](index)

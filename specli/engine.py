@@ -203,13 +203,17 @@ class Finished:
 Event = Union[Token, StepRecord, Finished]
 
 
-class DraftLength(Protocol):
-    """Chooses how many draft tokens each step verifies (see adaptive.py)."""
+DraftTokens = Union[int, Literal["auto"]]  # -k: a fixed number of draft tokens per step, or auto
+
+
+class DraftPolicy(Protocol):
+    """Chooses how many draft tokens each step verifies (-k N: FixedDraftPolicy; -k auto:
+    adaptive.AdaptiveDraftPolicy)."""
 
     draft_tokens: int  # the most a step drafts
 
-    def next(self, key: object, extent: int, draft_tokens: int) -> int:
-        """How many of `draft_tokens` available draft tokens to verify (0: a plain step).
+    def choose(self, key: object, extent: int, available: int) -> int:
+        """How many of the `available` draft tokens to verify (0: a plain step).
         key and extent: the proposal's (Proposal.key, Proposal.extent)."""
         ...
 
@@ -217,11 +221,11 @@ class DraftLength(Protocol):
 
 
 @dataclass
-class FixedDraftLength:
+class FixedDraftPolicy:
     draft_tokens: int
 
-    def next(self, key: object, extent: int, draft_tokens: int) -> int:
-        return min(self.draft_tokens, draft_tokens)
+    def choose(self, key: object, extent: int, available: int) -> int:
+        return min(self.draft_tokens, available)
 
     def record(self, step: StepRecord) -> None:
         pass
@@ -250,13 +254,13 @@ class Engine:
         self,
         target: TargetModel,
         proposer: Proposer,
-        draft_length: DraftLength,
+        policy: DraftPolicy,
         options: GenerationOptions,
         seed: int = 0,
     ) -> None:
         self.target = target
         self.proposer = proposer
-        self.draft_length = draft_length
+        self.policy = policy
         self.options = options
         self.seed = seed  # sampling: the token at each position is keyed by (seed, position)
         self.stats = Stats(proposer=proposer.name)
@@ -264,12 +268,16 @@ class Engine:
         self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
-        """Token events as text is committed, a StepRecord after each step's tokens, then Finished."""
+        """Token events as text is committed, a StepRecord after each step's tokens, then
+        Finished. The prompt is checked against the context now, before any event."""
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
-        target, options = self.target, self.options
-        check_prompt_fits(len(prompt), target.n_ctx)
-        stats = self.stats = Stats(proposer=self.proposer.name)
+        check_prompt_fits(len(prompt), self.target.n_ctx)
+        self.stats = Stats(proposer=self.proposer.name)
+        return self._generate(prompt)
+
+    def _generate(self, prompt: list[int]) -> Iterator[Event]:
+        target, options, stats = self.target, self.options, self.stats
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         # What the cache already holds of the prompt (an earlier turn of a chat) stays; the
@@ -338,26 +346,27 @@ class Engine:
             return int(np.argmax(row))
         return keyed_choice(warp(row, self.options.sampling), self.seed, position)
 
-    def _propose(self, tokens: list[int], draft_tokens: int) -> tuple[Proposal, list[int]]:
-        """The proposal and the part of it to verify (at most `draft_tokens` tokens)."""
-        policy = self.draft_length
-        draft_tokens = min(draft_tokens, policy.draft_tokens)
-        if draft_tokens <= 0:
+    def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int]]:
+        """The proposal and the part of it to verify (at most `room` tokens: what the output
+        budget and the context leave)."""
+        policy = self.policy
+        available = min(room, policy.draft_tokens)
+        if available <= 0:
             return Proposal(), []
         if self.proposer.cheap:
             # Proposing is free (n-gram lookup): look first, then decide how much to verify.
-            proposal = self.proposer.propose(tokens, draft_tokens)
-            k = policy.next(proposal.key, proposal.extent, len(proposal.tokens)) if proposal.tokens else 0
+            proposal = self.proposer.propose(tokens, available)
+            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens)) if proposal.tokens else 0
         else:
-            k = policy.next(None, 0, draft_tokens)
+            k = policy.choose(None, 0, available)
             proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k]
 
-    def _step(self, tokens: list[int], last: int, draft_tokens: int) -> tuple[list[int], list[Source], StepRecord]:
+    def _step(self, tokens: list[int], last: int, room: int) -> tuple[list[int], list[Source], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
         target = self.target
         t0 = time.perf_counter()
-        proposal, draft = self._propose(tokens, draft_tokens)
+        proposal, draft = self._propose(tokens, room)
         t1 = time.perf_counter()
         logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
         t2 = time.perf_counter()
@@ -374,7 +383,7 @@ class Engine:
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent)
         self.stats.record(step)
-        self.draft_length.record(step)
+        self.policy.record(step)
         committed = draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * accepted + ["target"]
         return committed, sources, step

@@ -142,11 +142,6 @@ class GGUFHeader:
     data_start: int
     file_size: int
 
-    @property
-    def architecture(self) -> str | None:
-        value = self.metadata.get("general.architecture")
-        return value if isinstance(value, str) else None
-
 
 class _Reader:
     """A cursor over the mapped file; every read is bounds-checked against the file size."""

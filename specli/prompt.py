@@ -1,27 +1,83 @@
-"""Prompt building: the user's text (and a system message) as the target's tokens, through
-the model's chat template when it has one."""
+"""The prompt: read from the user (an argument, -f FILE or stdin), then built into the
+target's tokens, through its chat template when it has one."""
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from specli.errors import PromptError
+from specli.template import apply_chat_template
 
 if TYPE_CHECKING:
     from specli.backend import Model
 
-NO_CHAT_HINT = "use --no-chat to send the prompt as is"
+
+def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
+    """The prompt from the argument, `-`, -f FILE, or piped stdin — exactly one of them.
+    Refused here, before any model loads, when it is empty."""
+    text = _read_prompt(prompt, prompt_file, stdin)
+    if not text.strip():
+        raise PromptError("the prompt is empty", "give a prompt as an argument, with -f FILE, or on stdin")
+    return text
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
+    if prompt_file is not None:
+        if prompt not in (None, "-"):
+            raise PromptError("give the prompt either as an argument or with -f, not both")
+        try:
+            data = prompt_file.read_bytes()
+        except FileNotFoundError as error:
+            raise PromptError(f"prompt file not found: {prompt_file}") from error
+        except OSError as error:
+            raise PromptError(f"cannot read prompt file {prompt_file}: {error.strerror or error}") from error
+        return _decode_prompt(data, f"prompt file {prompt_file}")
+    if prompt == "-" or (prompt is None and not _isatty(stdin)):
+        buffer = getattr(stdin, "buffer", None)
+        if buffer is None:  # a text stream without bytes underneath (tests)
+            text = _check_text(stdin.read(), "the prompt on stdin")
+        else:
+            text = _decode_prompt(buffer.read(), "the prompt on stdin")
+        # `echo "$P" | specli run` prompts with "$P", as `specli run "$P"` does (llm and Ollama alike).
+        return text[:-1] if text.endswith("\n") else text
+    if prompt is None:
+        raise PromptError("no prompt given", 'specli run "your prompt", or pipe it on stdin')
+    return _check_text(prompt, "the prompt")
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a real stream
+        return False
+
+
+def _decode_prompt(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptError(
+            f"{what} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start})",
+            "convert it first, e.g. iconv -f latin1 -t utf-8",
+        ) from None
+
+
+def _check_text(text: str, what: str) -> str:
+    """Arguments and text streams carry undecodable bytes as surrogates: refuse them here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        try:
+            return _decode_prompt(text.encode("utf-8", "surrogateescape"), what)
+        except UnicodeEncodeError:
+            raise PromptError(f"{what} is not UTF-8 text (character {error.start})") from None
+    return text
 
 
 def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat: bool | None = None) -> list[int]:
     """Tokens for the prompt; through the model's chat template when it has one (or chat=True).
-    (An empty prompt is refused where it is read, before any model loads: runner.read_prompt.)"""
+    (An empty prompt is refused where it is read, before any model loads: read_prompt.)"""
     if chat is None:
         chat = model.chat_template() is not None
     if not chat:
@@ -35,80 +91,3 @@ def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat:
 def chat_tokens(model: Model, messages: list[dict[str, str]]) -> list[int]:
     """A conversation through the model's chat template, ready for the assistant's turn."""
     return model.tokenize(apply_chat_template(model, messages), add_special=True, parse_special=True)
-
-
-def apply_chat_template(model: Model, messages: list[dict[str, str]]) -> str:
-    """Format messages with the model's own template, ready for the assistant's turn.
-
-    llama.cpp's built-in copy of the template is used where it recognises it; any other
-    template is rendered from its Jinja source.
-    """
-    template = model.chat_template()
-    if template is None:
-        raise PromptError(f"{model.path.name} has no chat template", NO_CHAT_HINT)
-    formatted = model.apply_builtin_chat_template(messages)
-    if formatted is not None:
-        return formatted
-    bos = _special_text(model, model.bos)
-    try:
-        prompt = render_jinja_template(template, messages, bos_token=bos, eos_token=_special_text(model, model.eos))
-    except (jinja2.TemplateError, ValueError) as error:
-        raise PromptError(f"the chat template of {model.path.name} failed: {error}", NO_CHAT_HINT) from None
-    # The BOS token is added by tokenization; a template that writes it would double it.
-    return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
-
-
-def _special_text(model: Model, token: int) -> str:
-    return model.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
-
-
-# --- Jinja chat templates -----------------------------------------------------------
-# Rendered as llama-cpp-python's Jinja2ChatFormatter renders them (itself aligned with
-# Hugging Face Transformers): a sandbox that trims block whitespace, the `{% generation %}`
-# tag passed through, `tojson` without ASCII escapes, and the same variables.
-
-
-class _IgnoreGenerationTags(jinja2.ext.Extension):
-    """Transformers' `{% generation %}...{% endgeneration %}` marks training targets: render its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> Any:
-        parser.stream.skip(1)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-    raise ValueError(message)
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-def render_jinja_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str) -> str:
-    """The template's text for `messages`, ending with the assistant's turn opened."""
-    environment = ImmutableSandboxedEnvironment(
-        loader=jinja2.BaseLoader(),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols],
-    )
-    environment.filters["tojson"] = _tojson
-    return environment.from_string(template).render(
-        messages=messages,
-        eos_token=eos_token,
-        bos_token=bos_token,
-        raise_exception=_raise_exception,
-        add_generation_prompt=True,
-        functions=None,
-        function_call=None,
-        tools=None,
-        tool_choice=None,
-        strftime_now=_strftime_now,
-    )

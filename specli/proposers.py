@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -68,18 +68,23 @@ class NGramProposer:
     and the longer, the better it predicts. Committed tokens only ever grow, so the index
     is extended incrementally: each n-gram maps to the position right after its most
     recent occurrence.
+
+    `references` are other token sequences to look in (a Predicted Output, the server's
+    memory of recent answers), each a TokenIndex built once: where the committed text has
+    no match of some n, the first reference that has one proposes what followed it there.
+    They are never decoded: only what they propose and the target keeps is written.
     """
 
     name = "ngram"
     cheap = True
     LENGTHS = (12, 8, 6, 4, 3, 2, 1)
 
-    def __init__(self, lengths: tuple[int, ...] = LENGTHS) -> None:
+    def __init__(self, lengths: tuple[int, ...] = LENGTHS, references: Sequence[TokenIndex] = ()) -> None:
         self.lengths = tuple(sorted(set(lengths), reverse=True))
+        self.references = tuple(references)
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.lengths}
         self._indexed = 0  # n-grams ending before this position are in the index
-        self.last_match_length = 0  # the n of the last proposal's match
-        self.last_match_extent = 0  # ... and how many tokens it really spans
+        self.last_match_extent = 0  # how many tokens the last proposal's match really spans
 
     def prepare(self, prompt: list[int]) -> None:
         self._index = {n: {} for n in self.lengths}
@@ -88,19 +93,27 @@ class NGramProposer:
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         self._extend_index(tokens)
-        self.last_match_length = self.last_match_extent = 0
+        self.last_match_extent = 0
         if draft_tokens <= 0:
             return Proposal()
         end = len(tokens)
         for n in self.lengths:
             if n >= end:
                 continue
-            start = self._index[n].get(tuple(tokens[end - n :]))
+            tail = tuple(tokens[end - n :])
+            start = self._index[n].get(tail)
             if start is not None:
-                self.last_match_length = n
-                self.last_match_extent = _match_extent(tokens, start, end, n)
-                extent = self.last_match_extent if n == self.lengths[0] else 0
-                return Proposal(_continuation(tokens, start, draft_tokens), key=n, extent=extent)
+                self.last_match_extent = _match_extent(tokens, start, tokens, end, n)
+                continuation = _continuation(tokens, start, draft_tokens)
+            else:
+                found = next(((ref, at) for ref in self.references if (at := ref.find(tail)) is not None), None)
+                if found is None:
+                    continue
+                reference, start = found
+                self.last_match_extent = _match_extent(reference.tokens, start, tokens, end, n)
+                continuation = reference.continuation(start, draft_tokens)
+            extent = self.last_match_extent if n == self.lengths[0] else 0
+            return Proposal(continuation, key=n, extent=extent)
         return Proposal()
 
     def _extend_index(self, tokens: list[int]) -> None:
@@ -134,19 +147,56 @@ HAZARD_FLOOR = 0.0075
 EXTENT_LIMIT = 256  # past this the hazard is the floor: no need to look further back
 
 
-def _match_extent(tokens: list[int], start: int, end: int, n: int) -> int:
+def _match_extent(source: Sequence[int], start: int, tokens: list[int], end: int, n: int) -> int:
     """How long the match really is: the largest m (n <= m <= EXTENT_LIMIT) with
-    tokens[start-m:start] == tokens[end-m:end], given that it holds for n."""
+    source[start-m:start] == tokens[end-m:end], given that it holds for n."""
     m = n
-    while m < EXTENT_LIMIT and start - m > 0:
-        size = min(16, start - m, EXTENT_LIMIT - m)  # compare in slices, then token by token
-        if tokens[start - m - size : start - m] == tokens[end - m - size : end - m]:
+    while m < EXTENT_LIMIT and start - m > 0 and end - m > 0:
+        size = min(16, start - m, end - m, EXTENT_LIMIT - m)  # compare in slices, then token by token
+        if source[start - m - size : start - m] == tokens[end - m - size : end - m]:
             m += size
             continue
-        while tokens[start - m - 1] == tokens[end - m - 1]:
+        while m < min(start, end) and source[start - m - 1] == tokens[end - m - 1]:
             m += 1
         break
     return m
+
+
+class TokenIndex:
+    """A token sequence that n-gram lookup searches besides the committed text: each n-gram
+    (of NGramProposer's lengths) maps to the position right after its latest occurrence.
+    `append` adds text at the end, SEPARATOR between texts keeps matches from spanning two."""
+
+    SEPARATOR = -1
+
+    def __init__(self, tokens: Sequence[int] = (), lengths: tuple[int, ...] = NGramProposer.LENGTHS) -> None:
+        self.lengths = tuple(sorted(set(lengths), reverse=True))
+        self.tokens: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.lengths}
+        self.append(tokens)
+
+    def append(self, tokens: Sequence[int]) -> None:
+        if self.tokens and tokens:
+            self.tokens.append(self.SEPARATOR)
+        first = len(self.tokens)
+        self.tokens.extend(tokens)
+        # An n-gram ending at position `last` is indexed when a token follows it.
+        for last in range(max(first - 1, 0), len(self.tokens) - 1):
+            for n in self.lengths:
+                if n <= last + 1:
+                    gram = tuple(self.tokens[last + 1 - n : last + 1])
+                    if self.SEPARATOR not in gram:
+                        self._index[n][gram] = last + 1
+
+    def find(self, tail: tuple[int, ...]) -> int | None:
+        """Where the latest occurrence of the n-gram `tail` ends, if it occurs followed by a token."""
+        table = self._index.get(len(tail))
+        return None if table is None else table.get(tail)
+
+    def continuation(self, start: int, count: int) -> list[int]:
+        """Up to `count` tokens from `start`, stopping at the end of that text."""
+        out = self.tokens[start : start + count]
+        return out[: out.index(self.SEPARATOR)] if self.SEPARATOR in out else out
 
 
 def _continuation(tokens: list[int], start: int, count: int) -> list[int]:

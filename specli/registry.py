@@ -36,7 +36,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 REGISTRY_FILE = "models.toml"
-NGRAM = "ngram"
 
 # `name-00001-of-00003.gguf`, the naming llama.cpp's gguf-split gives the parts of a split model.
 SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -321,7 +320,7 @@ def read_pairs(path: Path, *, label: str | None = None) -> dict[str, Pair]:
     try:
         return _PairsFile.model_validate(document, context={"base_dir": path.parent}).pairs
     except ValidationError as error:
-        raise ConfigError(_describe(error, label), hint="see the pair format at the top of the shipped models.toml") from None
+        raise ConfigError(_validation_message(error, label), hint="see the pair format at the top of the shipped models.toml") from None
 
 
 # A table is a pair when it holds one of these keys; other sub-tables are pairs whose names contain dots.
@@ -352,7 +351,7 @@ _MESSAGES = {
 }
 
 
-def _describe(error: ValidationError, label: str) -> str:
+def _validation_message(error: ValidationError, label: str) -> str:
     """One line: `models.toml: pairs.foo.target.rpo: unknown key; ...`."""
     problems = []
     for item in error.errors():

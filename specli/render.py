@@ -1,16 +1,16 @@
-"""Consumers of engine events: colour spans on a terminal, plain text in a pipe, JSON lines.
+"""Sinks for specli.stream on a terminal: colour spans, plain text in a pipe, JSON lines.
 
-stdout carries only the result (text, or JSON lines); the legend and the stats line go
-to stderr. Colour is decided once, by the CLI, from --color, NO_COLOR and isatty.
+stdout carries only the result (text, or JSON lines); the legend, notices and the stats
+line go to stderr. Colour is decided once, from --color, NO_COLOR and isatty.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import IO, Protocol
+from typing import IO, Callable
 
-from specli.engine import Stats, Token
+from specli.engine import Stats, StepRecord, Token
 
 DRAFT_COLOUR = "\x1b[32m"  # green: drafted and accepted by the target
 TARGET_COLOUR = "\x1b[33m"  # yellow: written by the target itself
@@ -27,11 +27,15 @@ def use_colour(mode: str, stream: IO[str]) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-class Renderer(Protocol):
-    def start(self) -> None: ...
-    def token(self, event: Token) -> None: ...
-    def step_done(self) -> None: ...
-    def finish(self, stats: Stats, extra: dict) -> None: ...
+def notifier(err: IO[str], quiet: bool = False) -> Callable[[str], None]:
+    """`specli: message` lines on stderr (none when quiet): what a command says besides its result."""
+
+    def notice(message: str) -> None:
+        if not quiet:
+            err.write(f"specli: {message}\n")
+            err.flush()
+
+    return notice
 
 
 class TextRenderer:
@@ -41,15 +45,15 @@ class TextRenderer:
     held back until more text follows, and one is written at the end.
     """
 
-    def __init__(self, out: IO[str], err: IO[str], *, colour: bool, quiet: bool) -> None:
+    def __init__(self, out: IO[str], err: IO[str], *, colour: bool, quiet: bool, legend: bool = True) -> None:
         self.out, self.err = out, err
-        self.colour, self.quiet = colour, quiet
+        self.colour, self.quiet, self.legend = colour, quiet, legend
         self._current = ""  # the colour code in force on stdout
         self._held_newlines = ""
         self._wrote_text = False
 
     def start(self) -> None:
-        if self.colour and not self.quiet:
+        if self.colour and self.legend and not self.quiet:
             self.err.write(
                 f"{DIM}legend:{RESET} {DRAFT_COLOUR}drafted and accepted{RESET}  "
                 f"{TARGET_COLOUR}written by the target{RESET}\n"
@@ -74,10 +78,10 @@ class TextRenderer:
                 self._current = code
         self.out.write(body)
 
-    def step_done(self) -> None:
+    def step(self, record: StepRecord) -> None:
         self.out.flush()
 
-    def finish(self, stats: Stats, extra: dict) -> None:
+    def finish(self, stats: Stats) -> None:
         if self._current:
             self.out.write(RESET)
             self._current = ""
@@ -85,15 +89,17 @@ class TextRenderer:
             self.out.write("\n")
         self.out.flush()
         if not self.quiet and stats.finish_reason != "error":  # an error says its own line
-            self.err.write(format_stats(stats, extra) + "\n")
+            self.err.write(format_stats(stats) + "\n")
             self.err.flush()
 
 
 class JsonRenderer:
-    """JSON Lines on stdout: one object per committed token, then one stats object."""
+    """JSON Lines on stdout: one object per committed token, then one stats object that
+    also holds `metadata` (the run's settings)."""
 
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], metadata: dict | None = None) -> None:
         self.out = out
+        self.metadata = metadata or {}
 
     def start(self) -> None:
         pass
@@ -102,16 +108,16 @@ class JsonRenderer:
         record = {"type": "token", "id": event.id, "text": event.text, "source": event.source}
         self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    def step_done(self) -> None:
+    def step(self, record: StepRecord) -> None:
         self.out.flush()
 
-    def finish(self, stats: Stats, extra: dict) -> None:
-        record = {"type": "stats", **stats.to_dict(), **extra}
+    def finish(self, stats: Stats) -> None:
+        record = {"type": "stats", **stats.to_dict(), **self.metadata}
         self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
         self.out.flush()
 
 
-def format_stats(stats: Stats, extra: dict) -> str:
+def format_stats(stats: Stats) -> str:
     """One line: throughput, time split, and how well the draft did."""
     # With no step after the prompt's decode (-n 1, or an immediate end), there is no rate.
     rate = f"{stats.tokens_per_second:.1f} tok/s" if stats.steps else "no decode step"

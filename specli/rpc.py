@@ -23,7 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from specli import devices
+from specli.config import debug_enabled
 from specli.errors import SpecliError, UsageError
+from specli.install import RPC_INSTALL
 
 # ggml/include/ggml-rpc.h and ggml/src/ggml-rpc/ggml-rpc.cpp of the vendored llama.cpp.
 PROTOCOL = (7, 0, 0)
@@ -259,12 +262,8 @@ def connect(endpoints: Iterable[str]) -> None:
     drops the connection when no buffer needs it and reconnects later, so a server is asked
     again before each model that finds none.
     """
-    from specli import devices
-
     servers = parse_endpoints(",".join(endpoints))
     if not devices.rpc_supported():
-        from specli.doctor import RPC_INSTALL
-
         raise RpcError("this llama-cpp-python build has no RPC backend", f"reinstall it: {RPC_INSTALL}")
     devices.set_abort_handler(_abort)
     for endpoint in servers:
@@ -298,8 +297,6 @@ def _abort(message: str) -> None:
     aborts (ggml-rpc's dispatcher, mid-run); a second abort meanwhile waits for the first.
     With SPECLI_DEBUG=1, ggml's message and every thread's stack follow, then the abort."""
     import faulthandler
-
-    from specli.config import debug_enabled
 
     _aborting.acquire()  # held by another thread that is reporting: it ends the process
     try:

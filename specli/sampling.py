@@ -79,15 +79,6 @@ class Distribution:
     ids: np.ndarray  # int64, the candidate token ids
     probs: np.ndarray  # float64, same length, sums to 1
 
-    def prob(self, token: int) -> float:
-        hit = np.flatnonzero(self.ids == token)
-        return float(self.probs[hit[0]]) if hit.size else 0.0
-
-    def dense(self, n_vocab: int) -> np.ndarray:
-        out = np.zeros(n_vocab, dtype=np.float64)
-        out[self.ids] = self.probs
-        return out
-
 
 def warp(logits: np.ndarray, settings: SamplingSettings) -> Distribution:
     """Temperature, then top-k, top-p and min-p, as one sparse distribution.

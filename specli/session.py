@@ -9,24 +9,19 @@ from typing import Callable, Literal, Union
 
 import numpy as np
 
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftLength
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
-                          learn, prior_costs)
+                          draft_key, exact_key, learn, prior_costs, settings_key)
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
-from specli.engine import DraftLength, Engine, FixedDraftLength, GenerationOptions, StepRecord
-from specli.errors import VocabMismatchError
+from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, StepRecord
 from specli.exact import exact_batch_size
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
+from specli.vocab import check_vocab_compatible
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
-COSTS_VERSION = 3  # part of the stored costs' key: a change in how they are measured measures again
-VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
-# The rules llama.cpp's common/speculative.cpp applies before pairing a draft and a target.
-VOCAB_MAX_SIZE_DIFFERENCE = 128
-VOCAB_CHECK_START_TOKEN_ID = 5
 
 
 @dataclass(frozen=True)
@@ -53,18 +48,18 @@ class Session:
     exact_batch: int | None = None  # with spec.exact: the largest verify batch that is bit-identical
     _cost_store: CostStore | None = field(default=None, repr=False)
 
-    def engine(self, draft_length: DraftLength, options: GenerationOptions) -> Engine:
-        return Engine(self.target, self.proposer, draft_length, options, self.seed)
+    def engine(self, policy: DraftPolicy, options: GenerationOptions) -> Engine:
+        return Engine(self.target, self.proposer, policy, options, self.seed)
 
-    def draft_length(self, draft_tokens: int | None) -> DraftLength:
-        """A fixed number of draft tokens, or (None) the adaptive policy, priced with the
-        stored costs (or the prior, until some are stored)."""
+    def draft_policy(self, draft_tokens: DraftTokens) -> DraftPolicy:
+        """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
+        costs (or the prior, until some are stored). Never more than an --exact batch allows."""
         most = MAX_DRAFT if self.exact_batch is None else self.exact_batch - 1
-        if draft_tokens is not None:
-            return FixedDraftLength(min(draft_tokens, most))
         if self.proposer.name == "none":
-            return FixedDraftLength(0)
-        return AdaptiveDraftLength(self.costs(), prior=self.proposer.prior, draft_tokens=most)
+            return FixedDraftPolicy(0)
+        if draft_tokens == "auto":
+            return AdaptiveDraftPolicy(self.costs(), prior=self.proposer.prior, draft_tokens=most)
+        return FixedDraftPolicy(min(draft_tokens, most))
 
     def costs(self) -> StepCosts:
         """This target's stored costs (a calibration, else an earlier run's), else the prior;
@@ -122,15 +117,10 @@ class Session:
         return self._cost_store
 
     def _costs_key(self) -> str:
-        return settings_key(self.target.path, self.spec.target_load)
+        return settings_key(self.target.path, self.spec.target_load, build_key())
 
     def _draft_key(self) -> str:
-        draft = self.spec.draft
-        if not isinstance(draft, Path):
-            return f"{self._costs_key()}|draft:{draft}"
-        info = draft.stat()
-        load = self.spec.draft_load
-        return f"{self._costs_key()}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}{_servers_key(load)}"
+        return draft_key(self._costs_key(), self.spec.draft, self.spec.draft_load)
 
     def _draft_size_ratio(self) -> float:
         draft = self.spec.draft
@@ -149,19 +139,9 @@ class Session:
         self.close()
 
 
-def settings_key(path: Path, load: LoadSettings) -> str:
-    """Stored costs and exactness hold for this model file, its settings, this llama.cpp build
-    and devices, and the RPC servers it runs on."""
-    info = path.stat()
-    parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
-             load.ctx_size, library_versions()["llama_cpp_python"], compute_fingerprint(), f"v{COSTS_VERSION}")
-    return "|".join(str(part) for part in parts) + _servers_key(load)
-
-
-def _servers_key(load: LoadSettings) -> str:
-    """The RPC servers a model spreads over (nothing without --rpc, so the keys stored
-    before --rpc existed still hold)."""
-    return f"|rpc:{','.join(load.rpc)}" if load.rpc else ""
+def build_key() -> str:
+    """The llama.cpp build and the devices it sees, as stored costs are keyed by them."""
+    return f"{library_versions()['llama_cpp_python']}|{compute_fingerprint()}"
 
 
 def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> Session:
@@ -192,7 +172,7 @@ def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = 
     sizes: dict[bool, int] = {}
     for repack in (True, False):
         load = replace(spec.target_load, repack=repack)
-        key = settings_key(spec.target, load) + "|exact"
+        key = exact_key(spec.target, load, build_key())
         stored = store.get(key)
         if isinstance(stored, int) and stored >= 1 and not again:
             sizes[repack] = stored
@@ -228,49 +208,3 @@ def _open_proposer(spec: SessionSpec, target: Model, seed: int) -> Proposer:
         draft.close()
         raise
     return DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
-
-
-def check_vocab_compatible(target: Model, draft: Model) -> None:
-    """Refuse a draft whose tokens would not mean the same thing to the target.
-
-    The rule of llama.cpp's common/speculative.cpp (common_speculative_are_compatible), in its
-    order: the same vocabulary type; the same add_bos flag and, when BOS is added, the same BOS
-    id; the same add_eos flag and, when EOS is added, the same EOS id; sizes at most 128 tokens
-    apart; and the same text for every token from id 5 up to the smaller size. A BOS or EOS the
-    tokenizer does not add is not compared (Gemma 3 GGUFs end turns with different EOS ids).
-    """
-    names = f"draft {draft.path.name} and target {target.path.name}"
-    hint = "pick a draft from the same model family"
-    if target.vocab_type != draft.vocab_type:
-        raise VocabMismatchError(
-            f"{names} use different tokenizers "
-            f"({VOCAB_TYPES.get(draft.vocab_type, draft.vocab_type)} vs {VOCAB_TYPES.get(target.vocab_type, target.vocab_type)})",
-            hint,
-        )
-    if target.add_bos != draft.add_bos or (target.add_bos and target.bos != draft.bos):
-        raise VocabMismatchError(
-            f"{names} disagree on the BOS token (draft {draft.bos}, add={draft.add_bos}; "
-            f"target {target.bos}, add={target.add_bos})",
-            hint,
-        )
-    if target.add_eos != draft.add_eos or (target.add_eos and target.eos != draft.eos):
-        raise VocabMismatchError(
-            f"{names} disagree on the EOS token (draft {draft.eos}, add={draft.add_eos}; "
-            f"target {target.eos}, add={target.add_eos})",
-            hint,
-        )
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
-        raise VocabMismatchError(
-            f"{names} have vocabularies of {draft.n_vocab} and {target.n_vocab} tokens "
-            f"(more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)",
-            hint,
-        )
-    if target.path.resolve() == draft.path.resolve():
-        return  # the same file: identical by construction
-    for token in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
-        if target.token_text(token) != draft.token_text(token):
-            raise VocabMismatchError(
-                f"{names} differ at token id {token} "
-                f"(draft {draft.token_text(token)!r}, target {target.token_text(token)!r})",
-                hint,
-            )

@@ -5,6 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def dense(distribution, n_vocab: int) -> np.ndarray:
+    """A sparse sampling.Distribution as a full probability vector."""
+    out = np.zeros(n_vocab, dtype=np.float64)
+    out[distribution.ids] = distribution.probs
+    return out
+
+
+def prob(distribution, token: int) -> float:
+    """One token's probability under a sparse sampling.Distribution (0 outside its support)."""
+    hit = np.flatnonzero(distribution.ids == token)
+    return float(distribution.probs[hit[0]]) if hit.size else 0.0
+
+
 class RecordingRows:
     """Logits rows that remember which rows were read, in order (turning the whole array
     into a numpy array reads every row)."""

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import FakeModel, plain_greedy
 
-from specli.adaptive import AdaptiveDraftLength
+from specli.adaptive import AdaptiveDraftPolicy
 from specli.costs import CostStore, StepCosts, VerifyCurve, calibrate, learn, prior_costs
 from specli.engine import Engine, GenerationOptions, StepRecord, Token
 from specli.proposers import DraftModelProposer, NGramProposer
@@ -39,12 +39,12 @@ def step(drafted: int, accepted: int, key: object = None, seconds: float = 0.0) 
     return StepRecord(drafted, accepted, seconds, seconds, 0.0, 0.0, key)
 
 
-def drive(policy: AdaptiveDraftLength, acceptance: float, steps: int, key=None, seed=0) -> list[int]:
+def drive(policy: AdaptiveDraftPolicy, acceptance: float, steps: int, key=None, seed=0) -> list[int]:
     """Simulate steps where each drafted position is kept with probability `acceptance`."""
     rng = np.random.default_rng(seed)
     chosen = []
     for _ in range(steps):
-        k = policy.next(key, 0, 16)
+        k = policy.choose(key, 0, 16)
         chosen.append(k)
         accepted = 0
         while accepted < k and rng.random() < acceptance:
@@ -54,12 +54,12 @@ def drive(policy: AdaptiveDraftLength, acceptance: float, steps: int, key=None, 
 
 
 def test_accepted_drafts_and_cheap_verification_lead_to_long_drafts():
-    chosen = drive(AdaptiveDraftLength(flat_cost()), acceptance=0.95, steps=40)
+    chosen = drive(AdaptiveDraftPolicy(flat_cost()), acceptance=0.95, steps=40)
     assert min(chosen[10:]) >= 12
 
 
 def test_rejected_drafts_lead_to_plain_steps_with_rare_probes():
-    chosen = drive(AdaptiveDraftLength(cpu_cost()), acceptance=0.0, steps=200)
+    chosen = drive(AdaptiveDraftPolicy(cpu_cost()), acceptance=0.0, steps=200)
     tail = chosen[20:]
     assert tail.count(0) >= 0.9 * len(tail)
     assert 0 < sum(1 for k in tail if k) <= 8, "probes continue, with growing gaps"
@@ -74,7 +74,7 @@ def test_probes_are_paid_for_by_what_drafting_saved():
         return 0.999 if key == "copy" else 0.6  # the copy's clean record leaves the run's trust as it was
 
     def drafting_steps(savings: bool) -> list[int]:
-        policy = AdaptiveDraftLength(cpu_cost(), prior=trusted_copies)
+        policy = AdaptiveDraftPolicy(cpu_cost(), prior=trusted_copies)
         if savings:
             for _ in range(20):  # 17 tokens a step for the price of ~6 plain steps
                 policy.record(step(16, 16, "copy"))
@@ -90,22 +90,22 @@ def test_probes_are_paid_for_by_what_drafting_saved():
 
 
 def test_steep_verify_cost_means_no_speculation_even_when_accepted():
-    assert AdaptiveDraftLength(steep_cost()).next(None, 0, 16) == 0
-    assert drive(AdaptiveDraftLength(steep_cost()), 0.5, 30)[-1] == 0
+    assert AdaptiveDraftPolicy(steep_cost()).choose(None, 0, 16) == 0
+    assert drive(AdaptiveDraftPolicy(steep_cost()), 0.5, 30)[-1] == 0
 
 
 def test_each_key_learns_its_own_acceptance():
-    policy = AdaptiveDraftLength(flat_cost())
+    policy = AdaptiveDraftPolicy(flat_cost())
     drive(policy, acceptance=0.95, steps=40, key="long match")
     drive(policy, acceptance=0.05, steps=40, key="short match", seed=1)
-    assert policy.next("long match", 0, 16) >= 12
+    assert policy.choose("long match", 0, 16) >= 12
     # On this flat curve a token more costs 1% of a step, so even 5% acceptance pays for
     # a token or two, never for a long draft.
-    assert policy.next("short match", 0, 16) <= 2
+    assert policy.choose("short match", 0, 16) <= 2
 
 
 def test_a_workload_that_turns_copy_heavy_is_noticed():
-    policy = AdaptiveDraftLength(flat_cost())
+    policy = AdaptiveDraftPolicy(flat_cost())
     drive(policy, acceptance=0.0, steps=60)
     later = drive(policy, acceptance=0.98, steps=300, seed=2)
     assert max(later[-50:]) >= 12
@@ -113,10 +113,10 @@ def test_a_workload_that_turns_copy_heavy_is_noticed():
 
 def test_measured_times_do_not_move_the_choices():
     """Two runs whose steps kept the same tokens but took other times choose alike."""
-    policies = [AdaptiveDraftLength(cpu_cost()) for _ in range(2)]
+    policies = [AdaptiveDraftPolicy(cpu_cost()) for _ in range(2)]
     rng = np.random.default_rng(4)
     for _ in range(100):
-        ks = [policy.next("key", 0, 16) for policy in policies]
+        ks = [policy.choose("key", 0, 16) for policy in policies]
         assert ks[0] == ks[1]
         accepted = int(rng.integers(0, ks[0] + 1))
         policies[0].record(step(ks[0], accepted, "key", seconds=0.001))
@@ -142,7 +142,7 @@ def test_verify_curve_extends_each_parity_past_the_largest_known_size():
 
 
 def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
-    policy = AdaptiveDraftLength(costs(paired_rows_cost), draft_tokens=16)
+    policy = AdaptiveDraftPolicy(costs(paired_rows_cost), draft_tokens=16)
     chosen = drive(policy, acceptance=0.9, steps=200)
     # k drafted tokens verify as k + 1 rows: an even batch, never an odd one above 1.
     assert all(k == 0 or (k + 1) % 2 == 0 for k in chosen[20:])
@@ -210,10 +210,10 @@ def test_auto_policy_keeps_greedy_output_identical():
     target = FakeModel(seed=0)
     draft = FakeModel(seed=0, noise_seed=1, noise=1.0)
     proposer = DraftModelProposer(draft, SamplingSettings(), 0)
-    engine = Engine(target, proposer, AdaptiveDraftLength(flat_cost()), GenerationOptions(80))
+    engine = Engine(target, proposer, AdaptiveDraftPolicy(flat_cost()), GenerationOptions(80))
     out = [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
     assert out == plain_greedy(FakeModel(seed=0), [1, 2, 3], 80)
-    engine = Engine(FakeModel(seed=3, order=1), NGramProposer(), AdaptiveDraftLength(flat_cost(), NGramProposer.prior),
+    engine = Engine(FakeModel(seed=3, order=1), NGramProposer(), AdaptiveDraftPolicy(flat_cost(), NGramProposer.prior),
                     GenerationOptions(80))
     out = [e.id for e in engine.generate([1, 2, 3, 1, 2]) if isinstance(e, Token)]
     assert out == plain_greedy(FakeModel(seed=3, order=1), [1, 2, 3, 1, 2], 80)
@@ -221,10 +221,10 @@ def test_auto_policy_keeps_greedy_output_identical():
 
 def test_no_probes_when_even_perfect_drafts_cannot_pay():
     """A draft as slow as the target (self-drafting on a CPU): plain steps only."""
-    policy = AdaptiveDraftLength(cpu_cost(draft_per_token=0.012))
+    policy = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.012))
     chosen = []
     for _ in range(200):
-        k = policy.next(None, 0, 16)
+        k = policy.choose(None, 0, 16)
         chosen.append(k)
         policy.record(step(k, k))  # every token would be accepted; drafting costs 12 ms a token
     assert sum(chosen) == 0

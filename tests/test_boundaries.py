@@ -1,28 +1,108 @@
-"""backend.py is specli's only importer of llama_cpp."""
+"""The layers of specli, read from the code: who may import what, and no import cycle."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-SPECLI = Path(__file__).resolve().parent.parent / "specli"
+ROOT = Path(__file__).resolve().parent.parent
+SPECLI = ROOT / "specli"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Every module name an import statement in the file names, inside functions and
+    `if TYPE_CHECKING:` too: an import hidden in a function still ties two layers."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]  # `from specli import x`
+    return names
 
 
 def importers(package: str) -> set[str]:
     """specli's modules that import `package` or one of its submodules, anywhere in the file."""
-    found = set()
-    for path in SPECLI.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            if any(name == package or name.startswith(package + ".") for name in names):
-                found.add(str(path.relative_to(SPECLI)))
-    return found
+    return {str(path.relative_to(SPECLI)) for path in SPECLI.rglob("*.py")
+            if any(name == package or name.startswith(package + ".") for name in _imported_names(path))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """specli's modules, each with the specli modules it imports (itself left out)."""
+    modules = {_module_name(path): path for path in SPECLI.rglob("*.py")}
+    return {module: {name for name in _imported_names(path) if name in modules and name != module}
+            for module, path in modules.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle (its modules, in order), or [] where there is none."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state:
+                found = visit(imported)
+                if found:
+                    return found
+        state[module] = "done"
+        path.pop()
+        return []
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module)
+            if found:
+                return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycle_in_specli():
+    graph = import_graph()
+    assert "specli.engine" in graph and "specli.backend" in graph["specli.session"], "the graph is read"
+    assert cycle(graph) == []
 
 
 def test_only_backend_imports_llama_cpp():
     assert importers("llama_cpp") == {"backend.py"}
+
+
+def test_only_hub_imports_huggingface_hub():
+    assert importers("huggingface_hub") and all(module.startswith("hub/") for module in importers("huggingface_hub"))
+
+
+def test_the_device_probe_and_the_rpc_client_do_not_import_the_binding():
+    graph = import_graph()
+    for module in ("specli.devices", "specli.rpc", "specli.install"):
+        assert "specli.backend" not in graph[module], module
+    assert graph["specli.install"] == set(), "install hints are a leaf"
+
+
+def test_sampling_is_pure_numpy_and_the_engine_never_prints():
+    assert {name.split(".")[0] for name in _imported_names(SPECLI / "sampling.py")} <= {
+        "__future__", "dataclasses", "numpy", "typing", "math", "hashlib", "struct"}
+    engine = (SPECLI / "engine.py").read_text(encoding="utf-8")
+    assert "print(" not in engine and "sys.stdout" not in engine and "sys.stderr" not in engine
+
+
+def test_the_readme_and_doctor_suggest_the_same_gpu_installs():
+    from specli.install import GPU_INSTALL
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for command in GPU_INSTALL.values():
+        assert f"`{command}`" in readme, command

@@ -395,5 +395,5 @@ def test_text_ends_with_exactly_one_newline(texts, expected):
     renderer.start()
     for text in texts:
         renderer.token(Token(1, text, "target"))
-    renderer.finish(Stats(), {})
+    renderer.finish(Stats())
     assert out.getvalue() == expected and err.getvalue() == ""

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specli.cli import app
-from specli.runner import read_prompt
+from specli.prompt import read_prompt
 
 COMMANDS = ["run", "chat", "bench", "pull", "list", "rm", "doctor"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specli import doctor
+from specli import doctor, install
 
 NATIVE_OFF = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
 AVX512_BUILD = NATIVE_OFF + "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
@@ -22,7 +22,7 @@ def test_a_portable_build_on_an_avx512_cpu_misses_avx512():
     unused = doctor.unused_cpu_features(AVX512_CPU, NATIVE_OFF)
     assert unused == [("AVX512", "GGML_AVX512"), ("AVX512_VBMI", "GGML_AVX512_VBMI"),
                       ("AVX512_VNNI", "GGML_AVX512_VNNI"), ("AVX512_BF16", "GGML_AVX512_BF16")]
-    command = doctor.cpu_install_command(unused)
+    command = install.cpu_install_command(unused)
     assert command.startswith('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_RPC=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON ')
     assert command.endswith('" pip install --force-reinstall --no-cache-dir llama-cpp-python')
 

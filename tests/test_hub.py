@@ -1052,7 +1052,7 @@ def test_a_quant_tag_picks_one_model_of_the_repo():
 
 
 def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_it(quants):
-    from specli.runner import resolve_models
+    from specli.resolve import resolve_models
 
     models = resolve_models(None, "test-org/quants-GGUF:q4_k_m", "test-org/quants-GGUF:Q8_0")
     folder = snapshot("test-org/quants-GGUF")
@@ -1069,7 +1069,7 @@ def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_
 
 
 def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
-    from specli.runner import resolve_models
+    from specli.resolve import resolve_models
 
     target = resolve_models(None, "test-org/quants-GGUF:q6_k", None).target
     assert target == snapshot("test-org/quants-GGUF") / "Q6_K" / "Model-Q6_K-00001-of-00002.gguf"
@@ -1080,7 +1080,7 @@ def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
 
 @pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
-    from specli.runner import resolve_models
+    from specli.resolve import resolve_models
 
     target = resolve_models(None, "test-org/cut-GGUF:cut", None).target
     assert target.read_bytes() == LARGE
@@ -1089,7 +1089,7 @@ def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
 
 
 def test_a_local_file_wins_over_the_hub_reading_of_its_name(quants, tmp_path, monkeypatch):
-    from specli.runner import resolve_models
+    from specli.resolve import resolve_models
 
     monkeypatch.chdir(tmp_path)
     for name in ("test-org/quants-GGUF:Q8_0", "test-org/quants-GGUF/Model-Q8_0.gguf"):
@@ -1127,7 +1127,7 @@ def test_a_reference_the_repo_cannot_answer_is_one_line_listing_what_it_has(quan
 
 
 def test_references_offline_use_the_cache_or_say_so(quants, specli, monkeypatch):
-    from specli.runner import resolve_models
+    from specli.resolve import resolve_models
 
     pulled = resolve_models(None, "test-org/quants-GGUF:Q8_0", None).target
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

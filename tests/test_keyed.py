@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import dense
 from specli.sampling import Distribution, SamplingSettings, keyed_choice, keyed_uniforms, verify_keyed
 
 CHI2_999 = {2: 13.82, 3: 16.27, 4: 18.47}
@@ -28,7 +29,7 @@ def test_keyed_draws_follow_the_distribution(vary):
     draws = [keyed_choice(p, i, 3) if vary == "seed" else keyed_choice(p, 11, i) for i in range(40_000)]
     counts = np.bincount(draws, minlength=5).astype(float)
     assert counts[1] == 0
-    assert chi_square(counts, p.dense(5)) < CHI2_999[4]
+    assert chi_square(counts, dense(p, 5)) < CHI2_999[4]
 
 
 def test_keyed_uniforms_depend_on_seed_position_and_id_only():

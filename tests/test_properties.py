@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import RecordingRows
+from helpers import RecordingRows, prob
 from specli.proposers import NGramProposer
 from specli.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
@@ -80,7 +80,7 @@ def test_keyed_verification_writes_the_targets_own_draws(case):
     assert draft_tokens[:accepted] == own[:accepted]
     assert written == own[accepted]
     assert accepted == len(draft_tokens) or draft_tokens[accepted] != own[accepted]
-    assert targets[accepted].prob(written) > 0, "the written token is in the target's support"
+    assert prob(targets[accepted], written) > 0, "the written token is in the target's support"
 
 
 # --- n-gram proposer ----------------------------------------------------------
@@ -117,7 +117,7 @@ def test_ngram_proposals_continue_an_earlier_occurrence(sequence, order, max_tok
     assert len(proposal) <= max_tokens
     assert proposal == reference_ngram(sequence, max_tokens, max_n, min_n)
     if proposal:
-        n = proposer.last_match_length
+        n = proposer.propose(sequence, max_tokens).key
         assert min_n <= n <= max_n
         suffix = sequence[len(sequence) - n :]
         assert any(sequence[s - n : s] == suffix for s in range(n, len(sequence))), "the n-gram occurred before"
@@ -159,5 +159,5 @@ def test_ngram_index_grown_step_by_step_answers_like_a_fresh_one(sequence, order
         fresh.prepare(sequence[:end])
         grown = incremental.propose(sequence[:end], max_tokens)
         assert grown.tokens == fresh.propose(sequence[:end], max_tokens).tokens
-        assert incremental.last_match_length == fresh.last_match_length
+        assert grown.key == fresh.propose(sequence[:end], max_tokens).key
         assert grown.extent == fresh.propose(sequence[:end], max_tokens).extent

@@ -6,8 +6,8 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     proposer = NGramProposer(lengths=(3, 2, 1))
     tokens = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4]
     proposer.prepare(tokens[:3])
-    assert proposer.propose(tokens, 2).tokens == [7, 8]  # latest occurrence of 2 3 4
-    assert proposer.last_match_length == 3
+    proposal = proposer.propose(tokens, 2)
+    assert proposal.tokens == [7, 8] and proposal.key == 3  # latest occurrence of 2 3 4
 
 
 def test_ngram_reports_how_far_back_the_match_goes():
@@ -67,3 +67,34 @@ def test_common_prefix_length():
     assert _common_prefix_length([1, 2, 9, 4], [1, 2, 3, 4]) == 2
     assert _common_prefix_length([], [1]) == 0
     assert _common_prefix_length([7], [1]) == 0
+
+
+def test_a_reference_proposes_where_the_text_has_no_match():
+    from specli.proposers import TokenIndex
+
+    prediction = TokenIndex([1, 2, 3, 4, 5, 6, 7, 8])
+    proposer = NGramProposer(lengths=(3, 2, 1), references=[prediction])
+    tokens = [9, 9, 2, 3]  # "2 3" occurs only in the prediction
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 4)
+    assert proposal.tokens == [4, 5, 6, 7] and proposal.key == 2
+    assert proposer.last_match_extent == 2
+
+
+def test_the_committed_text_wins_over_a_reference_at_the_same_n():
+    from specli.proposers import TokenIndex
+
+    proposer = NGramProposer(lengths=(2, 1), references=[TokenIndex([5, 6, 1, 1])])
+    tokens = [5, 6, 7, 0, 5, 6]
+    proposer.prepare(tokens)
+    assert proposer.propose(tokens, 2).tokens == [7, 0]
+
+
+def test_a_reference_continuation_stops_where_its_text_ends():
+    from specli.proposers import TokenIndex
+
+    memory = TokenIndex([1, 2, 3], lengths=(2, 1))
+    memory.append([4, 1, 2, 8, 9])
+    assert memory.continuation(memory.find((1, 2)), 5) == [8, 9], "the latest occurrence"
+    assert memory.find((3, 4)) is None, "no n-gram spans two texts"
+    assert memory.continuation(1, 5) == [2, 3], "the separator ends a continuation"

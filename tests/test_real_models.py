@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from specli.backend import LoadSettings, Model
-from specli.session import check_vocab_compatible
+from specli.vocab import check_vocab_compatible
 from specli.bench import plain_greedy
-from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.errors import VocabMismatchError
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
 from specli.sampling import SamplingSettings
@@ -56,7 +56,7 @@ def plain_runs(target):
 
 
 def speculative(target, proposer, prompt_tokens, k):
-    engine = Engine(target, proposer, FixedDraftLength(k), GenerationOptions(max_tokens=MAX_TOKENS))
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens=MAX_TOKENS))
     events = list(engine.generate(prompt_tokens))
     return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
 
@@ -104,7 +104,7 @@ def test_ngram_rejections_leave_the_kv_cache_consistent(target, plain_runs):
     """After a run full of rejections, the cache holds exactly the committed tokens."""
     tokens, plain, _ = plain_runs[PROMPTS[2]]
     proposer = NGramProposer()
-    engine = Engine(target, proposer, FixedDraftLength(8), GenerationOptions(max_tokens=MAX_TOKENS))
+    engine = Engine(target, proposer, FixedDraftPolicy(8), GenerationOptions(max_tokens=MAX_TOKENS))
     events = list(engine.generate(tokens))
     out = [e.id for e in events if isinstance(e, Token)]
     stats = events[-1].stats
@@ -173,7 +173,7 @@ def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs
     settings = SamplingSettings(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     outputs = []
     for _ in range(2):
-        engine = Engine(target, NGramProposer(), FixedDraftLength(4), GenerationOptions(24, settings), 1234)
+        engine = Engine(target, NGramProposer(), FixedDraftPolicy(4), GenerationOptions(24, settings), 1234)
         outputs.append([e.id for e in engine.generate(tokens) if isinstance(e, Token)])
     assert outputs[0] == outputs[1]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from specli.bench import load_workloads
-from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.proposers import NoProposer
 from specli.sampling import SamplingSettings
 from specli.prompt import prompt_tokens
@@ -32,12 +32,12 @@ def workload_tokens(session, name: str) -> list[int]:
     return prompt_tokens(session.target, workload.prompt, chat=workload.chat)
 
 
-def generate(session, tokens: list[int], draft_tokens: int | None, max_tokens: int, plain: bool = False) -> list[int]:
+def generate(session, tokens: list[int], draft_tokens, max_tokens: int, plain: bool = False) -> list[int]:
     options = GenerationOptions(max_tokens, session.spec.sampling)
     if plain:
-        engine = Engine(session.target, NoProposer(), FixedDraftLength(0), options, session.seed)
+        engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), options, session.seed)
     else:
-        engine = session.engine(session.draft_length(draft_tokens), options)
+        engine = session.engine(session.draft_policy(draft_tokens), options)
     return [e.id for e in engine.generate(tokens) if isinstance(e, Token) and e.id >= 0]
 
 
@@ -45,7 +45,7 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
     spec = SessionSpec(gemma_path, "ngram", LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024))
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
-        texts = {tuple(generate(session, tokens, None, 90)) for _ in range(3)}
+        texts = {tuple(generate(session, tokens, "auto", 90)) for _ in range(3)}
     assert len(texts) == 1
 
 
@@ -69,9 +69,9 @@ def test_exact_finds_a_batch_size_and_stores_it(exact_session, gemma_path):
 def test_exact_writes_plain_decodings_text_at_every_draft_length(exact_session, name):
     session = exact_session
     tokens = workload_tokens(session, name)
-    plain = generate(session, tokens, None, NEAR_TIES[name], plain=True)
+    plain = generate(session, tokens, 0, NEAR_TIES[name], plain=True)
     largest = session.exact_batch - 1
-    for draft_tokens in [*range(1, largest + 1), None]:
+    for draft_tokens in [*range(1, largest + 1), "auto"]:
         assert generate(session, tokens, draft_tokens, NEAR_TIES[name]) == plain, draft_tokens
 
 
@@ -79,7 +79,7 @@ def test_a_seed_writes_one_text_whatever_drafts_it(gemma_path):
     sampling = SamplingSettings.for_temperature(0.8)
     load = LoadSettings(ctx_size=1024)
     texts = {}
-    for draft, draft_tokens in (("none", None), ("ngram", 2), ("ngram", None), (gemma_path, 3), (gemma_path, None)):
+    for draft, draft_tokens in (("none", "auto"), ("ngram", 2), ("ngram", "auto"), (gemma_path, 3), (gemma_path, "auto")):
         spec = SessionSpec(gemma_path, draft, load, load, sampling, seed=7, exact=True)
         with open_session(spec) as session:
             tokens = prompt_tokens(session.target, "Once upon a time, in a village by the sea,", chat=False)
@@ -95,7 +95,7 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
     spec = SessionSpec(gemma_path, "ngram", load, load, sampling, exact=True)
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
-        plain = generate(session, tokens, None, 60, plain=True)
+        plain = generate(session, tokens, 0, 60, plain=True)
         assert generate(session, tokens, session.exact_batch - 1, 60) == plain
-        unpenalised = Engine(session.target, NoProposer(), FixedDraftLength(0), GenerationOptions(60), session.seed)
+        unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(60), session.seed)
         assert [e.id for e in unpenalised.generate(tokens) if isinstance(e, Token) and e.id >= 0] != plain

@@ -196,12 +196,12 @@ def test_stored_costs_are_kept_per_set_of_servers(tmp_path):
     """A decode over a network costs what that network makes it cost: -k auto must not read
     the local costs for it, nor one network's for another."""
     from specli.backend import LoadSettings
-    from specli.session import settings_key
+    from specli.costs import settings_key
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    local = settings_key(model, LoadSettings())
-    near = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052",)))
-    far = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052", "10.0.0.3:50052")))
+    local = settings_key(model, LoadSettings(), "build")
+    near = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052",)), "build")
+    far = settings_key(model, LoadSettings(rpc=("10.0.0.2:50052", "10.0.0.3:50052")), "build")
     assert len({local, near, far}) == 3
     assert "rpc" not in local  # keys stored before --rpc existed still hold

@@ -43,7 +43,7 @@ LOSSLESS_CHECK = """
 import json, sys
 from specli.backend import LoadSettings, Model
 from specli.bench import plain_greedy
-from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.proposers import NGramProposer
 
 path, endpoints, prompt = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
@@ -51,7 +51,7 @@ with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
     tokens = model.tokenize(prompt)
     plain, margins = plain_greedy(model, tokens, 40)
     model.rewind(0)
-    engine = Engine(model, NGramProposer(), FixedDraftLength(4), GenerationOptions(max_tokens=40))
+    engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationOptions(max_tokens=40))
     events = list(engine.generate(tokens))
 output = [event.id for event in events if isinstance(event, Token) and event.id >= 0]
 print(json.dumps({"plain": plain, "margins": [float(m) for m in margins], "output": output,

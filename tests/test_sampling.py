@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel
-from helpers import RecordingRows
-from specli.engine import Engine, FixedDraftLength, GenerationOptions, Token
+from helpers import RecordingRows, dense
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.proposers import DraftModelProposer, NGramProposer
 from specli.sampling import Distribution, SamplingSettings, verify_greedy, warp
 
@@ -51,10 +51,10 @@ def test_verify_greedy_reads_no_row_after_the_first_rejection():
 
 def first_two_tokens_distribution(model: FakeModel, prompt: list[int], settings: SamplingSettings) -> np.ndarray:
     n = model.n_vocab
-    first = warp(model.logits_after(prompt), settings).dense(n)
+    first = dense(warp(model.logits_after(prompt), settings), n)
     joint = np.zeros((n, n))
     for a in np.flatnonzero(first):
-        joint[a] = first[a] * warp(model.logits_after(prompt + [int(a)]), settings).dense(n)
+        joint[a] = first[a] * dense(warp(model.logits_after(prompt + [int(a)]), settings), n)
     return joint.ravel()
 
 
@@ -77,7 +77,7 @@ def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_k
             proposer = DraftModelProposer(draft, settings, seed)
         else:
             proposer = NGramProposer(lengths=(2, 1))
-        engine = Engine(target, proposer, FixedDraftLength(3), GenerationOptions(max_tokens=2, sampling=settings), seed)
+        engine = Engine(target, proposer, FixedDraftPolicy(3), GenerationOptions(max_tokens=2, sampling=settings), seed)
         ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
         counts[ids[0] * n + ids[1]] += 1
     support = int((expected > 0).sum())
@@ -91,8 +91,8 @@ def test_warp_applies_top_k_top_p_min_p():
     assert set(warp(logits, SamplingSettings(1.0, top_p=0.8)).ids) == {0, 1, 2}
     assert set(warp(logits, SamplingSettings(1.0, min_p=0.3)).ids) == {0, 1, 2}
     full = warp(logits, SamplingSettings(1.0))
-    assert np.allclose(full.dense(5), [0.4, 0.3, 0.15, 0.1, 0.05], atol=1e-6)
-    cold = warp(logits, SamplingSettings(0.5)).dense(5)
+    assert np.allclose(dense(full, 5), [0.4, 0.3, 0.15, 0.1, 0.05], atol=1e-6)
+    cold = dense(warp(logits, SamplingSettings(0.5)), 5)
     assert cold[0] > 0.4 and np.isclose(cold.sum(), 1.0)
 
 
@@ -127,7 +127,7 @@ def test_warp_on_a_full_vocabulary_matches_the_dense_definition(top_k, top_p, mi
     logits = (rng.normal(size=262_144) * 3.0).astype(np.float32)
     logits[rng.integers(0, logits.size, 30)] += rng.uniform(5, 15, 30).astype(np.float32)
     settings = SamplingSettings(temperature, top_k, top_p, min_p)
-    np.testing.assert_allclose(warp(logits, settings).dense(logits.size), dense_warp(logits, settings),
+    np.testing.assert_allclose(dense(warp(logits, settings), logits.size), dense_warp(logits, settings),
                                rtol=1e-9, atol=1e-12)
 
 
@@ -137,7 +137,7 @@ def test_sampled_generation_repeats_with_the_same_seeds_and_changes_with_others(
     def generate(seed: int) -> list[int]:
         draft = FakeModel(sharpness=1.0, noise_seed=5, noise=2.0)
         proposer = DraftModelProposer(draft, settings, seed)
-        engine = Engine(FakeModel(sharpness=1.0), proposer, FixedDraftLength(3),
+        engine = Engine(FakeModel(sharpness=1.0), proposer, FixedDraftPolicy(3),
                         GenerationOptions(max_tokens=40, sampling=settings), seed)
         return [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
 

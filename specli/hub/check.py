@@ -39,14 +39,14 @@ def check_pairs(pairs: Iterable[Pair]) -> CheckReport:
     for ref, names in models.values():
         key = (ref.repo, ref.revision)
         if key not in listings:
-            listings[key] = _listing(ref.repo, ref.revision)
+            listings[key] = _files_or_problem(ref.repo, ref.revision)
         report.files += len(ref.files)
         for problem in _check_model(ref, listings[key]):
             report.problems.append(f"{', '.join(names)}: {problem}")
     return report
 
 
-def _listing(repo: str, revision: Optional[str]) -> Union[RepoFiles, str]:
+def _files_or_problem(repo: str, revision: Optional[str]) -> Union[RepoFiles, str]:
     """The repo's files at the revision, or the problem that stops the check of its files.
     A Hub that cannot be reached stops the whole check (HubError)."""
     with _hub_errors(repo, "", revision or "main"):

@@ -59,7 +59,7 @@ def resolve_reference(text: str) -> Optional[Path]:
             raise ModelFileError(f"model file not found: {text}", hint="nor in the Hugging Face cache (HF_HUB_OFFLINE is set)")
         raise HubError(f"{text} is not in the Hugging Face cache and downloads are off (HF_HUB_OFFLINE)",
                        hint="unset HF_HUB_OFFLINE to download it")
-    listing = _listing(reference, text)
+    listing = _reference_files(reference, text)
     if reference.file is None:
         filename = choose_model(reference.repo, listing.files, reference.quant)
     elif reference.file in listing.files:
@@ -88,7 +88,7 @@ def _from_cache(reference: HubReference) -> Optional[Path]:
     return resolve_model(ref, download=False)
 
 
-def _listing(reference: HubReference, text: str) -> RepoFiles:
+def _reference_files(reference: HubReference, text: str) -> RepoFiles:
     """The repo's files. `owner/repo/file.gguf` reads as a local path as well: where there is no such
     repo, or no Hub to ask, the error is about the missing file."""
     endpoint = hub_endpoint()

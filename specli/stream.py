@@ -1,0 +1,85 @@
+"""The one consumer of engine events: run, chat, bench and serve drive every generation
+through `stream`.
+
+It hands each event to a sink (a renderer, bench's timer, the server's response), keeps
+the step records, and ends a generation the same way whatever stops it: its own end,
+Ctrl-C, the caller's `cancelled` (a client that went away), an exception in the sink, or
+an RPC server that goes away mid-run (ggml then ends the process: the text so far is
+flushed to the sink first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from specli import rpc
+from specli.engine import Engine, Finished, Stats, StepRecord, Token
+
+
+class Sink(Protocol):
+    """Where a generation's events go."""
+
+    def start(self) -> None: ...
+    def token(self, event: Token) -> None: ...
+    def step(self, record: StepRecord) -> None:
+        """After the tokens a step committed (a renderer flushes here)."""
+        ...
+
+    def finish(self, stats: Stats) -> None:
+        """Once, at the end, whatever ended it (stats.finish_reason says what)."""
+        ...
+
+
+@dataclass
+class Outcome:
+    """What a generation wrote and how it went."""
+
+    stats: Stats
+    tokens: list[int] = field(default_factory=list)  # the committed token ids
+    text: str = ""  # the released text (stop strings and what follows them left out)
+    steps: list[StepRecord] = field(default_factory=list)
+
+
+def stream(engine: Engine, prompt: list[int], sink: Sink, *,
+           cancelled: Callable[[], bool] | None = None) -> Outcome:
+    """Generate from `prompt`, handing every event to `sink`. `cancelled` is asked after each
+    step: True ends the generation there (finish_reason "cancelled"). Ctrl-C ends it too
+    ("interrupted"); the caller decides the exit code. The prompt is checked against the
+    context here, once, before the sink hears anything."""
+    events = engine.generate(prompt)
+    outcome = Outcome(engine.stats)
+    pieces: list[str] = []
+
+    def flush_partial() -> None:  # an RPC server went away: what was generated still shows
+        engine.stats.finish_reason = "error"
+        sink.finish(engine.stats)
+
+    with rpc.on_fault(flush_partial):
+        try:
+            sink.start()
+            for event in events:
+                if isinstance(event, Token):
+                    if event.id >= 0:
+                        outcome.tokens.append(event.id)
+                    pieces.append(event.text)
+                    sink.token(event)
+                elif isinstance(event, StepRecord):
+                    outcome.steps.append(event)
+                    sink.step(event)
+                    if cancelled is not None and cancelled():
+                        events.close()  # the engine's own cleanup runs: the stats get their timings
+                        engine.stats.finish_reason = "cancelled"
+                        break
+                elif isinstance(event, Finished):
+                    break
+        except KeyboardInterrupt:
+            events.close()
+            engine.stats.finish_reason = "interrupted"
+        except BaseException:
+            events.close()
+            raise
+        outcome.stats = engine.stats
+        outcome.text = "".join(pieces)
+        sink.finish(engine.stats)
+    return outcome

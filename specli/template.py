@@ -1,0 +1,96 @@
+"""Chat templates: messages as the text a model was trained to read, through llama.cpp's
+built-in copy of the model's template where it has one, else the template's Jinja source."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from specli.errors import PromptError
+
+if TYPE_CHECKING:
+    from specli.backend import Model
+
+NO_CHAT_HINT = "use --no-chat to send the prompt as is"
+
+
+def apply_chat_template(model: Model, messages: list[dict[str, str]]) -> str:
+    """Format messages with the model's own template, ready for the assistant's turn.
+
+    llama.cpp's built-in copy of the template is used where it recognises it; any other
+    template is rendered from its Jinja source.
+    """
+    template = model.chat_template()
+    if template is None:
+        raise PromptError(f"{model.path.name} has no chat template", NO_CHAT_HINT)
+    formatted = model.apply_builtin_chat_template(messages)
+    if formatted is not None:
+        return formatted
+    bos = _special_text(model, model.bos)
+    try:
+        prompt = render_jinja_template(template, messages, bos_token=bos, eos_token=_special_text(model, model.eos))
+    except (jinja2.TemplateError, ValueError) as error:
+        raise PromptError(f"the chat template of {model.path.name} failed: {error}", NO_CHAT_HINT) from None
+    # The BOS token is added by tokenization; a template that writes it would double it.
+    return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+
+
+def _special_text(model: Model, token: int) -> str:
+    return model.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+
+# --- Jinja chat templates -----------------------------------------------------------
+# Rendered as llama-cpp-python's Jinja2ChatFormatter renders them (itself aligned with
+# Hugging Face Transformers): a sandbox that trims block whitespace, the `{% generation %}`
+# tag passed through, `tojson` without ASCII escapes, and the same variables.
+
+
+class _IgnoreGenerationTags(jinja2.ext.Extension):
+    """Transformers' `{% generation %}...{% endgeneration %}` marks training targets: render its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def render_jinja_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str) -> str:
+    """The template's text for `messages`, ending with the assistant's turn opened."""
+    environment = ImmutableSandboxedEnvironment(
+        loader=jinja2.BaseLoader(),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols],
+    )
+    environment.filters["tojson"] = _tojson
+    return environment.from_string(template).render(
+        messages=messages,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        raise_exception=_raise_exception,
+        add_generation_prompt=True,
+        functions=None,
+        function_call=None,
+        tools=None,
+        tool_choice=None,
+        strftime_now=_strftime_now,
+    )
