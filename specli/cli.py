@@ -412,3 +412,51 @@ def bench(
 def main() -> None:
     """Entry point (`specli`, `python -m specli`)."""
     app()
+
+
+# --- serve -------------------------------------------------------------------------
+
+SERVER = "Server"
+
+
+@app.command("serve", cls=Command)
+def serve(
+    *,
+    model: opt.Pair = None,
+    target: opt.Target = None,
+    draft: opt.Draft = None,
+    host: Annotated[str, typer.Option("--host", metavar="HOST", rich_help_panel=SERVER, help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", metavar="PORT", callback=opt._check(lambda v: 0 <= v < 65536, "is not a port"), rich_help_panel=SERVER, help="Port (0: any free one).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
+    queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt._not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
+    memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
+    draft_tokens: opt.DraftTokensOption = None,
+    draft_min_p: opt.DraftMinP = 0.0,
+    exact: opt.Exact = False,
+    temp: opt.Temperature = 0.0,
+    top_k: opt.TopK = opt.DEFAULT_TOP_K,
+    top_p: opt.TopP = opt.DEFAULT_TOP_P,
+    min_p: opt.MinP = opt.DEFAULT_MIN_P,
+    repeat_penalty: opt.RepeatPenalty = 1.0,
+    verbose: opt.Verbose = False,
+    gpu_layers: opt.GpuLayers = None,
+    draft_gpu_layers: opt.DraftGpuLayers = None,
+    ctx_size: opt.CtxSize = opt.DEFAULT_CTX_SIZE,
+    threads: opt.Threads = None,
+    repack: opt.Repack = True,
+    rpc: opt.Servers = None,
+    draft_rpc: opt.DraftServers = None,
+) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API; sampling options are defaults a request may override."""
+    from specli import resolve
+    from specli.serve import ServeSettings
+    from specli.serve import serve as run_server
+
+    k = opt.parse_draft_tokens(draft_tokens)
+    resolve.check_draft_spelling(draft)
+    models = resolve.resolve_models(model, target, draft)
+    hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
+    sampling = opt.sampling_settings(temp, top_k, top_p, min_p, repeat_penalty)
+    spec = opt.session_spec(models, hardware, sampling, drafting=opt.Drafting(draft_min_p, exact), verbose=verbose)
+    settings = ServeSettings(host, port, api_key or None, queue, memory, model, opt.draft_tokens_for(k, models))
+    raise typer.Exit(run_server(spec, settings))

@@ -236,6 +236,10 @@ class GenerationOptions:
     max_tokens: int = 256
     sampling: SamplingSettings = SamplingSettings()
     stop: tuple[str, ...] = ()
+    # Keep what the target's KV cache holds of the prompt (an earlier turn). False decodes the
+    # whole prompt as a fresh run does: batches of other sizes round differently, so only
+    # that is bit for bit what a fresh run writes (--exact requests to the server).
+    reuse_cache: bool = True
 
 
 def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
@@ -282,7 +286,7 @@ class Engine:
         started = time.perf_counter()
         # What the cache already holds of the prompt (an earlier turn of a chat) stays; the
         # prompt's last token is decoded again in any case, for its logits row.
-        keep = min(common_prefix_length(self._cached, prompt), len(prompt) - 1)
+        keep = min(common_prefix_length(self._cached, prompt), len(prompt) - 1) if options.reuse_cache else 0
         target.rewind(keep)
         stats.prompt_cached = keep
         self._cached = []

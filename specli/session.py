@@ -51,14 +51,19 @@ class Session:
     def engine(self, policy: DraftPolicy, options: GenerationOptions) -> Engine:
         return Engine(self.target, self.proposer, policy, options, self.seed)
 
-    def draft_policy(self, draft_tokens: DraftTokens) -> DraftPolicy:
-        """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
-        costs (or the prior, until some are stored). Never more than an --exact batch allows."""
-        most = MAX_DRAFT if self.exact_batch is None else self.exact_batch - 1
-        if self.proposer.name == "none":
+    def draft_policy(self, draft_tokens: DraftTokens, *, proposer: Proposer | None = None,
+                     costs: StepCosts | None = None, most: int | None = None) -> DraftPolicy:
+        """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with `costs` (by
+        default the stored costs, or the prior until some are stored). Never more than `most`,
+        by default what an --exact batch allows. `proposer`: the one the engine will use, if
+        not the session's."""
+        proposer = proposer or self.proposer
+        if most is None:
+            most = MAX_DRAFT if self.exact_batch is None else self.exact_batch - 1
+        if proposer.name == "none":
             return FixedDraftPolicy(0)
         if draft_tokens == "auto":
-            return AdaptiveDraftPolicy(self.costs(), prior=self.proposer.prior, draft_tokens=most)
+            return AdaptiveDraftPolicy(costs or self.costs(), prior=proposer.prior, draft_tokens=most)
         return FixedDraftPolicy(min(draft_tokens, most))
 
     def costs(self) -> StepCosts:

@@ -38,6 +38,7 @@ class Outcome:
     stats: Stats
     tokens: list[int] = field(default_factory=list)  # the committed token ids
     text: str = ""  # the released text (stop strings and what follows them left out)
+    spans: list[tuple[str, str]] = field(default_factory=list)  # (text, source): text joined by who wrote it
     steps: list[StepRecord] = field(default_factory=list)
 
 
@@ -62,7 +63,9 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
                 if isinstance(event, Token):
                     if event.id >= 0:
                         outcome.tokens.append(event.id)
-                    pieces.append(event.text)
+                    if event.text:
+                        pieces.append(event.text)
+                        _add_span(outcome.spans, event)
                     sink.token(event)
                 elif isinstance(event, StepRecord):
                     outcome.steps.append(event)
@@ -83,3 +86,10 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
         outcome.text = "".join(pieces)
         sink.finish(engine.stats)
     return outcome
+
+
+def _add_span(spans: list[tuple[str, str]], token: Token) -> None:
+    if spans and spans[-1][1] == token.source:
+        spans[-1] = (spans[-1][0] + token.text, token.source)
+    else:
+        spans.append((token.text, token.source))

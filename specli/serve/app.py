@@ -1,0 +1,384 @@
+"""`specli serve`'s HTTP API: OpenAI's chat and text completions, the model list and a
+health check, on FastAPI.
+
+Every error has OpenAI's shape, {"error": {"message", "type", "param", "code"}}. Each
+response says which tokens the draft wrote: a streamed chunk's choice carries `source`
+(one chunk per run of tokens from one source), a whole response's choice carries `spans`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import IO, Any, AsyncIterator, Callable, Union
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specli.config import debug_enabled
+from specli.engine import DraftTokens, GenerationOptions, Stats, Token
+from specli.errors import PromptError, SpecliError
+from specli.prompt import chat_tokens, prompt_tokens
+from specli.sampling import SamplingSettings
+from specli.serve.schema import (AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatRequest,
+                                 Completion, CompletionRequest, CompletionTokensDetails, Delta, ErrorBody,
+                                 ErrorResponse, ModelCard, ModelList, PromptTokensDetails, RequestError, Span,
+                                 TextChoice, TextChunk, TextChunkChoice, Timings, Usage, _new_id)
+from specli.serve.worker import Busy, Closing, Job, Worker, sampling_for
+from specli.stream import Outcome
+
+MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
+RETRY_AFTER_SECONDS = 1
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    name: str  # what responses call the model: the pair, or the target file
+    target: str
+    draft: str
+    api_key: str | None
+    sampling: SamplingSettings  # the defaults a request's own fields override
+    draft_tokens: DraftTokens  # the default for a request that gives none (serve's -k)
+    started: int
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, ErrorBody(message=message, type=kind, param=param, code=code)
+        self.headers = headers
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=error.body).model_dump(), status_code=error.status, headers=error.headers)
+
+
+def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> FastAPI:
+    app = FastAPI(title="specli", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+        _log_line(log, request, error.status)
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(where) or None
+        if first.get("type") == "json_invalid":
+            message = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
+            param = None
+        else:
+            message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
+        _log_line(log, request, 400)
+        return _error_response(ApiError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        _log_line(log, request, error.status_code)
+        return _error_response(ApiError(error.status_code, str(error.detail), kind))
+
+    def authorised(request: Request) -> None:
+        if info.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), info.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error",
+                           code="invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=[Depends(authorised)])
+    async def models() -> dict:
+        card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft)
+        return ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorised)])
+    async def chat_completions(body: ChatRequest, request: Request):
+        job = _job(body, worker, info, lambda: chat_tokens(worker.session.target, body.conversation()))
+        return await _respond(request, body, job, worker, info, log, chat=True)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorised)])
+    async def completions(body: CompletionRequest, request: Request):
+        def tokens() -> list[int]:
+            prompt = body.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+                return list(prompt)  # token ids, as OpenAI's API allows
+            text = prompt[0] if isinstance(prompt, list) else prompt
+            if not text:
+                raise RequestError("the prompt is empty", "prompt")
+            return prompt_tokens(worker.session.target, text, chat=False)
+
+        job = _job(body, worker, info, tokens)
+        return await _respond(request, body, job, worker, info, log, chat=False)
+
+    app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES, log=log)
+    return app
+
+
+def _job(body: Union[ChatRequest, CompletionRequest], worker: Worker, info: ServerInfo,
+         tokens: Callable[[], list[int]]) -> Job:
+    """The request as a generation, or ApiError (400) naming what cannot be served."""
+    try:
+        body.refused()
+        draft = body.draft or _default_draft(worker)
+        if draft == "model" and worker.draft_model is None:
+            raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
+        prompt = tokens()
+        n_ctx = worker.session.target.n_ctx
+        if len(prompt) >= n_ctx:
+            raise RequestError(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}", "messages"
+                               if isinstance(body, ChatRequest) else "prompt", code="context_length_exceeded")
+        prediction = body.prediction_text()
+        predicted = worker.session.target.tokenize(prediction, add_special=False) if prediction else None
+    except RequestError as error:
+        raise ApiError(400, error.message, param=error.param, code=error.code) from None
+    except PromptError as error:  # no chat template, a template that fails
+        raise ApiError(400, error.message + (f" ({error.hint})" if error.hint else ""), param="messages") from None
+    sampling = sampling_for(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty, info.sampling)
+    limit = body.token_limit or (1 << 30)  # no limit given: until the end, or the context's
+    exact = worker.session.spec.exact if body.exact is None else body.exact
+    options = GenerationOptions(limit, sampling, tuple(body.stops), reuse_cache=not exact)
+    draft_tokens = body.draft_tokens or info.draft_tokens
+    seed = worker.new_seed() if body.seed is None else body.seed
+    return Job(prompt, options, draft, draft_tokens, exact, seed, predicted)
+
+
+def _default_draft(worker: Worker) -> str:
+    name = worker.session.proposer.name
+    return {"draft": "model"}.get(name, name)
+
+
+async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest], job: Job, worker: Worker,
+                   info: ServerInfo, log: IO[str], *, chat: bool):
+    if body.stream:
+        events: asyncio.Queue = asyncio.Queue()
+        future, cancel = await _start(worker, job, events.put_nowait, request, log)
+        future.add_done_callback(lambda _: events.put_nowait(None))  # also ends a generation that failed
+        return StreamingResponse(_sse(request, body, future, cancel, events, info, log, chat=chat),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    future, cancel = await _start(worker, job, None, request, log)
+    while not future.done():  # a client that goes away cancels its generation within a step
+        await asyncio.wait({future}, timeout=0.2)
+        if not future.done() and await request.is_disconnected():
+            cancel.set()
+    outcome = _outcome(future, request, log)
+    if outcome.stats.finish_reason == "cancelled":
+        raise ApiError(503, "the generation was cancelled (the server is shutting down, or the client left)",
+                       "server_error")
+    spans = [Span(text=text, source=source) for text, source in outcome.spans]
+    usage, timings = _usage(outcome.stats), _timings(outcome.stats)
+    finish = FINISH_REASONS.get(outcome.stats.finish_reason, outcome.stats.finish_reason)
+    _log_line(log, request, 200, outcome.stats)
+    if chat:
+        choice = ChatChoice(message=AssistantMessage(content=outcome.text), finish_reason=finish, spans=spans)
+        return ChatCompletion(model=info.name, choices=[choice], usage=usage, timings=timings).model_dump()
+    choice = TextChoice(text=outcome.text, finish_reason=finish, spans=spans)
+    return Completion(model=info.name, choices=[choice], usage=usage, timings=timings).model_dump()
+
+
+async def _start(worker: Worker, job: Job, on_event, request: Request, log: IO[str]):
+    try:
+        return await worker.start(job, on_event)
+    except Busy:
+        raise ApiError(503, f"the server is busy: {worker.queue} requests are already waiting", "server_error",
+                       code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+    except Closing:
+        raise ApiError(503, "the server is shutting down", "server_error") from None
+
+
+def _outcome(future: asyncio.Future, request: Request, log: IO[str]) -> Outcome:
+    """The generation's outcome; an error inside it (llama.cpp failing a decode) ends this
+    request only, as a 500."""
+    try:
+        return future.result()
+    except SpecliError as error:
+        raise ApiError(500, error.message, "server_error") from None
+    except Exception as error:  # noqa: BLE001 - one request's failure, reported in its own response
+        raise ApiError(500, f"internal error: {type(error).__name__}: {error}", "server_error") from None
+
+
+async def _sse(request: Request, body, future: asyncio.Future, cancel, events: asyncio.Queue, info: ServerInfo,
+               log: IO[str], *, chat: bool) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per run of tokens from one source, a last chunk with the
+    finish reason, the usage chunk when asked for, then [DONE]. If the client goes away,
+    Starlette stops this generator and the `finally` cancels the generation."""
+    chunk_id, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
+
+    def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False) -> str:
+        if chat:
+            delta = Delta(role="assistant" if first else None, content=text)
+            data = ChatChunk(id=chunk_id, created=created, model=info.name,
+                             choices=[ChatChunkChoice(delta=delta, finish_reason=finish, source=source)])
+        else:
+            data = TextChunk(id=chunk_id, created=created, model=info.name,
+                             choices=[TextChunkChoice(text=text or "", finish_reason=finish, source=source)])
+        return _event(data.model_dump(exclude_none=chat))
+
+    try:
+        if chat:
+            yield chunk("", None, first=True)
+        pending: list[Token] = []
+        while True:
+            event = await events.get()
+            if isinstance(event, Token):
+                if event.text:
+                    pending.append(event)
+                continue
+            for text, source in _merge(pending):  # a StepRecord, or the end (None)
+                yield chunk(text, source)
+            pending = []
+            if event is None:
+                break
+        await asyncio.wait({future})
+        try:
+            outcome = _outcome(future, request, log)
+        except ApiError as error:
+            _log_line(log, request, error.status)
+            yield _event(ErrorResponse(error=error.body).model_dump())
+            yield "data: [DONE]\n\n"
+            return
+        stats = outcome.stats
+        if stats.finish_reason == "cancelled":  # the server is shutting down (a client that left reads nothing)
+            _log_line(log, request, 503, stats, "cancelled: shutting down")
+            yield _event(ErrorResponse(error=ErrorBody(message="the server is shutting down; the answer is cut short",
+                                                       type="server_error")).model_dump())
+            yield "data: [DONE]\n\n"
+            return
+        finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
+        yield chunk(None if chat else "", None, finish)
+        if body.include_usage:
+            usage = _usage(stats)
+            if chat:
+                data: Any = ChatChunk(id=chunk_id, created=created, model=info.name, choices=[], usage=usage,
+                                      timings=_timings(stats)).model_dump(exclude_none=True)
+            else:
+                data = TextChunk(id=chunk_id, created=created, model=info.name, choices=[], usage=usage,
+                                 timings=_timings(stats)).model_dump(exclude_none=True)
+            yield _event(data)
+        yield "data: [DONE]\n\n"
+        _log_line(log, request, 200, stats)
+    finally:
+        if not future.done():
+            cancel.set()
+            _log_line(log, request, 499, None, "client went away")
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _merge(tokens: list[Token]) -> list[tuple[str, str]]:
+    """Consecutive tokens of one source as one run of text."""
+    runs: list[tuple[str, str]] = []
+    for token in tokens:
+        if runs and runs[-1][1] == token.source:
+            runs[-1] = (runs[-1][0] + token.text, token.source)
+        else:
+            runs.append((token.text, token.source))
+    return runs
+
+
+def _usage(stats: Stats) -> Usage:
+    return Usage(
+        prompt_tokens=stats.prompt_tokens,
+        completion_tokens=stats.tokens,
+        total_tokens=stats.prompt_tokens + stats.tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.prompt_cached),
+        completion_tokens_details=CompletionTokensDetails(accepted_prediction_tokens=stats.accepted,
+                                                          rejected_prediction_tokens=stats.drafted - stats.accepted),
+    )
+
+
+def _timings(stats: Stats) -> Timings:
+    decoded = stats.generated_after_first
+    return Timings(prompt_n=stats.prompt_tokens - stats.prompt_cached, prompt_ms=1000 * stats.prefill_seconds,
+                   predicted_n=stats.tokens, predicted_ms=1000 * stats.seconds,
+                   predicted_per_second=decoded / stats.seconds if stats.seconds > 0 else 0.0,
+                   draft_n=stats.drafted, draft_n_accepted=stats.accepted)
+
+
+def _log_line(log: IO[str], request: Request, status: int, stats: Stats | None = None, note: str = "") -> None:
+    """One line per request: method, path, status, tokens, tok/s, acceptance."""
+    parts = [f"specli: {request.method} {request.url.path} {status}"]
+    if stats is not None:
+        parts.append(f"{stats.tokens} tokens, {stats.tokens_per_second:.1f} tok/s")
+        if stats.drafted:
+            parts.append(f"accepted {stats.accepted}/{stats.drafted} ({100 * stats.acceptance_rate:.0f}%)")
+    if note:
+        parts.append(note)
+    log.write(" | ".join(parts) + "\n")
+    log.flush()
+
+
+class _BodyLimit:
+    """Refuses request bodies over `limit` bytes (413), by Content-Length or as they arrive;
+    and answers a bug in a handler as a 500 in OpenAI's shape, with one log line (the
+    traceback too with SPECLI_DEBUG=1), instead of the server's own page."""
+
+    def __init__(self, app, limit: int, log: IO[str] = sys.stderr) -> None:
+        self.app, self.limit, self.log = app, limit, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watched)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+        except Exception as error:  # noqa: BLE001 - a bug: this request fails, the server goes on
+            self.log.write(f"specli: {scope.get('method')} {scope.get('path')} 500 | internal error: "
+                           f"{type(error).__name__}: {error}\n")
+            if debug_enabled():
+                traceback.print_exc(file=self.log)
+            if not started:
+                await self._refuse(send, 500, f"internal error: {type(error).__name__}: {error}", "server_error",
+                                   None)
+
+    async def _refuse(self, send, status: int = 413, message: str | None = None, kind: str = "invalid_request_error",
+                      code: str | None = "request_too_large") -> None:
+        message = message or f"the request body is larger than {self.limit} bytes"
+        body = json.dumps(ErrorResponse(error=ErrorBody(message=message, type=kind, code=code)).model_dump()).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,351 @@
+"""The OpenAI request and response bodies `specli serve` speaks, as pydantic models.
+
+Requests keep OpenAI's names and add llama.cpp's sampling extensions (`top_k`, `min_p`,
+`repeat_penalty`) and specli's drafting fields (`draft`, `draft_tokens`, `exact`). A field
+that would change what is generated but that specli cannot honour is refused by name
+(`refused`); a field that changes nothing (`user`, `store`, `metadata`...) is ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RequestError(ValueError):
+    """A request specli cannot serve as asked: 400, naming the field (`param`)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+# --- requests ----------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: Optional[str] = None
+
+
+Content = Union[str, list[TextPart], None]
+
+
+def content_text(content: Content, param: str) -> str:
+    """A message's content as text: a string, or text parts joined (any other part: refused)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    pieces = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise RequestError(f"{param}[{i}] is a {part.type!r} part; specli serves text only", f"{param}[{i}]")
+        pieces.append(part.text)
+    return "".join(pieces)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Content = None
+    name: Optional[str] = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat much of."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: Union[str, list[TextPart]]
+
+
+class _Generation(BaseModel):
+    """What both completion endpoints take."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None  # any name: the loaded pair answers
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=0)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0)
+    seed: Optional[int] = Field(default=None, ge=0)
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    prediction: Optional[Prediction] = None
+    # specli's own: which proposer drafts, how many tokens a step, and --exact.
+    draft: Optional[Literal["none", "ngram", "model"]] = None
+    draft_tokens: Union[int, Literal["auto"], None] = None
+    exact: Optional[bool] = None
+    # Fields that change what is generated; `refused` says which specli cannot honour.
+    n: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    @field_validator("draft_tokens")
+    @classmethod
+    def _positive(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, or 'auto' (draft 'none' for plain decoding)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return value
+
+    def refused(self) -> None:
+        """Raise RequestError for the first field that would change the output in a way
+        specli does not do."""
+        if self.n not in (None, 1):
+            raise RequestError("n > 1 is not supported: one choice per request", "n")
+        if self.logit_bias:
+            raise RequestError("logit_bias is not supported", "logit_bias")
+        if self.logprobs not in (None, False, 0):
+            raise RequestError("logprobs are not supported", "logprobs")
+        if self.top_logprobs:
+            raise RequestError("top_logprobs are not supported", "top_logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise RequestError("response_format other than text is not supported", "response_format")
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def prediction_text(self) -> str | None:
+        if self.prediction is None:
+            return None
+        return content_text(self.prediction.content, "prediction.content")
+
+
+class ChatRequest(_Generation):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    functions: Optional[list[Any]] = None
+    function_call: Union[str, dict[str, Any], None] = None
+    audio: Optional[dict[str, Any]] = None
+    modalities: Optional[list[str]] = None
+
+    def refused(self) -> None:
+        super().refused()
+        for name in ("tools", "functions", "audio"):
+            if getattr(self, name):
+                raise RequestError(f"{name} are not supported", name)
+        if self.tool_choice not in (None, "none", "auto"):
+            raise RequestError("tool_choice is not supported", "tool_choice")
+        if self.function_call not in (None, "none", "auto"):
+            raise RequestError("function_call is not supported", "function_call")
+        if self.modalities and set(self.modalities) != {"text"}:
+            raise RequestError("only the text modality is supported", "modalities")
+        for i, message in enumerate(self.messages):
+            if message.role in ("tool", "function"):
+                raise RequestError(f"messages[{i}] has role {message.role!r}; tools are not supported", f"messages[{i}].role")
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (a developer message is a system one)."""
+        return [{"role": "system" if m.role == "developer" else m.role,
+                 "content": content_text(m.content, f"messages[{i}].content")}
+                for i, m in enumerate(self.messages)]
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Generation):
+    prompt: Union[str, list[str], list[int]]
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def refused(self) -> None:
+        super().refused()
+        if self.echo:
+            raise RequestError("echo is not supported", "echo")
+        if self.best_of not in (None, 1):
+            raise RequestError("best_of > 1 is not supported", "best_of")
+        if self.suffix:
+            raise RequestError("suffix (fill-in-the-middle) is not supported", "suffix")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
+            raise RequestError("one prompt per request", "prompt")
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# --- responses ----------------------------------------------------------------------
+
+
+class Span(BaseModel):
+    """A run of text written by one source: the draft (proposed, and kept by the target) or
+    the target itself."""
+
+    text: str
+    source: Literal["draft", "target"]
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+
+class Timings(BaseModel):
+    """llama-server's names where it has them."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    draft_n: int
+    draft_n_accepted: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+    spans: list[Span]
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str
+    logprobs: None = None
+    spans: list[Span]
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class ChatCompletion(BaseModel):
+    id: str = Field(default_factory=lambda: _new_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class Completion(BaseModel):
+    id: str = Field(default_factory=lambda: _new_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+    timings: Timings
+
+
+class Delta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: Optional[str] = None
+    source: Optional[Literal["draft", "target"]] = None
+
+
+class TextChunkChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Optional[str] = None
+    logprobs: None = None
+    source: Optional[Literal["draft", "target"]] = None
+
+
+class ChatChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+    timings: Optional[Timings] = None
+
+
+class TextChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[TextChunkChoice]
+    usage: Optional[Usage] = None
+    timings: Optional[Timings] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specli"
+    target: str
+    draft: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,342 @@
+"""`specli serve` through the official `openai` client, against real server processes on
+127.0.0.1 with the real models: the same text as `specli run`, provenance, Predicted
+Outputs, the KV cache across requests, and every fault a client can cause.
+
+Every request loop here is bounded in count and time, and every server is stopped by its
+fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from openai import APIStatusError, OpenAI
+
+pytestmark = pytest.mark.slow  # real models, real processes
+
+GEMMA_PROMPT = "The three primary colours are red, yellow and blue. The three primary colours are"
+CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
+EDIT = "Rewrite this Python code, renaming width to w:\n\n" + CODE + "\nThe rewritten code:\n\n"
+CHAT_PROMPT = "Name three colours."
+N = 24
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen, url: str, log: list[str]) -> None:
+        self.process, self.url, self.log = process, url, log
+
+    def client(self, api_key: str = "none", **kwargs) -> OpenAI:
+        return OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=120, **kwargs)
+
+
+@contextmanager
+def serving(*args: object, env: dict | None = None):
+    """A `specli serve` process on a free port of 127.0.0.1, until the block ends."""
+    command = [sys.executable, "-m", "specli", "serve", "--port", "0", "-c", "1024", *map(str, args)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, **(env or {})})
+    log: list[str] = []
+    url = None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        log.append(line)
+        found = re.search(r"serving .* at (http://\S+/v1)", line)
+        url = found.group(1) if found else None
+    if url is None:
+        process.kill()
+        raise AssertionError("the server did not start: " + "".join(log) + process.stderr.read())
+    reader = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        yield Server(process, url, log)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def specli_run(*args: object) -> str:
+    result = subprocess.run([sys.executable, "-m", "specli", "run", "-q", "-c", "1024", *map(str, args)],
+                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def same_text(served: str, run_stdout: str) -> bool:
+    """`specli run` ends its text with exactly one newline (trailing newlines folded)."""
+    return served.rstrip("\n") == run_stdout.rstrip("\n")
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma_path):
+    with serving("--target", gemma_path, "--no-memory") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm_path):
+    with serving("--target", smollm_path) as server:
+        yield server
+
+
+# --- the same text ---------------------------------------------------------------
+
+
+def test_completions_whole_and_streamed_equal_specli_run(gemma_server, gemma_path):
+    """The server's first request decodes its prompt as `specli run` does: the same text. After
+    that the cache holds part of the prompt, and only an exact request is bit for bit a fresh
+    run's (otherwise the same up to a near-tie, as for speculative runs)."""
+    expected = specli_run("--target", gemma_path, "-n", N, "-k", 4, GEMMA_PROMPT)
+    client = gemma_server.client()
+    whole = client.completions.create(model="anything", prompt=GEMMA_PROMPT, max_tokens=N, temperature=0,
+                                      extra_body={"draft_tokens": 4})
+    assert same_text(whole.choices[0].text, expected)
+    assert whole.model == gemma_path.name, "the response names the loaded model"
+    assert whole.usage.completion_tokens == N and whole.choices[0].finish_reason == "length"
+    exact = specli_run("--target", gemma_path, "-n", N, "--exact", GEMMA_PROMPT)
+    chunks = list(client.completions.create(model="x", prompt=GEMMA_PROMPT, max_tokens=N, stream=True,
+                                            extra_body={"exact": True}, stream_options={"include_usage": True}))
+    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert same_text(streamed, exact)
+    assert chunks[-1].usage.completion_tokens == N, "include_usage: the last chunk has the usage"
+
+
+def test_chat_whole_and_streamed_equal_specli_run(smol_server, smollm_path):
+    expected = specli_run("--target", smollm_path, "-n", N, "-k", 3, CHAT_PROMPT)
+    client = smol_server.client()
+    messages = [{"role": "user", "content": CHAT_PROMPT}]
+    whole = client.chat.completions.create(model="x", messages=messages, max_tokens=N, extra_body={"draft_tokens": 3})
+    assert same_text(whole.choices[0].message.content, expected)
+    with serving("--target", smollm_path) as fresh:  # an empty cache: the prompt is decoded as run decodes it
+        stream = fresh.client().chat.completions.create(model="x", messages=messages, max_tokens=N, stream=True,
+                                                        extra_body={"draft_tokens": 3})
+        chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert same_text("".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices), expected)
+
+
+def test_an_exact_request_writes_what_run_exact_writes_again_and_again(gemma_server, gemma_path):
+    """exact: decoded as a fresh `specli run --exact` decodes, whatever the cache or the memory holds."""
+    expected = specli_run("--target", gemma_path, "-n", 40, "--exact", CODE)
+    client = gemma_server.client()
+    texts = {client.completions.create(model="x", prompt=CODE, max_tokens=40, extra_body={"exact": True}).choices[0].text
+             for _ in range(2)}
+    assert len(texts) == 1 and same_text(texts.pop(), expected)
+
+
+def test_a_seeded_request_repeats(gemma_server):
+    client = gemma_server.client()
+    texts = {client.completions.create(model="x", prompt="Once upon a time", max_tokens=20, temperature=0.9,
+                                       seed=11, extra_body={"exact": True}).choices[0].text for _ in range(2)}
+    assert len(texts) == 1
+
+
+# --- provenance ----------------------------------------------------------------------
+
+
+def test_spans_join_to_the_content_and_chunks_carry_their_source(gemma_server):
+    client = gemma_server.client()
+    whole = client.completions.create(model="x", prompt=CODE + "\n" + CODE[:40], max_tokens=30)
+    spans = whole.choices[0].spans
+    assert "".join(span["text"] for span in spans) == whole.choices[0].text
+    assert {span["source"] for span in spans} == {"draft", "target"}, "a copy is drafted"
+    assert whole.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    assert whole.timings["draft_n_accepted"] == whole.usage.completion_tokens_details.accepted_prediction_tokens
+    chunks = [c for c in client.completions.create(model="x", prompt=CODE + "\n" + CODE[:40], max_tokens=30,
+                                                   stream=True) if c.choices and c.choices[0].text]
+    assert {chunk.choices[0].source for chunk in chunks} == {"draft", "target"}
+
+
+# --- Predicted Outputs and the caches --------------------------------------------------
+
+
+def test_a_prediction_raises_accepted_tokens_and_leaves_the_text(gemma_server):
+    client = gemma_server.client()
+    prompt = "Once upon a time, in a small village by the sea,"
+    plain = client.completions.create(model="x", prompt=prompt, max_tokens=48, extra_body={"exact": True})
+    predicted = client.completions.create(model="x", prompt=prompt, max_tokens=48, extra_body={
+        "exact": True, "prediction": {"type": "content", "content": plain.choices[0].text}})
+    assert predicted.choices[0].text == plain.choices[0].text
+    accepted = predicted.usage.completion_tokens_details.accepted_prediction_tokens
+    assert accepted > plain.usage.completion_tokens_details.accepted_prediction_tokens
+    assert accepted >= 20, accepted
+
+
+def test_a_resent_conversation_prefills_only_its_new_tokens(smol_server):
+    client = smol_server.client()
+    messages = [{"role": "user", "content": "Say hello."}]
+    first = client.chat.completions.create(model="x", messages=messages, max_tokens=12)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And goodbye?"}]
+    second = client.chat.completions.create(model="x", messages=messages, max_tokens=12)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
+    assert second.timings["prompt_n"] == second.usage.prompt_tokens - cached
+
+
+# --- faults ------------------------------------------------------------------------
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(APIStatusError) as raised:
+        call()
+    return raised.value.status_code, raised.value.body or {}
+
+
+def test_fields_specli_cannot_honour_are_refused_by_name(gemma_server):
+    client = gemma_server.client()
+    for extra, param in [({"n": 2}, "n"), ({"logit_bias": {"1": 5}}, "logit_bias"), ({"logprobs": 2}, "logprobs"),
+                         ({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"frequency_penalty": 0.5}, "frequency_penalty")]:
+        status, body = error_of(lambda: client.completions.create(model="x", prompt="hi", max_tokens=2, extra_body=extra))
+        assert status == 400 and body["param"] == param, (extra, body)
+    status, body = error_of(lambda: gemma_server.client().chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert status == 400 and body["param"] == "tools"
+    status, body = error_of(lambda: client.completions.create(model="x", prompt="hi", extra_body={"draft": "model"}))
+    assert status == 400 and body["param"] == "draft" and "no draft model" in body["message"]
+
+
+def test_malformed_bodies_and_wrong_types_are_400(gemma_server):
+    url = gemma_server.url + "/completions"
+    response = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    response = httpx.post(url, json={"prompt": "hi", "max_tokens": "many"}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    response = httpx.post(url, json={"prompt": "hi", "temperature": -1}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
+    response = httpx.post(url, content=b"x" * (9 << 20), headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413
+
+
+def test_a_prompt_longer_than_the_context_is_400_context_length_exceeded(gemma_server):
+    status, body = error_of(lambda: gemma_server.client().completions.create(
+        model="x", prompt="word " * 2000, max_tokens=2))
+    assert status == 400 and body["code"] == "context_length_exceeded"
+
+
+def test_a_base_model_has_no_chat_endpoint_to_offer(gemma_server):
+    status, body = error_of(lambda: gemma_server.client().chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2))
+    assert status == 400 and "no chat template" in body["message"]
+
+
+def test_an_api_key_is_required_when_set(gemma_path):
+    with serving("--target", gemma_path, env={"SPECLI_API_KEY": "sesame"}) as server:
+        status, body = error_of(lambda: server.client("wrong").models.list())
+        assert status == 401 and body["code"] == "invalid_api_key"
+        assert httpx.get(server.url + "/models", timeout=30).status_code == 401, "no key at all"
+        assert [m.id for m in server.client("sesame").models.list().data] == [gemma_path.name]
+        assert httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
+
+
+def test_eight_concurrent_clients_each_get_their_own_answer_or_503(gemma_path):
+    """--queue 2: one generates, two wait, the rest are told to come back (503, Retry-After).
+    Exact requests: each answer is bit for bit its solo run's, whatever ran before it."""
+    subjects = ["cats", "rivers", "bread", "trains", "maps", "bells", "snow", "glass"]
+    ask = lambda subject: dict(model="x", prompt=f"A short poem about {subject}:\n",  # noqa: E731
+                               max_tokens=24, extra_body={"exact": True})
+    answers: dict[str, object] = {}
+    with serving("--target", gemma_path, "--queue", "2") as server:
+        client = server.client()
+        solo = {s: client.completions.create(**ask(s)).choices[0].text for s in subjects}
+
+        def request(subject: str) -> None:
+            try:
+                answers[subject] = client.completions.create(**ask(subject)).choices[0].text
+            except APIStatusError as error:
+                answers[subject] = (error.status_code, error.response.headers.get("retry-after"))
+
+        threads = [threading.Thread(target=request, args=(s,)) for s in subjects]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    assert set(answers) == set(subjects), "every client got an answer"
+    refused = [s for s, a in answers.items() if isinstance(a, tuple)]
+    assert all(answers[s] == (503, "1") for s in refused)
+    served = [s for s in subjects if s not in refused]
+    assert len(served) >= 3, answers
+    for subject in served:
+        assert answers[subject] == solo[subject], subject
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_server_at_once(gemma_server):
+    url = gemma_server.url + "/completions"
+    with httpx.stream("POST", url, json={"prompt": "Once upon a time", "max_tokens": 900, "stream": True},
+                      timeout=60) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 6:
+                break  # leave with the generation under way
+    started = time.monotonic()
+    reply = gemma_server.client().completions.create(model="x", prompt="Hello", max_tokens=4)
+    assert reply.usage.completion_tokens == 4
+    assert time.monotonic() - started < 15, "the abandoned generation (900 tokens) did not hold the server"
+    deadline = time.monotonic() + 10
+    while not any("client went away" in line for line in gemma_server.log) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any("client went away" in line for line in gemma_server.log)
+
+
+def test_sigterm_cancels_the_request_in_flight_and_exits_0(gemma_path):
+    with serving("--target", gemma_path) as server:
+        url = server.url + "/completions"
+        with httpx.stream("POST", url, json={"prompt": "Once upon a time", "max_tokens": 3000, "stream": True},
+                          timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            server.process.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            rest = list(lines)  # the stream ends, finished early
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 15
+        assert "data: [DONE]" in rest and any("shutting down" in line for line in rest)
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(gemma_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "specli", "serve", "--target", str(gemma_path), "--port",
+                                 str(port)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1
+    assert result.stderr.startswith("specli: error: cannot listen on 127.0.0.1:") and result.stderr.count("\n") == 1
+
+
+def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, gemma_path):
+    """Checked in-process, opening nothing: listening fails right after the warning."""
+    import io
+
+    from specli import serve as server
+    from specli.errors import SpecliError
+    from specli.session import SessionSpec
+
+    def refuse(host, port):
+        raise SpecliError("not listening in this test")
+
+    monkeypatch.setattr(server, "listen", refuse)
+    err = io.StringIO()
+    with pytest.raises(SpecliError):
+        server.serve(SessionSpec(gemma_path), server.ServeSettings(host="0.0.0.0"), err)
+    assert "warning: serving on 0.0.0.0 without --api-key" in err.getvalue()
+    assert server.is_loopback("127.0.0.2") and server.is_loopback("::1") and not server.is_loopback("10.1.2.3")
