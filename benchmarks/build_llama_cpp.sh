@@ -79,7 +79,7 @@ cmake -S "$llama_src" -B "$build" \
     -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_SERVER="$([[ " $targets " == *" llama-server "* ]] && echo ON || echo OFF)" \
     -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF \
     ${CMAKE_ARGS:-} >&2

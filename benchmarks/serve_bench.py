@@ -1,0 +1,305 @@
+"""Replay server traffic against `specli serve` and llama.cpp's `llama-server`, same model.
+
+Two kinds of traffic, both on /v1/completions, streamed (so the time to the first token is
+seen), greedy:
+
+- agent: a coding agent's conversation that resends its whole history every turn and
+  writes one JSON tool call per turn. The history is scripted (the same prompts reach every
+  server); each turn's answer is measured, then the scripted answer is appended.
+- edit: code edits (rename a name in a function), sent without and with a Predicted Output
+  (`prediction`: the edited code); llama-server has no `prediction`, so it gets none.
+
+Configurations: specli plain (`--draft none`), specli with n-gram drafting and its suffix
+memory on and off, and llama-server plain and with each n-gram `--spec-type` (and the
+ngram-mod,ngram-simple chain). Every round starts every server afresh, in a rotated order,
+so no server carries caches or memory from one round into the next. The report gives per
+configuration and traffic: tokens per second over the whole replay (completion tokens /
+request time), median time to the first token, acceptance, and whether the text equals
+specli plain's.
+
+    python benchmarks/serve_bench.py --target gemma.gguf --llama-server PATH [--rounds 3] [--json OUT]
+
+Build llama-server from the llama.cpp that llama-cpp-python vendors:
+    TARGETS=llama-server benchmarks/build_llama_cpp.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import httpx
+
+LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod,ngram-simple")
+
+AGENT_SYSTEM = """You are a coding agent working in a Python repository. Each turn, call exactly one tool by
+writing one JSON object on one line: {"tool": NAME, "arguments": {...}}. Tools: read_file(path),
+list_dir(path), grep(pattern, path), run_tests(path), edit_file(path, old, new).
+"""
+AGENT_TURNS = [
+    ("Find where the configuration is loaded.", '{"tool": "grep", "arguments": {"pattern": "load_config", "path": "src"}}',
+     "src/app/config.py:12: def load_config(path):\nsrc/app/main.py:8: config = load_config(args.config)"),
+    ("Read the loader.", '{"tool": "read_file", "arguments": {"path": "src/app/config.py"}}',
+     "def load_config(path):\n    with open(path) as f:\n        return json.load(f)"),
+    ("List the tests.", '{"tool": "list_dir", "arguments": {"path": "tests"}}',
+     "test_config.py\ntest_main.py\ntest_utils.py"),
+    ("Read the config tests.", '{"tool": "read_file", "arguments": {"path": "tests/test_config.py"}}',
+     "def test_load_config(tmp_path):\n    (tmp_path / 'c.json').write_text('{}')\n    assert load_config(tmp_path / 'c.json') == {}"),
+    ("Run the config tests.", '{"tool": "run_tests", "arguments": {"path": "tests/test_config.py"}}',
+     "1 passed in 0.02s"),
+    ("Find every caller of the loader.", '{"tool": "grep", "arguments": {"pattern": "load_config(", "path": "src"}}',
+     "src/app/main.py:8: config = load_config(args.config)\nsrc/app/cli.py:21: cfg = load_config(path)"),
+    ("Read the command line module.", '{"tool": "read_file", "arguments": {"path": "src/app/cli.py"}}',
+     "def main(path):\n    cfg = load_config(path)\n    return run(cfg)"),
+    ("Make the loader accept a missing file.", '{"tool": "edit_file", "arguments": {"path": "src/app/config.py", "old": "    with open(path) as f:", "new": "    if not os.path.exists(path):\\n        return {}\\n    with open(path) as f:"}}',
+     "edited src/app/config.py"),
+    ("Run all the tests.", '{"tool": "run_tests", "arguments": {"path": "tests"}}',
+     "9 passed in 0.11s"),
+    ("Read the main module.", '{"tool": "read_file", "arguments": {"path": "src/app/main.py"}}',
+     "import argparse\nfrom app.config import load_config\n"),
+]
+AGENT_MAX_TOKENS = 48
+
+EDIT_SOURCES = [
+    ("total", "amount", '''def apply_discount(items, total, rate):
+    """Return the total after a discount, and the saving."""
+    if total <= 0:
+        return total, 0
+    saving = round(total * rate, 2)
+    total = total - saving
+    for item in items:
+        item["price"] = round(item["price"] * (1 - rate), 2)
+    return total, saving
+
+
+def summarise(items, total):
+    lines = [f"{item['name']}: {item['price']}" for item in items]
+    lines.append(f"total: {total}")
+    return "\\n".join(lines)
+'''),
+    ("path", "location", '''def read_rows(path, skip_header=True):
+    rows = []
+    with open(path, newline="") as handle:
+        reader = csv.reader(handle)
+        if skip_header:
+            next(reader, None)
+        for row in reader:
+            if row:
+                rows.append(row)
+    return rows
+
+
+def write_rows(path, rows):
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerows(rows)
+    return len(rows)
+'''),
+]
+
+
+@dataclass
+class Result:
+    seconds: float = 0.0
+    tokens: int = 0
+    first_token: list[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def specli_server(target: Path, *extra: str) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "specli", "serve", "--target", str(target), "--port", str(port),
+                                *extra], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                raise RuntimeError("specli serve exited before it was ready")
+            if "serving" in line:
+                break
+        else:
+            raise RuntimeError("specli serve did not start in 120 s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+@contextmanager
+def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int) -> Iterator[str]:
+    port = free_port()
+    command = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
+               "-t", str(os.cpu_count() or 1), "-np", "1", "--no-webui"]
+    if spec_type:
+        command += ["--spec-type", spec_type]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({process.returncode}): {' '.join(command)}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("llama-server did not start in 120 s")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def complete(url: str, prompt: str, max_tokens: int, result: Result, extra: dict | None = None) -> str:
+    """One streamed greedy completion; adds its time, tokens and drafting to `result`."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **(extra or {})}
+    started = time.perf_counter()
+    first = None
+    pieces: list[str] = []
+    final: dict = {}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("choices") and data["choices"][0].get("text"):
+                first = first or time.perf_counter()
+                pieces.append(data["choices"][0]["text"])
+            if data.get("usage") or data.get("timings"):
+                final = data
+    result.seconds += time.perf_counter() - started
+    result.first_token.append((first or time.perf_counter()) - started)
+    usage = final.get("usage") or {}
+    timings = final.get("timings") or {}
+    result.tokens += usage.get("completion_tokens") or timings.get("predicted_n") or len(pieces)
+    result.drafted += timings.get("draft_n", 0)
+    result.accepted += timings.get("draft_n_accepted", 0)
+    text = "".join(pieces)
+    result.texts.append(text)
+    return text
+
+
+def agent(url: str) -> Result:
+    result = Result()
+    history = AGENT_SYSTEM
+    for task, call, output in AGENT_TURNS:
+        history += f"\nUser: {task}\nAssistant: "
+        complete(url, history, AGENT_MAX_TOKENS, result, {"stop": ["\n"]})
+        history += f"{call}\nTool: {output}\n"
+    return result
+
+
+def edit_prompt(old: str, new: str, code: str) -> str:
+    return f"# The same code with `{old}` renamed to `{new}` everywhere.\n\n# Before:\n{code}\n# After:\n"
+
+
+def edits(url: str, predict: bool) -> Result:
+    result = Result()
+    for old, new, code in EDIT_SOURCES:
+        edited = re.sub(rf"\b{old}\b", new, code)
+        extra = {"prediction": {"type": "content", "content": edited}} if predict else None
+        complete(url, edit_prompt(old, new, code), 200, result, {"stop": ["\n# ", "\n\n\n\n"], **(extra or {})})
+    return result
+
+
+def configurations(target: Path, binary: Path | None, ctx: int):
+    """(name, server context manager factory, specli?) for every configuration."""
+    yield "specli plain", lambda: specli_server(target, "--draft", "none", "-c", str(ctx)), True
+    yield "specli ngram", lambda: specli_server(target, "-c", str(ctx)), True
+    yield "specli ngram, no memory", lambda: specli_server(target, "--no-memory", "-c", str(ctx)), True
+    if binary is not None:
+        yield "llama-server plain", lambda: llama_server(binary, target, None, ctx), False
+        for spec_type in LLAMA_SPEC_TYPES:
+            yield f"llama-server {spec_type}", (lambda s=spec_type: llama_server(binary, target, s, ctx)), False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True, help="The GGUF both servers serve.")
+    parser.add_argument("--llama-server", type=Path, help="llama-server binary (leave out to measure specli only).")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("-c", "--ctx-size", type=int, default=4096)
+    parser.add_argument("--json", type=Path, help="Write every measurement here.")
+    args = parser.parse_args(argv)
+
+    configs = list(configurations(args.target, args.llama_server, args.ctx_size))
+    traffic = {"agent": agent, "edit": lambda url: edits(url, False), "edit + prediction": lambda url: edits(url, True)}
+    rounds: dict[tuple[str, str], list[Result]] = {}
+    for round_index in range(args.rounds):
+        shift = round_index % len(configs)
+        for name, server, is_specli in configs[shift:] + configs[:shift]:
+            with server() as url:
+                for kind, replay in traffic.items():
+                    if kind == "edit + prediction" and not is_specli:
+                        continue
+                    rounds.setdefault((name, kind), []).append(replay(url))
+            print(f"serve_bench: round {round_index + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
+
+    report = []
+    for (name, kind), results in rounds.items():
+        reference = rounds.get(("specli plain", kind if kind != "edit + prediction" else "edit"))
+        same = reference is not None and all(r.texts == reference[0].texts for r in results)
+        report.append({
+            "config": name, "traffic": kind,
+            "tokens_per_second": statistics.median(r.tokens_per_second for r in results),
+            "first_token_ms": 1000 * statistics.median(t for r in results for t in r.first_token),
+            "acceptance": (sum(r.accepted for r in results) / sum(r.drafted for r in results)
+                           if sum(r.drafted for r in results) else None),
+            "same_text_as_specli_plain": same,
+            "runs": [r.tokens_per_second for r in results],
+        })
+    for kind in traffic:
+        rows = [row for row in report if row["traffic"] == kind]
+        plain = next((row["tokens_per_second"] for row in rows if row["config"] == "specli plain"), None)
+        if kind == "edit + prediction":
+            plain = next((row["tokens_per_second"] for row in report
+                          if row["traffic"] == "edit" and row["config"] == "specli plain"), None)
+        print(f"\n{kind}\n| config | tok/s | vs specli plain | first token ms | acceptance | = specli plain |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for row in rows:
+            ratio = f"{row['tokens_per_second'] / plain:.2f}x" if plain else "-"
+            accept = f"{100 * row['acceptance']:.0f}%" if row["acceptance"] is not None else "-"
+            print(f"| {row['config']} | {row['tokens_per_second']:.1f} | {ratio} | {row['first_token_ms']:.0f} | "
+                  f"{accept} | {'yes' if row['same_text_as_specli_plain'] else 'no'} |")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
