@@ -1,18 +1,17 @@
 """What a step costs: the target's verify time by batch size, the draft's time per token and
 the loop's time per step.
 
-`-k auto` chooses draft lengths from these and never from times measured during the run, so
-the same command with the same stored costs drafts, and writes, the same way every time.
-They come, in this order of preference, from a calibration (`specli doctor --calibrate`,
-`specli bench`), from the steps of an earlier run with the same model and settings
-(`learn`), or from a prior.
+`-k auto` chooses draft lengths from these and never from times measured during a run, so
+the same command drafts, and writes, the same way every time, the first run included. They
+come from a calibration (`specli doctor --calibrate`, `specli bench`), stored once and
+changed only by another calibration, else from a prior. ("learned" costs, which earlier
+versions stored from a model's first run, are still read.)
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING, Callable, Literal
 
 if TYPE_CHECKING:
     from specli.backend import LoadSettings
-    from specli.engine import StepRecord
 
 CostSource = Literal["prior", "learned", "calibrated"]
 
@@ -32,7 +30,6 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
 # little more than one (benchmarks/README.md, section 6).
 PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.02, 1.0)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
-LEARN_MIN_SAMPLES = 2  # a batch size's cost is learnt from this many steps of that size or more
 
 
 @dataclass(frozen=True)
@@ -64,26 +61,6 @@ def prior_costs(gpu: bool, draft_size_ratio: float = 0.0) -> StepCosts:
     scale, power = PRIOR_CURVE["gpu" if gpu else "cpu"]
     verify = {size: 1.0 + scale * (size - 1) ** power for size in CALIBRATION_SIZES}
     return StepCosts(verify, draft_size_ratio, PRIOR_LOOP, "prior")
-
-
-def learn(steps: list[StepRecord], prior: StepCosts) -> StepCosts | None:
-    """Costs from a run's own steps: the median time of each batch size seen often enough,
-    the prior's shape (scaled to the measured one-token cost) elsewhere. None when no size
-    was seen often enough."""
-    by_size: dict[int, list[float]] = {}
-    for step in steps:
-        by_size.setdefault(step.drafted + 1, []).append(step.verify_seconds)
-    measured = {size: statistics.median(times) for size, times in by_size.items() if len(times) >= LEARN_MIN_SAMPLES}
-    if not measured:
-        return None
-    smallest = min(measured)
-    unit = measured[smallest] / VerifyCurve(prior.verify).cost(smallest)
-    verify = {size: seconds * unit for size, seconds in prior.verify.items()}
-    verify.update(measured)
-    drafting = [step.draft_seconds / step.drafted for step in steps if step.drafted]
-    draft = statistics.median(drafting) if drafting else prior.draft_per_token * unit
-    loop = statistics.median(step.loop_seconds + step.read_seconds for step in steps)
-    return StepCosts(verify, draft, loop, "learned")
 
 
 class VerifyCurve:

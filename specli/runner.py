@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from specli.adaptive import AdaptiveDraftPolicy
 from specli.engine import DraftTokens, GenerationOptions
 from specli.prompt import prompt_tokens
 from specli.render import JsonRenderer, TextRenderer, notifier, use_colour
@@ -70,8 +69,6 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
             return EXIT_OK
         if outcome.stats.finish_reason == "interrupted":
             return EXIT_INTERRUPTED
-        if isinstance(policy, AdaptiveDraftPolicy):
-            session.learn(outcome.steps)
         if outcome.stats.finish_reason == "context":
             notice(f"warning: the context ({session.target.n_ctx} tokens) is full; output stopped early (raise --ctx-size)")
     return EXIT_OK

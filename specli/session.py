@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Union
@@ -11,11 +10,11 @@ import numpy as np
 
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
-from specli.costs import (CALIBRATION_SIZES, LEARN_MIN_SAMPLES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate,
-                          draft_key, exact_key, learn, prior_costs, settings_key)
+from specli.costs import (CALIBRATION_SIZES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate, draft_key,
+                          exact_key, prior_costs, settings_key)
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
-from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, StepRecord
+from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
 from specli.exact import exact_batch_size
 from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
 from specli.sampling import SamplingSettings
@@ -67,8 +66,9 @@ class Session:
         return FixedDraftPolicy(min(draft_tokens, most))
 
     def costs(self) -> StepCosts:
-        """This target's stored costs (a calibration, else an earlier run's), else the prior;
-        with a draft model, its stored cost per token, else one priced by its file size."""
+        """This target's stored costs (a calibration), else the prior; with a draft model, its
+        stored cost per token, else one priced by its file size. Nothing a run measures is
+        stored, so the first run drafts as every later one does."""
         stored = self._store().costs(self._costs_key())
         if stored is None:
             return self._prior()
@@ -101,20 +101,6 @@ class Session:
             seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
             self._store().put(self._draft_key(), seconds)
         return self.costs()
-
-    def learn(self, steps: list[StepRecord]) -> None:
-        """After a run: store the costs its steps measured, where none are stored yet. Later runs
-        read them; this run's choices never did (see specli.costs)."""
-        store = self._store()
-        key = self._costs_key()
-        if store.costs(key) is None:
-            learned = learn(steps, self._prior())
-            if learned is not None:
-                store.put_costs(key, replace(learned, draft_per_token=0.0))
-        if isinstance(self.proposer, DraftModelProposer) and store.get(self._draft_key()) is None:
-            drafting = [step.draft_seconds / step.drafted for step in steps if step.drafted]
-            if len(drafting) >= LEARN_MIN_SAMPLES:
-                store.put(self._draft_key(), statistics.median(drafting))
 
     def _store(self) -> CostStore:
         if self._cost_store is None:

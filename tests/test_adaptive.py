@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeModel, plain_greedy
 
 from specli.adaptive import AdaptiveDraftPolicy
-from specli.costs import CostStore, StepCosts, VerifyCurve, calibrate, learn, prior_costs
+from specli.costs import CostStore, StepCosts, VerifyCurve, calibrate, prior_costs
 from specli.engine import Engine, GenerationOptions, StepRecord, Token
 from specli.proposers import DraftModelProposer, NGramProposer
 from specli.sampling import SamplingSettings
@@ -185,19 +185,6 @@ def test_calibration_measures_again_a_size_that_noise_made_dearer_than_a_longer_
     assert calls[10:] == [12]
     assert measured[12] == pytest.approx(paired_rows_cost(12))
     assert measured[8] == pytest.approx(paired_rows_cost(8))
-
-
-def test_learnt_costs_take_each_size_seen_twice_and_the_priors_shape_elsewhere():
-    prior = prior_costs(gpu=False)
-    steps = [StepRecord(0, 0, 0.0, 0.010, 0.0, 0.001), StepRecord(0, 0, 0.0, 0.012, 0.0, 0.001),
-             StepRecord(3, 1, 0.0003, 0.030, 0.0, 0.001), StepRecord(3, 3, 0.0003, 0.026, 0.0, 0.001),
-             StepRecord(7, 7, 0.0007, 0.5, 0.0, 0.001)]  # one sample of size 8: not enough
-    learned = learn(steps, prior)
-    assert learned is not None and learned.source == "learned"
-    assert learned.verify[1] == pytest.approx(0.011) and learned.verify[4] == pytest.approx(0.028)
-    assert learned.verify[8] == pytest.approx(0.011 * prior.verify[8])  # the prior, scaled to size 1
-    assert learned.draft_per_token == pytest.approx(0.0001)
-    assert learn(steps[-1:], prior) is None
 
 
 def test_the_prior_prices_a_gpu_batch_as_nearly_free_and_a_cpu_batch_as_dear():

@@ -99,3 +99,23 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
         assert generate(session, tokens, session.exact_batch - 1, 60) == plain
         unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(60), session.seed)
         assert [e.id for e in unpenalised.generate(tokens) if isinstance(e, Token) and e.id >= 0] != plain
+
+
+@pytest.mark.slow  # three real runs in child processes
+def test_the_first_run_from_an_empty_cache_writes_what_later_runs_write(gemma_path, tmp_path):
+    """A run stores no costs: the first run of a model drafts as every later one does."""
+    import os
+    import subprocess
+    import sys
+
+    workload = next(w for w in load_workloads() if w.name == "extract-fields")
+    env = {**os.environ, "SPECLI_CACHE": str(tmp_path / "cache")}
+    texts = set()
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-m", "specli", "run", "-q", "--target", str(gemma_path), "-n", "64",
+                                 "-c", "1024", workload.prompt], capture_output=True, text=True, env=env, timeout=300,
+                                stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr
+        texts.add(result.stdout)
+    assert len(texts) == 1
+    assert not (tmp_path / "cache" / "costs.json").exists(), "nothing stored by a run"
