@@ -50,7 +50,7 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
     context here, once, before the sink hears anything."""
     events = engine.generate(prompt)
     outcome = Outcome(engine.stats)
-    pieces: list[str] = []
+    pieces: list[tuple[str, str]] = []  # (text, source) of every token that released text
 
     def flush_partial() -> None:  # an RPC server went away: what was generated still shows
         engine.stats.finish_reason = "error"
@@ -64,8 +64,7 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
                     if event.id >= 0:
                         outcome.tokens.append(event.id)
                     if event.text:
-                        pieces.append(event.text)
-                        _add_span(outcome.spans, event)
+                        pieces.append((event.text, event.source))
                     sink.token(event)
                 elif isinstance(event, StepRecord):
                     outcome.steps.append(event)
@@ -83,13 +82,18 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
             events.close()
             raise
         outcome.stats = engine.stats
-        outcome.text = "".join(pieces)
+        outcome.text = "".join(text for text, _ in pieces)
+        outcome.spans = spans_of(pieces)
         sink.finish(engine.stats)
     return outcome
 
 
-def _add_span(spans: list[tuple[str, str]], token: Token) -> None:
-    if spans and spans[-1][1] == token.source:
-        spans[-1] = (spans[-1][0] + token.text, token.source)
-    else:
-        spans.append((token.text, token.source))
+def spans_of(pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive pieces of one source joined: (text, source) runs."""
+    spans: list[tuple[str, str]] = []
+    start = 0
+    for i in range(1, len(pieces) + 1):
+        if i == len(pieces) or pieces[i][1] != pieces[start][1]:
+            spans.append(("".join(text for text, _ in pieces[start:i]), pieces[start][1]))
+            start = i
+    return spans

@@ -32,7 +32,7 @@ from specli.serve.schema import (AssistantMessage, ChatChoice, ChatChunk, ChatCh
                                  ErrorResponse, ModelCard, ModelList, PromptTokensDetails, RequestError, Span,
                                  TextChoice, TextChunk, TextChunkChoice, Timings, Usage, _new_id)
 from specli.serve.worker import Busy, Closing, Job, Worker, sampling_for
-from specli.stream import Outcome
+from specli.stream import Outcome, spans_of
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
 RETRY_AFTER_SECONDS = 1
@@ -283,14 +283,8 @@ def _event(data: dict) -> str:
 
 
 def _merge(tokens: list[Token]) -> list[tuple[str, str]]:
-    """Consecutive tokens of one source as one run of text."""
-    runs: list[tuple[str, str]] = []
-    for token in tokens:
-        if runs and runs[-1][1] == token.source:
-            runs[-1] = (runs[-1][0] + token.text, token.source)
-        else:
-            runs.append((token.text, token.source))
-    return runs
+    """A step's tokens as runs of text of one source."""
+    return spans_of([(token.text, token.source) for token in tokens])
 
 
 def _usage(stats: Stats) -> Usage:
