@@ -32,6 +32,7 @@ from specli.costs import StepCosts, VerifyCurve
 
 if TYPE_CHECKING:
     from specli.engine import StepRecord
+    from specli.proposers import Proposal
 
 PRIOR_ACCEPTANCE = 0.6  # without a proposer's prior (a draft model): optimistic enough to try
 # Pseudo-rejections behind "a key is rejected as often as its priors foresee": a key's own
@@ -83,20 +84,14 @@ class AdaptiveDraftPolicy:
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
     def choose(self, key: object, extent: int, available: int) -> int:
-        """How many of the `available` draft tokens to verify (0: a plain step)."""
+        """How many of the `available` draft tokens to verify (0: a plain step). key None: a
+        draft model's tokens, priced at its cost per token; any other key is n-gram lookup's,
+        free to make."""
         state = self._state(key)
         limit = min(self.draft_tokens, available)
         if limit <= 0:
             return 0
-        ratio = self._hazard_ratio(state)
-        best_k, best_rate = 0, 1.0 / self._step_cost(0)
-        expected, chain = 1.0, 1.0
-        for k, hazard in enumerate(self._hazards(key, extent, limit), start=1):
-            chain *= max(0.0, 1.0 - ratio * hazard)
-            expected += chain
-            rate = expected / self._step_cost(k)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k, best_rate = self._best(key, extent, limit)
         if best_k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
@@ -106,18 +101,39 @@ class AdaptiveDraftPolicy:
                 # nor while the run's drafting is over its loss budget.
                 state.idle_steps = 0
                 state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
-                if self._could_pay(limit, best_rate) and self._drafting_loss <= PROBE_BUDGET * self._seconds:
+                if self._could_pay(key, limit, best_rate) and self._drafting_loss <= PROBE_BUDGET * self._seconds:
                     return min(limit, PROBE_LENGTH)
         else:
             state.probe_gap = min(state.probe_gap, 8)
         return best_k
+
+    def prefers(self, free: Proposal, available: int) -> bool:
+        """Whether lookup's free proposal promises more tokens a second than the draft model's
+        would, each priced as `choose` prices it."""
+        free_k, free_rate = self._best(free.key, free.extent, min(self.draft_tokens, len(free.tokens)))
+        _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
+        return free_k > 0 and free_rate >= model_rate
+
+    def _best(self, key: object, extent: int, limit: int) -> tuple[int, float]:
+        """The draft length with the most expected tokens a second, and that rate (k = 0: a
+        plain step)."""
+        ratio = self._hazard_ratio(self._state(key))
+        best_k, best_rate = 0, 1.0 / self._step_cost(0)
+        expected, chain = 1.0, 1.0
+        for k, hazard in enumerate(self._hazards(key, extent, limit), start=1):
+            chain *= max(0.0, 1.0 - ratio * hazard)
+            expected += chain
+            rate = expected / self._step_cost(k, key)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
 
     def _hazards(self, key: object, extent: int, count: int) -> list[float]:
         """The prior chance that each of `count` drafted positions is rejected once the
         ones before it were kept. In a copy in progress (extent > 0) position i follows a
         match of extent + i tokens; otherwise every position gets the key's prior (short
         matches are often coincidences: a kept token does not make them a copy)."""
-        if self._prior is None:
+        if self._prior is None or key is None:  # a draft model's tokens
             return [1.0 - PRIOR_ACCEPTANCE] * count
         table = self._hazard_table(key, extent + count)
         if extent <= 0:
@@ -149,9 +165,9 @@ class AdaptiveDraftPolicy:
         run_ratio = (seen + RUN_WEIGHT) / (foreseen + RUN_WEIGHT)
         return (state.rejected + KEY_WEIGHT * run_ratio) / (state.foreseen + KEY_WEIGHT)
 
-    def _could_pay(self, limit: int, plain_rate: float) -> bool:
+    def _could_pay(self, key: object, limit: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
-        return any((k + 1) / self._step_cost(k) > plain_rate for k in range(1, limit + 1))
+        return any((k + 1) / self._step_cost(k, key) > plain_rate for k in range(1, limit + 1))
 
     def _state(self, key: object) -> _KeyState:
         state = self._keys.get(key)
@@ -159,13 +175,15 @@ class AdaptiveDraftPolicy:
             state = self._keys[key] = _KeyState()
         return state
 
-    def _step_cost(self, k: int) -> float:
-        return self._draft_per_token * k + self._verify.cost(k + 1) + self._loop
+    def _step_cost(self, k: int, key: object = None) -> float:
+        """A step of k draft tokens: a draft model's decodes (key None), the verify, the loop."""
+        drafting = self._draft_per_token * k if key is None else 0.0
+        return drafting + self._verify.cost(k + 1) + self._loop
 
     def record(self, step: StepRecord) -> None:
         """Learn from what the step kept. Its measured times are not used: see the module doc."""
         drafted, accepted = step.drafted, step.accepted
-        cost = self._step_cost(drafted)
+        cost = self._step_cost(drafted, step.key)
         self._seconds += cost
         if not drafted:
             return

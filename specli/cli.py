@@ -177,6 +177,7 @@ def run(
     draft_tokens: opt.DraftTokensOption = None,
     draft_min_p: opt.DraftMinP = 0.0,
     exact: opt.Exact = False,
+    no_ngram: opt.NoLookup = False,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
     temp: opt.Temperature = 0.0,
     top_k: opt.TopK = opt.DEFAULT_TOP_K,
@@ -216,7 +217,7 @@ def run(
     models = resolve.resolve_models(model, target, draft)
     hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
     sampling = opt.sampling_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
-    spec = opt.session_spec(models, hardware, sampling, seed=seed, drafting=opt.Drafting(draft_min_p, exact),
+    spec = opt.session_spec(models, hardware, sampling, seed=seed, drafting=opt.Drafting(draft_min_p, exact, not no_ngram),
                             verbose=verbose)
     if hardware.asks_for_gpu:
         runner.warn_without_gpu(sys.stderr)
@@ -366,6 +367,7 @@ def bench(
     draft_tokens: Annotated[str, typer.Option("-k", "--draft-tokens", metavar="LIST", rich_help_panel=opt.DRAFTING, help="Draft lengths to compare, e.g. auto,2,4,8,16.")] = "auto,2,4,8,16",
     draft_min_p: opt.DraftMinP = 0.0,
     exact: Annotated[bool, typer.Option("--exact", rich_help_panel=opt.DRAFTING, help="Cap verify batches at the exact size, plain runs too.")] = False,
+    no_ngram: opt.NoLookup = False,
     runs: Annotated[int, typer.Option("--runs", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Measured runs of each configuration, after a warm-up.")] = 5,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Override every workload's token budget.")] = None,
     temp: Annotated[float, typer.Option("--temp", metavar="T", callback=opt._not_negative, rich_help_panel=opt.SAMPLING, help="Temperature; 0 (greedy) also checks outputs against plain.")] = 0.0,
@@ -399,7 +401,7 @@ def bench(
         raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
     hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
     sampling = opt.sampling_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
-    spec = opt.session_spec(models, hardware, sampling, seed=seed, drafting=opt.Drafting(draft_min_p, exact),
+    spec = opt.session_spec(models, hardware, sampling, seed=seed, drafting=opt.Drafting(draft_min_p, exact, not no_ngram),
                             verbose=verbose)
     report = benchmark(spec, load_workloads(prompts), configs, runs, max_tokens,
                        progress=None if json_output else print_progress)
@@ -433,6 +435,7 @@ def serve(
     draft_tokens: opt.DraftTokensOption = None,
     draft_min_p: opt.DraftMinP = 0.0,
     exact: opt.Exact = False,
+    no_ngram: opt.NoLookup = False,
     temp: opt.Temperature = 0.0,
     top_k: opt.TopK = opt.DEFAULT_TOP_K,
     top_p: opt.TopP = opt.DEFAULT_TOP_P,
@@ -457,6 +460,7 @@ def serve(
     models = resolve.resolve_models(model, target, draft)
     hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
     sampling = opt.sampling_settings(temp, top_k, top_p, min_p, repeat_penalty)
-    spec = opt.session_spec(models, hardware, sampling, drafting=opt.Drafting(draft_min_p, exact), verbose=verbose)
+    spec = opt.session_spec(models, hardware, sampling, drafting=opt.Drafting(draft_min_p, exact, not no_ngram),
+                            verbose=verbose)
     settings = ServeSettings(host, port, api_key or None, queue, memory, model, opt.draft_tokens_for(k, models))
     raise typer.Exit(run_server(spec, settings))

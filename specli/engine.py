@@ -39,11 +39,13 @@ class TargetModel(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One committed token: its id, the text it released, and who wrote it."""
+    """One committed token: its id, the text it released, and who wrote it (a drafted token
+    also names its proposer: "ngram" or "draft", the draft model)."""
 
     id: int
     text: str
     source: Source
+    proposer: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class StepRecord:
     loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
     key: object = None  # the proposal's key (n-gram lookup: the match length)
     extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
+    proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
 
     @property
     def rows_read(self) -> int:
@@ -90,6 +93,8 @@ class Stats:
     first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
     draft_lengths: list[int] = field(default_factory=list)  # [n]: steps that drafted n tokens
     accept_lengths: list[int] = field(default_factory=list)  # [n]: steps that kept n draft tokens
+    drafted_by: dict[str, int] = field(default_factory=dict)  # by proposer ("ngram", "draft")
+    accepted_by: dict[str, int] = field(default_factory=dict)
 
     def record(self, step: StepRecord) -> None:
         self.steps += 1
@@ -102,6 +107,8 @@ class Stats:
         if step.drafted:
             _count(self.draft_lengths, step.drafted)
             _count(self.accept_lengths, step.accepted)
+            self.drafted_by[step.proposer] = self.drafted_by.get(step.proposer, 0) + step.drafted
+            self.accepted_by[step.proposer] = self.accepted_by.get(step.proposer, 0) + step.accepted
 
     @classmethod
     def combine(cls, runs: Sequence[Stats]) -> Stats:
@@ -117,6 +124,10 @@ class Stats:
                 _grow(mine, len(theirs))
                 for n, count in enumerate(theirs):
                     mine[n] += count
+            for name in ("drafted_by", "accepted_by"):
+                mine, theirs = getattr(total, name), getattr(run, name)
+                for proposer, count in theirs.items():
+                    mine[proposer] = mine.get(proposer, 0) + count
         return total
 
     @property
@@ -214,7 +225,13 @@ class DraftPolicy(Protocol):
 
     def choose(self, key: object, extent: int, available: int) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step).
-        key and extent: the proposal's (Proposal.key, Proposal.extent)."""
+        key and extent: the proposal's (Proposal.key, Proposal.extent); key None: a draft
+        model's tokens, which cost a decode each."""
+        ...
+
+    def prefers(self, free: Proposal, available: int) -> bool:
+        """Whether a free proposal (n-gram lookup) is worth more than up to `available` tokens
+        of the draft model."""
         ...
 
     def record(self, step: StepRecord) -> None: ...
@@ -226,6 +243,9 @@ class FixedDraftPolicy:
 
     def choose(self, key: object, extent: int, available: int) -> int:
         return min(self.draft_tokens, available)
+
+    def prefers(self, free: Proposal, available: int) -> bool:
+        return free.extent > 0  # a copy in progress (a match of lookup's longest n)
 
     def record(self, step: StepRecord) -> None:
         pass
@@ -320,7 +340,7 @@ class Engine:
                         break
                     stats.tokens += 1
                     released = text.push(target.piece(token))
-                    yield Token(token, released, source)
+                    yield Token(token, released, source, step.proposer if source == "draft" and step else "")
                     if text.stopped:
                         reason = "stop"
                         break
@@ -357,9 +377,10 @@ class Engine:
         available = min(room, policy.draft_tokens)
         if available <= 0:
             return Proposal(), []
-        if self.proposer.cheap:
-            # Proposing is free (n-gram lookup): look first, then decide how much to verify.
-            proposal = self.proposer.propose(tokens, available)
+        # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
+        # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
+        proposal = self.proposer.lookup(tokens, available)
+        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens)) if proposal.tokens else 0
         else:
             k = policy.choose(None, 0, available)
@@ -385,7 +406,8 @@ class Engine:
             target.rewind(target.n_past - (len(draft) - accepted))
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
-        step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent)
+        step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
+                          proposal.proposer if draft else "")
         self.stats.record(step)
         self.policy.record(step)
         committed = draft[:accepted] + [written]

@@ -86,8 +86,10 @@ DraftTokensOption = Annotated[Optional[str], typer.Option("-k", "--draft-tokens"
                                                           show_default=False, rich_help_panel=DRAFTING,
                                                           help="Per step, or auto (default: the pair's, else auto).")]
 DraftMinP = Annotated[float, typer.Option("--draft-min-p", metavar="P", callback=_probability, rich_help_panel=DRAFTING,
-                                          help="A draft model stops below this top probability.")]
-Exact = Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="Write what --draft none --exact writes, bit for bit.")]
+                                          show_default=False, help="Draft model: stop under this p.")]
+Exact = Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="Bit for bit what plain writes.")]
+NoLookup = Annotated[bool, typer.Option("--no-ngram", rich_help_panel=DRAFTING,
+                                        help="No lookup before a draft model.")]
 # --- Sampling --------------------------------------------------------------------
 Temperature = Annotated[float, typer.Option("--temp", metavar="T", callback=_not_negative, rich_help_panel=SAMPLING,
                                             help="Temperature; 0 is greedy.")]
@@ -147,6 +149,7 @@ class Drafting:
 
     draft_min_p: float = 0.0
     exact: bool = False
+    lookup: bool = True  # with a draft model: n-gram lookup in front of it
 
 
 def session_spec(models: ResolvedModels, hardware: Hardware, sampling: SamplingSettings, *,
@@ -171,6 +174,7 @@ def session_spec(models: ResolvedModels, hardware: Hardware, sampling: SamplingS
         draft_min_p=drafting.draft_min_p,
         exact=drafting.exact,
         verbose=verbose,
+        draft_lookup=drafting.lookup,
     )
 
 

@@ -1,4 +1,5 @@
-"""Proposers: where draft tokens come from. One small protocol, two implementations."""
+"""Proposers: where draft tokens come from. One small protocol: n-gram lookup, a draft
+model, and the two together (lookup in front of the model)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,22 @@ class Proposal:
     # A copy in progress (n-gram lookup: a match of the longest n): how many tokens the match
     # really spans; each drafted token that is kept lengthens it. 0: the key says it all.
     extent: int = 0
+    proposer: str = ""  # who drafted it: "ngram" or "draft" (the draft model)
 
 
 class Proposer(Protocol):
     name: str
-    cheap: bool  # True: proposing costs next to nothing, so the engine proposes first
+    cheap: bool  # True: proposing costs next to nothing, so `lookup` is all there is
     # The chance that a drafted token is kept, by proposal key and copy length (see
     # NGramProposer.prior); None: the draft-length policy's own prior.
     prior: Callable[[object, int], float] | None
 
     def prepare(self, prompt: list[int]) -> None:
         """Take in the prompt before the first step (counted as prefill time)."""
+        ...
+
+    def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        """A proposal that costs nothing to make (n-gram lookup), tried first; empty if none."""
         ...
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
@@ -50,6 +56,9 @@ class NoProposer:
 
     def prepare(self, prompt: list[int]) -> None:
         pass
+
+    def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        return Proposal()
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return Proposal()
@@ -113,8 +122,10 @@ class NGramProposer:
                 self.last_match_extent = _match_extent(reference.tokens, start, tokens, end, n)
                 continuation = reference.continuation(start, draft_tokens)
             extent = self.last_match_extent if n == self.lengths[0] else 0
-            return Proposal(continuation, key=n, extent=extent)
+            return Proposal(continuation, key=n, extent=extent, proposer="ngram")
         return Proposal()
+
+    lookup = propose
 
     def _extend_index(self, tokens: list[int]) -> None:
         # Index n-grams ending at positions [indexed, len - 1): each has a known next token.
@@ -228,6 +239,9 @@ class DraftModelProposer:
         self.draft_min_p = draft_min_p
         self._cached: list[int] = []  # tokens in the draft's KV cache, in order
 
+    def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        return Proposal()  # every draft token costs a decode
+
     def forget(self) -> None:
         """Empty the draft's cache (before its decode is timed)."""
         self.model.rewind(0)
@@ -272,10 +286,46 @@ class DraftModelProposer:
                 break
             row = self.model.decode([token])[0]
             self._cached.append(token)
-        return Proposal(drafted)
+        return Proposal(drafted, proposer="draft")
 
     def close(self) -> None:
         self.model.close()
+
+
+class LookupThenModel:
+    """N-gram lookup in front of a draft model. Each step, lookup proposes first, for free;
+    the draft-length policy weighs its match against the draft model's tokens at their
+    cost (DraftPolicy.prefers), and where the match is worth more the draft model is
+    skipped for that step. Its KV cache catches up with the committed text the next time
+    it proposes. A kept token is "draft" whichever of the two drafted it."""
+
+    name = "draft+ngram"
+    cheap = False
+
+    def __init__(self, lookup: NGramProposer, model: DraftModelProposer) -> None:
+        self.ngram, self.model = lookup, model
+
+    prior = staticmethod(NGramProposer.prior)  # lookup's keys; the draft model's (None): the policy's own
+
+    def prepare(self, prompt: list[int]) -> None:
+        self.ngram.prepare(prompt)
+        self.model.prepare(prompt)
+
+    def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        return self.ngram.propose(tokens, draft_tokens)
+
+    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        return self.model.propose(tokens, draft_tokens)
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def draft_model_of(proposer: Proposer) -> DraftModelProposer | None:
+    """The draft model behind a proposer, if it has one."""
+    if isinstance(proposer, DraftModelProposer):
+        return proposer
+    return proposer.model if isinstance(proposer, LookupThenModel) else None
 
 
 def _top_probability(logits: np.ndarray) -> float:

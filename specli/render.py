@@ -106,6 +106,8 @@ class JsonRenderer:
 
     def token(self, event: Token) -> None:
         record = {"type": "token", "id": event.id, "text": event.text, "source": event.source}
+        if event.proposer:
+            record["proposer"] = event.proposer
         self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def step(self, record: StepRecord) -> None:
@@ -130,6 +132,9 @@ def format_stats(stats: Stats) -> str:
             f"{stats.proposer}: drafted {stats.drafted}, accepted {stats.accepted} "
             f"({100 * stats.acceptance_rate:.1f}%), {stats.mean_accepted_length:.2f} accepted per step"
         )
+        if len(stats.drafted_by) > 1:  # lookup in front of a draft model: each one's share
+            parts.append(", ".join(f"{name} {stats.accepted_by.get(name, 0)}/{count}"
+                                   for name, count in sorted(stats.drafted_by.items())))
     else:
         parts.append("plain decoding")
     if stats.finish_reason == "context":

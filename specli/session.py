@@ -16,7 +16,7 @@ from specli.config import cache_dir
 from specli.devices import compute_fingerprint
 from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
 from specli.exact import exact_batch_size
-from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer
+from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of
 from specli.sampling import SamplingSettings
 from specli.vocab import check_vocab_compatible
 
@@ -34,6 +34,7 @@ class SessionSpec:
     draft_min_p: float = 0.0
     exact: bool = False  # cap verify batches at the size that gives plain decoding's logits bit for bit
     verbose: bool = False
+    draft_lookup: bool = True  # with a draft model: n-gram lookup in front of it (--no-ngram: off)
 
 
 @dataclass
@@ -93,11 +94,12 @@ class Session:
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
         costs = StepCosts(verify, 0.0, loop, "calibrated")
         self._store().put_costs(self._costs_key(), costs)
-        if isinstance(self.proposer, DraftModelProposer):
+        drafter = draft_model_of(self.proposer)
+        if drafter is not None:
             # The draft's own cost per token, where it runs: its file size against the
             # target's says nothing when the target's decodes cross a network (--rpc).
-            self.proposer.forget()
-            draft = self.proposer.model
+            drafter.forget()
+            draft = drafter.model
             seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
             self._store().put(self._draft_key(), seconds)
         return self.costs()
@@ -198,4 +200,5 @@ def _open_proposer(spec: SessionSpec, target: Model, seed: int) -> Proposer:
     except BaseException:
         draft.close()
         raise
-    return DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
+    model = DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
+    return LookupThenModel(NGramProposer(), model) if spec.draft_lookup else model

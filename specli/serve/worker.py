@@ -21,7 +21,8 @@ import numpy as np
 
 from specli.costs import StepCosts
 from specli.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
-from specli.proposers import DraftModelProposer, NGramProposer, NoProposer, Proposer, TokenIndex
+from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex,
+                              draft_model_of)
 from specli.sampling import SamplingSettings
 from specli.session import Session, exact_batch_sizes
 from specli.stream import Outcome, stream
@@ -118,8 +119,7 @@ class Worker:
 
     @property
     def draft_model(self) -> DraftModelProposer | None:
-        proposer = self.session.proposer
-        return proposer if isinstance(proposer, DraftModelProposer) else None
+        return draft_model_of(self.session.proposer)
 
     def _fixed_costs(self) -> StepCosts | None:
         """The costs -k auto prices every request with, read once (see module doc)."""
@@ -171,15 +171,17 @@ class Worker:
     def _proposer(self, job: Job) -> Proposer:
         if job.draft == "none":
             return NoProposer()
+        references = [TokenIndex(job.prediction)] if job.prediction else []
+        if self.memory is not None:
+            references.append(self.memory.index)
+        lookup = NGramProposer(references=references)
         if job.draft == "model":
             draft = self.draft_model
             assert draft is not None, "checked when the request was read"
             draft.sampling, draft.seed = job.options.sampling, job.seed
-            return draft
-        references = [TokenIndex(job.prediction)] if job.prediction else []
-        if self.memory is not None:
-            references.append(self.memory.index)
-        return NGramProposer(references=references)
+            # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
+            return LookupThenModel(lookup, draft) if job.prediction or self.session.spec.draft_lookup else draft
+        return lookup
 
     def _policy(self, job: Job, proposer: Proposer):
         most = None
@@ -188,7 +190,7 @@ class Worker:
         elif self.session.exact_batch is not None:
             most = self.session.exact_batch - 1  # the server's own --exact, unless a request says no
         costs = self._costs
-        if costs is not None and not isinstance(proposer, DraftModelProposer):
+        if costs is not None and draft_model_of(proposer) is None:
             costs = replace(costs, draft_per_token=0.0)  # n-gram lookup costs next to nothing
         return self.session.draft_policy(job.draft_tokens, proposer=proposer, costs=costs, most=most)
 

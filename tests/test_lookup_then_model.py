@@ -1,0 +1,73 @@
+"""A draft model with n-gram lookup in front: the same output as the draft model alone, with
+fewer of the draft model's decodes where the text copies itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fakes import FakeModel, plain_greedy
+from specli.adaptive import AdaptiveDraftPolicy
+from specli.costs import StepCosts
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer
+from specli.sampling import SamplingSettings
+
+# A periodic prompt: the toy model (order 1) keeps cycling, so lookup proposes long copies.
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8] * 3
+
+
+def costs(draft_per_token: float = 0.2) -> StepCosts:
+    return StepCosts({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.0, 32: 5.0, 49: 7.0}, draft_per_token, 0.02, "calibrated")
+
+
+def generate(proposer, policy, target, max_tokens: int = 60):
+    engine = Engine(target, proposer, policy, GenerationOptions(max_tokens))
+    events = list(engine.generate(PROMPT))
+    return [e.id for e in events if isinstance(e, Token) and e.id >= 0], engine.stats, events
+
+
+@pytest.mark.parametrize("policy", [lambda: FixedDraftPolicy(6), lambda: AdaptiveDraftPolicy(costs(), LookupThenModel.prior)])
+def test_lookup_in_front_writes_the_same_text_with_fewer_draft_model_decodes(policy):
+    target = FakeModel(seed=5, order=1, n_vocab=9)
+    reference = plain_greedy(target, PROMPT, 60)
+    alone_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.5)
+    alone, _, _ = generate(DraftModelProposer(alone_draft, SamplingSettings()), policy(), FakeModel(seed=5, order=1, n_vocab=9))
+    both_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.5)
+    both, stats, events = generate(LookupThenModel(NGramProposer(), DraftModelProposer(both_draft, SamplingSettings())),
+                                   policy(), FakeModel(seed=5, order=1, n_vocab=9))
+    assert alone == both == reference
+    assert sum(both_draft.batch_sizes) < sum(alone_draft.batch_sizes), "lookup spared draft-model decodes"
+    assert stats.drafted_by.get("ngram", 0) > 0
+    assert {e.proposer for e in events if isinstance(e, Token) and e.source == "draft"} <= {"ngram", "draft"}
+    assert all(e.proposer == "" for e in events if isinstance(e, Token) and e.source == "target")
+
+
+def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_short_match():
+    from specli.proposers import Proposal
+
+    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
+    assert policy.prefers(Proposal(list(range(16)), key=12, extent=40, proposer="ngram"), 16)
+    assert not policy.prefers(Proposal([3], key=1, extent=0, proposer="ngram"), 16), "a cheap draft model is worth more"
+
+
+@pytest.mark.slow  # two real models
+def test_a_real_draft_model_with_lookup_equals_plain_and_reports_each_proposer(gemma_path):
+    """Gemma drafting for itself (the vocabulary rule holds), lookup in front, on a prompt that copies."""
+    import subprocess
+    import sys
+
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef add("
+    command = [sys.executable, "-m", "specli", "run", "--json", "--target", str(gemma_path), "-n", "32", "-c", "512",
+               "-k", "4", prompt]
+    both = subprocess.run([*command, "--draft", str(gemma_path)], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([*command, "--draft", "none"], capture_output=True, text=True, timeout=300)
+    assert both.returncode == 0 and plain.returncode == 0, both.stderr + plain.stderr
+    records = [json.loads(line) for line in both.stdout.splitlines()]
+    plain_records = [json.loads(line) for line in plain.stdout.splitlines()]
+    text = "".join(r["text"] for r in records if r["type"] == "token")
+    assert text == "".join(r["text"] for r in plain_records if r["type"] == "token")
+    stats = records[-1]
+    assert stats["proposer"] == "draft+ngram" and stats["drafted_by"].get("ngram", 0) > 0
+    assert {r.get("proposer") for r in records if r["type"] == "token" and r["source"] == "draft"} <= {"ngram", "draft"}
