@@ -47,6 +47,14 @@ LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v",
 AGENT_SYSTEM = """You are a coding agent working in a Python repository. Each turn, call exactly one tool by
 writing one JSON object on one line: {"tool": NAME, "arguments": {...}}. Tools: read_file(path),
 list_dir(path), grep(pattern, path), run_tests(path), edit_file(path, old, new).
+
+User: Show the top of the repository.
+Assistant: {"tool": "list_dir", "arguments": {"path": "."}}
+Tool: README.md\nsrc\ntests\npyproject.toml
+
+User: Read the README.
+Assistant: {"tool": "read_file", "arguments": {"path": "README.md"}}
+Tool: # app\nA small command-line application.
 """
 AGENT_TURNS = [
     ("Find where the configuration is loaded.", '{"tool": "grep", "arguments": {"pattern": "load_config", "path": "src"}}',

@@ -71,3 +71,34 @@ def test_a_real_draft_model_with_lookup_equals_plain_and_reports_each_proposer(g
     stats = records[-1]
     assert stats["proposer"] == "draft+ngram" and stats["drafted_by"].get("ngram", 0) > 0
     assert {r.get("proposer") for r in records if r["type"] == "token" and r["source"] == "draft"} <= {"ngram", "draft"}
+
+
+@pytest.mark.slow  # two real models
+def test_a_copying_prompt_needs_fewer_draft_model_decodes(gemma_path):
+    """Gemma drafting for itself (the synthetic pair's random weights never copy a prompt):
+    with lookup in front, the copy is drafted from the text and the draft model decodes less."""
+    from specli.backend import LoadSettings, Model
+
+    code = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
+    with Model(gemma_path, LoadSettings(ctx_size=512)) as target, Model(gemma_path, LoadSettings(ctx_size=512)) as draft:
+        prompt = target.tokenize(code + "\n\n" + code + "\n\n" + code[:30])  # a copy in progress
+        outputs, decoded = {}, {}
+        for name in ("draft", "draft+ngram"):
+            calls = []
+            original = draft.decode
+
+            def counting(tokens, **kwargs):
+                calls.append(len(tokens))
+                return original(tokens, **kwargs)
+
+            draft.decode = counting
+            model = DraftModelProposer(draft, SamplingSettings())
+            proposer = model if name == "draft" else LookupThenModel(NGramProposer(), model)
+            engine = Engine(target, proposer, FixedDraftPolicy(6), GenerationOptions(40))
+            outputs[name] = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
+            decoded[name] = len(calls)
+            draft.decode = original
+            target.rewind(0)
+            draft.rewind(0)
+    assert outputs["draft"] == outputs["draft+ngram"]
+    assert decoded["draft+ngram"] < 0.8 * decoded["draft"], decoded
