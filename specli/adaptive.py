@@ -71,6 +71,7 @@ class AdaptiveDraftPolicy:
         draft_tokens: int = MAX_DRAFT,
     ) -> None:
         self.draft_tokens = draft_tokens
+        self.costs = costs
         # The proposer's belief: acceptance of a drafted token under a key, after a copy of
         # that many tokens (0: not a copy). None: PRIOR_ACCEPTANCE everywhere.
         self._prior = prior

@@ -44,7 +44,7 @@ def benchmark(spec: SessionSpec, workloads: list[Workload], configs: list[str | 
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
     exact_sizes = exact_batch_sizes(spec, progress)
     with open_session(spec, progress) as session:
-        if AUTO in configs and session.costs().source != "calibrated":
+        if AUTO in configs and session.costs(measure=False).source != "calibrated":
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
             session.calibrate()

@@ -3,9 +3,10 @@ the loop's time per step.
 
 `-k auto` chooses draft lengths from these and never from times measured during a run, so
 the same command drafts, and writes, the same way every time, the first run included. They
-come from a calibration (`specli doctor --calibrate`, `specli bench`), stored once and
-changed only by another calibration, else from a prior. ("learned" costs, which earlier
-versions stored from a model's first run, are still read.)
+come from a calibration (`specli doctor --calibrate`, `specli bench`), or, where none is
+stored, from a quick one that a model's first run makes before it drafts (FIRST_RUN_SIZES),
+stored once and changed only by a full calibration. ("learned" costs, which earlier versions
+stored from a model's first run, are still read.)
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import TYPE_CHECKING, Callable, Literal
 if TYPE_CHECKING:
     from specli.backend import LoadSettings
 
-CostSource = Literal["prior", "learned", "calibrated"]
+CostSource = Literal["prior", "learned", "first run", "calibrated"]
 
 # Batch sizes a calibration times. Odd and even both: on CPUs llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
+# The quick calibration a model's first run makes, once, when nothing is stored: a few tenths
+# of a second on the embedded model; longer batches follow the line through the largest two.
+FIRST_RUN_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
 # runs the whole output head, so each row adds much; on a GPU a batch of a few rows costs
 # little more than one (benchmarks/README.md, section 6).

@@ -76,7 +76,7 @@ class ModelState:
     """One model's stored costs and exact verify batch sizes (`doctor -m PAIR`)."""
 
     target: str
-    costs: str  # "prior" | "learned" | "calibrated"
+    costs: str  # "prior" | "learned" | "first run" | "calibrated"
     verify_ms: dict[int, float] | None  # by batch size; None for the prior, which has no unit
     verify_relative: dict[int, float]  # by batch size, against one token
     exact_batch: dict[str, int]  # "repack" / "no_repack": the largest exact verify batch, where measured
@@ -159,7 +159,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
             if notice is not None:
                 notice("timing the target's verify batches")
             session.calibrate()
-        costs = session.costs()
+        costs = session.costs(measure=False)
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
@@ -329,7 +329,7 @@ def print_model(model: ModelState, console) -> None:
     facts.add_column(overflow="fold")
     batches = ", ".join(f"{size}: {cost:.2f}x" for size, cost in model.verify_relative.items())
     if model.verify_ms is None:
-        costs = f"the prior (nothing stored yet; `specli doctor --calibrate` measures): {batches}"
+        costs = f"the prior (nothing stored yet: a first run or `specli doctor --calibrate` measures): {batches}"
     else:
         costs = f"{model.costs}, {model.verify_ms[1]:.1f} ms for one token; a batch of b tokens costs {batches}"
     exact = model.exact_batch

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from specli.engine import DraftTokens, GenerationOptions
+from specli.adaptive import AdaptiveDraftPolicy
+from specli.engine import DraftPolicy, DraftTokens, GenerationOptions
 from specli.prompt import prompt_tokens
 from specli.render import JsonRenderer, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
@@ -59,7 +60,7 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
         policy = session.draft_policy(draft_tokens)
         engine = session.engine(policy, options)
         if output.json:
-            sink = JsonRenderer(stdout, metadata(session, options, draft_tokens))
+            sink = JsonRenderer(stdout, metadata(session, options, draft_tokens, policy))
         else:
             sink = TextRenderer(stdout, stderr, colour=use_colour(output.colour, stdout), quiet=output.quiet)
         try:
@@ -74,7 +75,7 @@ def execute(spec: SessionSpec, prompt: Prompt, options: GenerationOptions, draft
     return EXIT_OK
 
 
-def metadata(session: Session, options: GenerationOptions, draft_tokens: DraftTokens) -> dict:
+def metadata(session: Session, options: GenerationOptions, draft_tokens: DraftTokens, policy: DraftPolicy) -> dict:
     """The settings a --json stats record carries besides the stats."""
     spec, sampling = session.spec, options.sampling
     drafting = session.proposer.name != "none"
@@ -93,8 +94,8 @@ def metadata(session: Session, options: GenerationOptions, draft_tokens: DraftTo
         "exact_batch": session.exact_batch,
         "repack": spec.target_load.repack,
     }
-    if drafting and draft_tokens == "auto":
-        data["costs"] = session.costs().source
+    if isinstance(policy, AdaptiveDraftPolicy):
+        data["costs"] = policy.costs.source
     if spec.target_load.rpc:
         data["rpc"] = list(spec.target_load.rpc)
     if spec.draft_load.rpc and isinstance(spec.draft, Path):

@@ -10,8 +10,8 @@ import numpy as np
 
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
-from specli.costs import (CALIBRATION_SIZES, PRIOR_LOOP, CostStore, StepCosts, VerifyCurve, calibrate, draft_key,
-                          exact_key, prior_costs, settings_key)
+from specli.costs import (CALIBRATION_SIZES, FIRST_RUN_SIZES, PRIOR_LOOP, CostSource, CostStore, StepCosts, VerifyCurve,
+                          calibrate, draft_key, exact_key, prior_costs, settings_key)
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
 from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
@@ -66,11 +66,14 @@ class Session:
             return AdaptiveDraftPolicy(costs or self.costs(), prior=proposer.prior, draft_tokens=most)
         return FixedDraftPolicy(min(draft_tokens, most))
 
-    def costs(self) -> StepCosts:
-        """This target's stored costs (a calibration), else the prior; with a draft model, its
-        stored cost per token, else one priced by its file size. Nothing a run measures is
-        stored, so the first run drafts as every later one does."""
+    def costs(self, *, measure: bool = True) -> StepCosts:
+        """This target's stored costs; where none are stored, a quick calibration made now and
+        stored (measure=False: the prior instead). With a draft model, its stored cost per
+        token, else one priced by its file size. What a run's steps take is never stored, so
+        a model's first run drafts as every later one does."""
         stored = self._store().costs(self._costs_key())
+        if stored is None and measure:
+            return self.calibrate(FIRST_RUN_SIZES, repeats=1, source="first run")
         if stored is None:
             return self._prior()
         draft = self._store().get(self._draft_key())
@@ -82,17 +85,18 @@ class Session:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
         return prior_costs(gpu, self._draft_size_ratio())
 
-    def calibrate(self) -> StepCosts:
+    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, repeats: int = 2,
+                  source: CostSource = "calibrated") -> StepCosts:
         """Time the target's verify batches, and a draft model's one-token decode, now and store
-        them (`specli bench`, `doctor --calibrate`)."""
+        them (`specli bench`, `doctor --calibrate`; a first run's quick one: see costs)."""
         target = self.target
-        sizes = tuple(size for size in CALIBRATION_SIZES if size < min(target.n_ctx, target.batch_size))
+        sizes = tuple(size for size in sizes if size < min(target.n_ctx, target.batch_size))
         target.rewind(0)
         token = target.bos if target.bos >= 0 else 0
-        verify = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes)
+        verify = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes, repeats)
         stored = self._store().costs(self._costs_key())
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
-        costs = StepCosts(verify, 0.0, loop, "calibrated")
+        costs = StepCosts(verify, 0.0, loop, source)
         self._store().put_costs(self._costs_key(), costs)
         drafter = draft_model_of(self.proposer)
         if drafter is not None:
@@ -102,7 +106,7 @@ class Session:
             draft = drafter.model
             seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
             self._store().put(self._draft_key(), seconds)
-        return self.costs()
+        return self.costs(measure=False)
 
     def _store(self) -> CostStore:
         if self._cost_store is None:
