@@ -206,8 +206,28 @@ def verify_greedy(draft_tokens: list[int], logits: Sequence[np.ndarray]) -> tupl
     logits[i] is the target's row after the prefix plus draft_tokens[:i] (len + 1 rows).
     Rows after the first disagreement are never read: each is a vocabulary-sized scan.
     """
+    return verify_greedy_tokens(draft_tokens, _Argmaxes(logits))
+
+
+def verify_greedy_tokens(draft_tokens: list[int], target_tokens: Sequence[int]) -> tuple[int, int]:
+    """verify_greedy from the target's greedy token at each row (target_tokens[i]: the
+    argmax of its row after the prefix plus draft_tokens[:i]), read in order and never
+    after the first disagreement."""
     for i, token in enumerate(draft_tokens):
-        best = int(np.argmax(logits[i]))
+        best = int(target_tokens[i])
         if best != token:
             return i, best  # the target disagrees: its own token replaces the draft's
-    return len(draft_tokens), int(np.argmax(logits[len(draft_tokens)]))
+    return len(draft_tokens), int(target_tokens[len(draft_tokens)])
+
+
+class _Argmaxes(Sequence[int]):
+    """Each row's argmax (the first best index), computed when the row is asked for."""
+
+    def __init__(self, rows: Sequence[np.ndarray]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return int(np.argmax(self._rows[i]))
