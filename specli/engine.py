@@ -289,9 +289,8 @@ class Engine:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
         self.stats = Stats(proposer=self.proposer.name)
-        sampling = self.options.sampling
         # A penalised row depends on the tokens before it, which the device does not see.
-        self._on_device = self.options.verify_on_device and sampling.greedy and not sampling.penalises
+        self._on_device = self.options.verify_on_device and self.options.sampling.pure_greedy
         return self._generate(prompt)
 
     def _generate(self, prompt: list[int]) -> Iterator[Event]:

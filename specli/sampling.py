@@ -50,6 +50,11 @@ class SamplingSettings:
     def penalises(self) -> bool:
         return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
 
+    @property
+    def pure_greedy(self) -> bool:
+        """Greedy with no repetition penalty: a row's token is its argmax, whatever came before."""
+        return self.greedy and not self.penalises
+
     def penalise(self, row: np.ndarray, context: Sequence[int]) -> np.ndarray:
         """The row with llama.cpp's repetition penalty applied for the tokens among the last
         repeat_last_n of `context` (the sequence before the row's position): a positive

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,34 @@ def test_penalised_and_sampled_runs_keep_the_host_path(sampling):
     assert target.argmax_decodes == 0 and stats.steps > 0
     host = Engine(FakeModel(seed=3, order=1), NGramProposer(), FixedDraftPolicy(4), GenerationOptions(40, sampling), seed=5)
     assert tokens == tokens_of(host, PROMPT)[0]
+
+
+def test_the_bench_option_reaches_the_session_spec():
+    from specli import options
+    from specli.resolve import ResolvedModels
+
+    models = ResolvedModels(Path("target.gguf"), "ngram")
+    spec = options.session_spec(models, options.Hardware(verify_on_device=True), SamplingSettings())
+    assert spec.verify_on_device and not options.session_spec(models, options.Hardware(), SamplingSettings()).verify_on_device
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("penalty, on_device", [("1.0", True), ("1.1", False)])
+def test_bench_verifies_on_the_device_when_asked(gemma_path, tmp_path, penalty, on_device):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specli.cli import app
+
+    workloads = tmp_path / "workloads.toml"
+    workloads.write_text('[[workload]]\nname = "copy"\nmax_tokens = 16\nprompt = "red, green, blue, red, green, blue, red,"\n')
+    result = CliRunner().invoke(app, ["bench", "--target", str(gemma_path), "--prompts", str(workloads), "-k", "4",
+                                      "--runs", "1", "--repeat-penalty", penalty, "--verify-on-device", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["verify_on_device"] is on_device
+    assert set(report["workloads"][0]["configs"]) == {"plain", "k=4"}
 
 
 # --- the backend, on real models ------------------------------------------------------
