@@ -2,7 +2,8 @@
 
 Everything here is the low-level C API of llama.cpp through llama-cpp-python's ctypes
 bindings. Logits come back as numpy views of llama.cpp's own buffer (no copies): a view
-is valid until the next decode on the same model.
+is valid until the next decode on the same model. `decode_argmax` has llama.cpp choose
+each row's argmax on the device that computed the logits (backend sampling) instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -143,6 +145,13 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
     return keep
 
 
+# How many candidates the device keeps per row for decode_argmax (a top-k, in no order).
+# Every maximum of a row with fewer maxima than this is among them, so the host breaks the
+# tie as numpy's argmax does (the lowest id; ggml's CPU argmax takes the highest). A row
+# whose candidates all tie may hide further maxima: it is read again from host logits.
+DEVICE_CANDIDATES = 8
+
+
 class Model:
     """One GGUF model with one llama.cpp context and a single sequence (id 0)."""
 
@@ -153,6 +162,7 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
+        self._device_sampler = None  # the chain sequence 0 samples with while decode_argmax is in use
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack
@@ -176,6 +186,8 @@ class Model:
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
         ctx_params.no_perf = True
+        # A device sampler (decode_argmax) may choose at every row of a batch, not only one.
+        ctx_params.n_outputs_max_per_seq = settings.batch_size
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             raise ModelFileError(
@@ -196,6 +208,8 @@ class Model:
         self.n_past = 0  # tokens held in the KV cache, positions [0, n_past)
         self._logits_view: np.ndarray | None = None  # see _logits_rows
         self._logits_address = 0
+        self._decodes = 0  # decodes so far: what a DeviceChoices was read from
+        self._last_batch: tuple[list[int], bool] = ([], False)  # the last llama_decode's tokens, all rows out
 
     # --- batch and decode ---------------------------------------------------
 
@@ -217,12 +231,30 @@ class Model:
 
         The returned array is a view of llama.cpp's buffer, valid until the next decode.
         """
+        self._sample_on_device(False)
+        self._decode(tokens, all_logits)
+        return self._logits_rows(len(tokens) if all_logits else 1)
+
+    def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> DeviceChoices:
+        """Append tokens to the KV cache; return the argmax of each row (or only the last's),
+        chosen on the device that computed the logits: the host reads DEVICE_CANDIDATES
+        (id, logit) pairs per row, never a vocabulary row. Every token is the one
+        `int(np.argmax(row))` gives for the same batch through `decode`, ties included.
+
+        Rows are read when indexed; the result is valid until the next decode.
+        """
+        self._sample_on_device(True)
+        self._decode(tokens, all_rows)
+        return DeviceChoices(self, len(tokens) if all_rows else 1)
+
+    def _decode(self, tokens: list[int], all_rows: bool) -> None:
         if not tokens:
             raise ValueError("decode needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(self.n_ctx)
-        if all_logits and len(tokens) > self._batch_capacity:
+        if all_rows and len(tokens) > self._batch_capacity:
             raise ValueError("all_logits decode is limited to one batch")
+        self._decodes += 1
         start = 0
         while start < len(tokens):
             chunk = tokens[start : start + self._batch_capacity]
@@ -230,7 +262,7 @@ class Model:
             last_chunk = start + n == len(tokens)
             self._batch_tokens[:n] = chunk
             self._batch_pos[:n] = np.arange(self.n_past, self.n_past + n)
-            self._batch_logits[:n] = 1 if all_logits else 0
+            self._batch_logits[:n] = 1 if all_rows else 0
             if last_chunk:
                 self._batch_logits[n - 1] = 1
             self._batch.n_tokens = n
@@ -240,7 +272,57 @@ class Model:
                 raise DecodeError(status, self.path)
             self.n_past += n
             start += n
-        return self._logits_rows(len(tokens) if all_logits else 1)
+        self._last_batch = (chunk, all_rows)
+
+    # --- backend sampling (decode_argmax) --------------------------------------
+
+    def _sample_on_device(self, on: bool) -> None:
+        """Attach (or detach) the device sampler of sequence 0. While it is attached,
+        llama.cpp copies no logits to the host for the sequence's rows; each attach or
+        detach re-plans the compute graph, so it happens only when the path changes."""
+        if on == (self._device_sampler is not None):
+            return
+        if not on:
+            llama.llama_set_sampler(self._ctx, 0, None)
+            llama.llama_sampler_free(self._device_sampler)
+            self._device_sampler = None
+            return
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(min(DEVICE_CANDIDATES, self.n_vocab)))
+        attached = llama.llama_set_sampler(self._ctx, 0, chain)
+        # "+top-k": its ggml ops run on the output device; "-top-k": they do not, and the
+        # rows would come back with neither logits nor candidates.
+        name = llama.llama_sampler_name(llama.llama_sampler_chain_get(chain, 0)) if attached else b""
+        if not name.startswith(b"+"):
+            if attached:
+                llama.llama_set_sampler(self._ctx, 0, None)
+            llama.llama_sampler_free(chain)
+            raise DeviceSamplingError(self.path, name.decode(errors="replace") or "llama_set_sampler refused the sampler")
+        self._device_sampler = chain
+
+    def _device_choice(self, index: int) -> int | None:
+        """Row `index`'s argmax from the device's candidates; None where the candidates
+        cannot settle it (all of them tie, or the device wrote none)."""
+        ctx = self._ctx
+        count = int(llama.llama_get_sampled_logits_count_ith(ctx, index))
+        logits_pointer = llama.llama_get_sampled_logits_ith(ctx, index)
+        if count == 0 or not logits_pointer or count != int(llama.llama_get_sampled_candidates_count_ith(ctx, index)):
+            return None
+        logits = logits_pointer[:count]
+        ids = llama.llama_get_sampled_candidates_ith(ctx, index)[:count]
+        best = max(logits)
+        tied = [token for token, logit in zip(ids, logits) if logit == best]
+        if len(tied) == count < self.n_vocab:
+            return None
+        return min(tied)
+
+    def _argmax_on_host(self) -> list[int]:
+        """The last decode's batch decoded again on the host path (the same batch gives the
+        same logits, bit for bit), and each output row's argmax as numpy takes it."""
+        tokens, all_rows = self._last_batch
+        self.rewind(self.n_past - len(tokens))
+        rows = self.decode(tokens, all_logits=all_rows)
+        return [int(np.argmax(row)) for row in rows]
 
     def _logits_rows(self, rows: int) -> np.ndarray:
         """The last decode's logits rows, as a view of llama.cpp's output buffer.
@@ -352,6 +434,8 @@ class Model:
     # --- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
+        if self._device_sampler is not None:
+            self._sample_on_device(False)
         if self._batch is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
@@ -375,10 +459,46 @@ class Model:
             pass
 
 
+class DeviceChoices(Sequence[int]):
+    """The argmax of each output row of one decode_argmax, read from the device's candidates
+    when indexed (rows after a rejection are never read). A row the candidates cannot settle
+    has the whole batch decoded again on the host path, once, for every row's argmax."""
+
+    def __init__(self, model: Model, rows: int) -> None:
+        self._model, self._rows = model, rows
+        self._decode = model._decodes
+        self._tokens, _ = model._last_batch
+        self._from_host: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if not -self._rows <= i < self._rows:
+            raise IndexError(i)
+        i %= self._rows
+        if self._model._decodes != self._decode:
+            raise RuntimeError("device choices are read after a later decode")
+        if self._from_host is None:
+            # Output rows are indexed by their place in the last llama_decode's batch.
+            choice = self._model._device_choice(len(self._tokens) - self._rows + i)
+            if choice is not None:
+                return choice
+            self._from_host = self._model._argmax_on_host()
+            self._decode = self._model._decodes
+        return self._from_host[i]
+
+
 class ContextFullError(PromptError):
     def __init__(self, n_ctx: int) -> None:
         super().__init__(f"the context is full ({n_ctx} tokens)", "raise --ctx-size or shorten the prompt")
         self.n_ctx = n_ctx
+
+
+class DeviceSamplingError(ModelFileError):
+    def __init__(self, path: Path, sampler: str) -> None:
+        super().__init__(f"llama.cpp cannot choose the argmax on {path.name}'s output device ({sampler})",
+                         "verify on the host (leave out --verify-on-device)")
 
 
 class DecodeError(ModelFileError):

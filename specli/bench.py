@@ -49,7 +49,9 @@ def benchmark(spec: SessionSpec, workloads: list[Workload], configs: list[str | 
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
             session.calibrate()
         report = run_bench(session, workloads, configs, runs, spec.sampling, progress)
-        report.update(exact=spec.exact, repack=session.spec.target_load.repack,
+        # Where the verified rows' argmax was taken: the device only for greedy runs without a penalty.
+        on_device = spec.verify_on_device and spec.sampling.pure_greedy
+        report.update(exact=spec.exact, repack=session.spec.target_load.repack, verify_on_device=on_device,
                       exact_batch={"repack": exact_sizes[True], "no_repack": exact_sizes[False]})
     report.update(target=spec.target.name, draft=str(getattr(spec.draft, "name", spec.draft)),
                   temperature=spec.sampling.temperature, seed=spec.seed, llama_cpp=library_versions())
@@ -320,7 +322,7 @@ class _ReleaseTimes:
 def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
               sampling: SamplingSettings) -> tuple[list[int], list[float], Stats]:
     """The output, when each of its tokens was released (seconds after the first), and the stats."""
-    options = GenerationOptions(max_tokens=max_tokens, sampling=sampling)
+    options = GenerationOptions(max_tokens=max_tokens, sampling=sampling, verify_on_device=session.spec.verify_on_device)
     if config == PLAIN:
         engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), options, session.seed)
     else:
@@ -344,6 +346,9 @@ def render_report(report: dict, console) -> None:
         used = "repacking on" if report.get("repack") else "repacking off"
         console.print(Text(f"exact-safe verify batch: {exact['repack']} rows with repacking, {exact['no_repack']} "
                            f"without{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
+    if report.get("verify_on_device"):
+        console.print(Text("verified on the device: llama.cpp takes each row's argmax, reads are its candidates",
+                           style="dim"))
 
     for workload in report["workloads"]:
         table = Table(

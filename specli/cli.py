@@ -386,6 +386,7 @@ def bench(
     repack: opt.Repack = True,
     rpc: opt.Servers = None,
     draft_rpc: opt.DraftServers = None,
+    verify_on_device: opt.VerifyOnDevice = False,
 ) -> None:
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json
@@ -399,7 +400,8 @@ def bench(
     models = resolve.resolve_models(model, target, draft)
     if models.draft == "none":
         raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
-    hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
+    hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or (),
+                            verify_on_device)
     sampling = opt.sampling_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     spec = opt.session_spec(models, hardware, sampling, seed=seed, drafting=opt.Drafting(draft_min_p, exact, not no_ngram),
                             verbose=verbose)

@@ -19,7 +19,8 @@ import numpy as np
 
 from specli.errors import PromptError
 from specli.proposers import Proposal, Proposer
-from specli.sampling import Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_keyed, warp
+from specli.sampling import (Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_greedy_tokens,
+                             verify_keyed, warp)
 from specli.text import TextStream, common_prefix_length
 
 Source = Literal["draft", "target"]
@@ -32,6 +33,11 @@ class TargetModel(Protocol):
     n_past: int
 
     def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray: ...
+    def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> Sequence[int]:
+        """As decode, but each row's argmax (ties: the first best), chosen where the logits
+        are; only with GenerationOptions.verify_on_device."""
+        ...
+
     def rewind(self, n_keep: int) -> None: ...
     def piece(self, token: int) -> bytes: ...
     def is_end_of_generation(self, token: int) -> bool: ...
@@ -59,7 +65,7 @@ class StepRecord:
     accepted: int
     draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes)
     verify_seconds: float  # the target's batched decode of [last] + draft
-    read_seconds: float  # reading logits rows to accept (a vocabulary-sized scan each)
+    read_seconds: float  # reading rows to accept (a vocabulary-sized scan each, or a device's few candidates)
     loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
     key: object = None  # the proposal's key (n-gram lookup: the match length)
     extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
@@ -260,6 +266,10 @@ class GenerationOptions:
     # whole prompt as a fresh run does: batches of other sizes round differently, so only
     # that is bit for bit what a fresh run writes (--exact requests to the server).
     reuse_cache: bool = True
+    # Greedy runs without a repetition penalty: llama.cpp takes each row's argmax on the device
+    # that computed the logits (backend sampling), and the host reads a few candidates per
+    # row instead of a vocabulary row. The same tokens either way; other runs ignore it.
+    verify_on_device: bool = False
 
 
 def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
@@ -289,6 +299,7 @@ class Engine:
         self.seed = seed  # sampling: the token at each position is keyed by (seed, position)
         self.stats = Stats(proposer=proposer.name)
         self._step_ended: float | None = None  # when the previous step's logits were read
+        self._on_device = False  # this generation verifies with the target's decode_argmax
         self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
@@ -298,6 +309,8 @@ class Engine:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
         self.stats = Stats(proposer=self.proposer.name)
+        # A penalised row depends on the tokens before it, which the device does not see.
+        self._on_device = self.options.verify_on_device and self.options.sampling.pure_greedy
         return self._generate(prompt)
 
     def _generate(self, prompt: list[int]) -> Iterator[Event]:
@@ -313,7 +326,9 @@ class Engine:
         self._step_ended = None
         # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
         # writes the first token, so plain and speculative runs share it exactly.
-        if options.max_tokens > 0:
+        if options.max_tokens > 0 and self._on_device:
+            first = int(target.decode_argmax(prompt[keep:])[0])
+        elif options.max_tokens > 0:
             row = options.sampling.penalise(target.decode(prompt[keep:])[0], prompt)
             first = self._choose(row, len(prompt))
         else:
@@ -393,13 +408,10 @@ class Engine:
         t0 = time.perf_counter()
         proposal, draft = self._propose(tokens, room)
         t1 = time.perf_counter()
-        logits = target.decode([last] + draft, all_logits=True)  # row i: after last + draft[:i]
+        batch = [last] + draft  # row i: after last + draft[:i]
+        rows = target.decode_argmax(batch, all_rows=True) if self._on_device else target.decode(batch, all_logits=True)
         t2 = time.perf_counter()
-        rows = _Rows(logits, self.options.sampling, tokens, draft)
-        if self.options.sampling.greedy:
-            accepted, written = verify_greedy(draft, rows)
-        else:
-            accepted, written = verify_keyed(draft, _WarpedRows(rows, self.options.sampling), self.seed, len(tokens))
+        accepted, written = self._verify(rows, tokens, draft)
         t3 = time.perf_counter()
         # Keep `last` and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft):
@@ -413,6 +425,16 @@ class Engine:
         committed = draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * accepted + ["target"]
         return committed, sources, step
+
+    def _verify(self, rows: Sequence, tokens: list[int], draft: list[int]) -> tuple[int, int]:
+        """(accepted, written) from the verify batch's rows: the device's argmax of each, or
+        logits rows (penalised for the text before them, warped when sampling)."""
+        if self._on_device:
+            return verify_greedy_tokens(draft, rows)
+        logits = _Rows(rows, self.options.sampling, tokens, draft)
+        if self.options.sampling.greedy:
+            return verify_greedy(draft, logits)
+        return verify_keyed(draft, _WarpedRows(logits, self.options.sampling), self.seed, len(tokens))
 
 
 class _Rows(Sequence[np.ndarray]):

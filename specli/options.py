@@ -119,6 +119,8 @@ Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", 
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")]
 Servers = Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE,
                                                 help="Target layers on rpc-servers (HOST:PORT,...).")]
+VerifyOnDevice = Annotated[bool, typer.Option("--verify-on-device", rich_help_panel=HARDWARE,
+                                              help="Greedy runs: llama.cpp takes each verified row's argmax on its device.")]
 DraftServers = Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE,
                                                      help="Draft layers on rpc-servers.")]
 
@@ -127,7 +129,7 @@ DEFAULT_CTX_SIZE = 4096
 
 @dataclass(frozen=True)
 class Hardware:
-    """Where the two models run: -ngl, -ngld, -c, -t, --repack, --rpc, --draft-rpc."""
+    """Where the two models run: -ngl, -ngld, -c, -t, --repack, --rpc, --draft-rpc, --verify-on-device."""
 
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
@@ -136,6 +138,7 @@ class Hardware:
     repack: bool = True
     rpc: tuple[str, ...] = ()
     draft_rpc: tuple[str, ...] = ()
+    verify_on_device: bool = False
 
     @property
     def asks_for_gpu(self) -> bool:
@@ -173,6 +176,7 @@ def session_spec(models: ResolvedModels, hardware: Hardware, sampling: SamplingS
         seed=seed,
         draft_min_p=drafting.draft_min_p,
         exact=drafting.exact,
+        verify_on_device=hardware.verify_on_device,
         verbose=verbose,
         draft_lookup=drafting.lookup,
     )

@@ -50,6 +50,11 @@ class SamplingSettings:
     def penalises(self) -> bool:
         return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
 
+    @property
+    def pure_greedy(self) -> bool:
+        """Greedy with no repetition penalty: a row's token is its argmax, whatever came before."""
+        return self.greedy and not self.penalises
+
     def penalise(self, row: np.ndarray, context: Sequence[int]) -> np.ndarray:
         """The row with llama.cpp's repetition penalty applied for the tokens among the last
         repeat_last_n of `context` (the sequence before the row's position): a positive
@@ -206,8 +211,28 @@ def verify_greedy(draft_tokens: list[int], logits: Sequence[np.ndarray]) -> tupl
     logits[i] is the target's row after the prefix plus draft_tokens[:i] (len + 1 rows).
     Rows after the first disagreement are never read: each is a vocabulary-sized scan.
     """
+    return verify_greedy_tokens(draft_tokens, _Argmaxes(logits))
+
+
+def verify_greedy_tokens(draft_tokens: list[int], target_tokens: Sequence[int]) -> tuple[int, int]:
+    """verify_greedy from the target's greedy token at each row (target_tokens[i]: the
+    argmax of its row after the prefix plus draft_tokens[:i]), read in order and never
+    after the first disagreement."""
     for i, token in enumerate(draft_tokens):
-        best = int(np.argmax(logits[i]))
+        best = int(target_tokens[i])
         if best != token:
             return i, best  # the target disagrees: its own token replaces the draft's
-    return len(draft_tokens), int(np.argmax(logits[len(draft_tokens)]))
+    return len(draft_tokens), int(target_tokens[len(draft_tokens)])
+
+
+class _Argmaxes(Sequence[int]):
+    """Each row's argmax (the first best index), computed when the row is asked for."""
+
+    def __init__(self, rows: Sequence[np.ndarray]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return int(np.argmax(self._rows[i]))

@@ -33,6 +33,7 @@ class SessionSpec:
     seed: int | None = None
     draft_min_p: float = 0.0
     exact: bool = False  # cap verify batches at the size that gives plain decoding's logits bit for bit
+    verify_on_device: bool = False  # GenerationOptions.verify_on_device for the session's generations
     verbose: bool = False
     draft_lookup: bool = True  # with a draft model: n-gram lookup in front of it (--no-ngram: off)
 

@@ -36,6 +36,7 @@ class FakeModel:
         self.n_ctx = n_ctx
         self.kv: list[int] = []
         self.batch_sizes: list[int] = []
+        self.argmax_decodes = 0  # decodes through decode_argmax
         self.closed = False
 
     @property
@@ -55,6 +56,11 @@ class FakeModel:
             self.kv.append(token)
             rows.append(self.logits_after(self.kv))
         return np.array(rows if all_logits else rows[-1:])
+
+    def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> list[int]:
+        """backend.Model's device path: each row's argmax instead of the row."""
+        self.argmax_decodes += 1
+        return [int(np.argmax(row)) for row in self.decode(tokens, all_logits=all_rows)]
 
     def rewind(self, n_keep: int) -> None:
         del self.kv[n_keep:]
