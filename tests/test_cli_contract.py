@@ -84,7 +84,9 @@ def test_json_lines_carry_every_token_then_the_stats(gemma_path, plain_run):
     assert result.stderr == b""
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     tokens, stats = records[:-1], records[-1]
-    assert all(r["type"] == "token" and set(r) == {"type", "id", "text", "source"} for r in tokens)
+    for r in tokens:  # a drafted token also names its proposer
+        assert r["type"] == "token" and set(r) == {"type", "id", "text", "source"} | ({"proposer"} if r["source"] == "draft" else set())
+        assert r.get("proposer", "ngram") == "ngram"
     assert {r["source"] for r in tokens} <= {"draft", "target"}
     assert STATS_KEYS <= set(stats) and stats["type"] == "stats"
     assert stats["tokens"] == 8 and stats["lossless"] is True and stats["proposer"] == "ngram"
