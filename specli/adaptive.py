@@ -3,7 +3,7 @@
 A step that drafts k tokens commits E(k) = 1 + a1 + a1·a2 + ... + a1···ak tokens on
 average, where ai is the chance that position i is accepted once the positions before
 it were, and costs draft(k) + verify(k + 1) + loop seconds. The policy picks the k
-with the most tokens per second; k = 0 is a plain step.
+with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
 
 - Costs come from specli.costs (a calibration, an earlier run's steps, or a prior), never
   from times measured during this run: the same command with the same stored costs makes
@@ -14,19 +14,23 @@ with the most tokens per second; k = 0 is a plain step.
   is trusted further than a fresh 12-token match. The run scales every hazard h by a ratio
   it counts per key: rejections seen / rejections the priors foresaw, recent steps
   weighted most, and before a key has a record of its own, the same ratio over the run's
-  other keys. These are counts of the run's tokens, so they repeat exactly too.
-- When drafting stops paying for a key, the policy probes it again now and then, with
-  growing gaps, so a workload that turns copy-heavy is noticed. Probes are paid for out of
-  what drafting has saved (in modelled seconds): none while the run's drafts have lost more
-  than PROBE_BUDGET of its time against the plain steps they replaced.
+  other keys. These are counts of the run's tokens, so they repeat exactly too. Where
+  several earlier occurrences voted on a draft, a token's acceptance is scaled by the share
+  of the vote it won (Proposal.support).
+- When drafting does not pay for a key, the policy probes it now and then, with growing
+  gaps, so a workload that turns copy-heavy is noticed. Probes are paid for out of what
+  drafting has saved (in modelled seconds): a probe is made only if, rejected outright,
+  it leaves drafting's net loss within PROBE_BUDGET of the run's time. So a run's first
+  probes wait until the run has time to spare, and a short answer that never copies
+  costs nothing.
 
-How each constant was chosen: benchmarks/README.md, sections 4 and 6.
+How each constant was chosen: benchmarks/README.md, sections 4, 6 and 13.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from specli.costs import StepCosts, VerifyCurve
 
@@ -37,13 +41,18 @@ if TYPE_CHECKING:
 PRIOR_ACCEPTANCE = 0.6  # without a proposer's prior (a draft model): optimistic enough to try
 # Pseudo-rejections behind "a key is rejected as often as its priors foresee": a key's own
 # record counts against KEY_WEIGHT of the run's, the run's against RUN_WEIGHT of the priors'.
-KEY_WEIGHT = 1.0
+# A light key weight: a key's own few rejections soon outweigh the run's (a high-confidence
+# key that fails where its prior foresaw almost no rejection is quickly distrusted).
+KEY_WEIGHT = 0.3
 RUN_WEIGHT = 1.0
+# A draft must promise MARGIN more tokens a second than a plain step: a draft that barely
+# pays on average gains next to nothing and, rejected, costs a whole verify.
+MARGIN = 0.03
 DECAY = 0.95  # per step: weight of older observations (an effective window of ~20 steps)
 # A probe drafts one token: it tests the first position, the one every longer draft needs.
 PROBE_LENGTH = 1
 FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
-PROBE_BUDGET = 0.02  # drafting's net loss, as a share of the run's time, above which probes stop
+PROBE_BUDGET = 0.02  # the most drafting may have lost, as a share of the run's time, after a rejected probe
 MAX_DRAFT = 48  # longest draft considered
 
 
@@ -84,26 +93,27 @@ class AdaptiveDraftPolicy:
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
-    def choose(self, key: object, extent: int, available: int) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step). key None: a
         draft model's tokens, priced at its cost per token; any other key is n-gram lookup's,
-        free to make."""
+        free to make, and `support` its vote share per token (Proposal.support)."""
         state = self._state(key)
         limit = min(self.draft_tokens, available)
         if limit <= 0:
             return 0
-        best_k, best_rate = self._best(key, extent, limit)
+        best_k, best_rate = self._best(key, extent, limit, support)
         if best_k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
                 # A short probe refreshes the estimate; gaps grow until drafting pays again on
                 # its own merits (an accepted probe is not enough: the draft's cost may still
                 # exceed what it saves). No probe when even a fully accepted draft would lose,
-                # nor while the run's drafting is over its loss budget.
+                # nor when a rejected one would take drafting over its loss budget.
                 state.idle_steps = 0
                 state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
-                if self._could_pay(key, limit, best_rate) and self._drafting_loss <= PROBE_BUDGET * self._seconds:
-                    return min(limit, PROBE_LENGTH)
+                probe = min(limit, PROBE_LENGTH)
+                if self._could_pay(key, limit, best_rate) and self._affords(probe, key):
+                    return probe
         else:
             state.probe_gap = min(state.probe_gap, 8)
         return best_k
@@ -111,35 +121,39 @@ class AdaptiveDraftPolicy:
     def prefers(self, free: Proposal, available: int) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
-        free_k, free_rate = self._best(free.key, free.extent, min(self.draft_tokens, len(free.tokens)))
+        free_k, free_rate = self._best(free.key, free.extent, min(self.draft_tokens, len(free.tokens)), free.support)
         _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
         return free_k > 0 and free_rate >= model_rate
 
-    def _best(self, key: object, extent: int, limit: int) -> tuple[int, float]:
+    def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = ()) -> tuple[int, float]:
         """The draft length with the most expected tokens a second, and that rate (k = 0: a
         plain step)."""
         ratio = self._hazard_ratio(self._state(key))
-        best_k, best_rate = 0, 1.0 / self._step_cost(0)
+        rates = [1.0 / self._step_cost(0)]
         expected, chain = 1.0, 1.0
-        for k, hazard in enumerate(self._hazards(key, extent, limit), start=1):
+        for k, hazard in enumerate(self._hazards(key, extent, limit, support), start=1):
             chain *= max(0.0, 1.0 - ratio * hazard)
             expected += chain
-            rate = expected / self._step_cost(k, key)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate
+            rates.append(expected / self._step_cost(k, key))
+        best_k = max(range(len(rates)), key=rates.__getitem__)
+        if rates[best_k] <= (1.0 + MARGIN) * rates[0]:
+            best_k = 0
+        return best_k, rates[best_k]
 
-    def _hazards(self, key: object, extent: int, count: int) -> list[float]:
+    def _hazards(self, key: object, extent: int, count: int, support: Sequence[float] = ()) -> list[float]:
         """The prior chance that each of `count` drafted positions is rejected once the
         ones before it were kept. In a copy in progress (extent > 0) position i follows a
         match of extent + i tokens; otherwise every position gets the key's prior (short
-        matches are often coincidences: a kept token does not make them a copy)."""
+        matches are often coincidences: a kept token does not make them a copy). Where
+        earlier occurrences split their vote, a position's acceptance is scaled by the share
+        its token won (its support)."""
         if self._prior is None or key is None:  # a draft model's tokens
             return [1.0 - PRIOR_ACCEPTANCE] * count
         table = self._hazard_table(key, extent + count)
-        if extent <= 0:
-            return [table[0]] * count
-        return table[extent : extent + count]
+        hazards = [table[0]] * count if extent <= 0 else table[extent : extent + count]
+        if support:
+            hazards = [1.0 - (1.0 - h) * share for h, share in zip(hazards, support)] + hazards[len(support) :]
+        return hazards
 
     def _hazard_table(self, key: object, size: int) -> list[float]:
         """1 - prior(key, x) for x = 0, 1, ...: worked out once per key and context, not
@@ -166,6 +180,12 @@ class AdaptiveDraftPolicy:
         run_ratio = (seen + RUN_WEIGHT) / (foreseen + RUN_WEIGHT)
         return (state.rejected + KEY_WEIGHT * run_ratio) / (state.foreseen + KEY_WEIGHT)
 
+    def _affords(self, k: int, key: object) -> bool:
+        """Whether a probe of k tokens, rejected outright, keeps drafting's loss so far within
+        PROBE_BUDGET of the run's time (its savings count against its losses)."""
+        miss = self._step_cost(k, key) - self._step_cost(0)
+        return self._drafting_loss + miss <= PROBE_BUDGET * (self._seconds + self._step_cost(k, key))
+
     def _could_pay(self, key: object, limit: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
         return any((k + 1) / self._step_cost(k, key) > plain_rate for k in range(1, limit + 1))
@@ -190,7 +210,7 @@ class AdaptiveDraftPolicy:
             return
         # The accepted + 1 tokens would have taken as many plain steps.
         self._drafting_loss += cost - (accepted + 1) * self._step_cost(0)
-        hazards = self._hazards(step.key, step.extent, min(drafted, accepted + 1))
+        hazards = self._hazards(step.key, step.extent, min(drafted, accepted + 1), step.support)
         state = self._state(step.key)
         state.observe(hazards, drafted, accepted)
         self._run.observe(hazards, drafted, accepted)

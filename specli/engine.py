@@ -70,6 +70,7 @@ class StepRecord:
     key: object = None  # the proposal's key (n-gram lookup: the match length)
     extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
     proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
+    support: tuple[float, ...] = ()  # the proposal's vote share per drafted token (Proposal.support)
 
     @property
     def rows_read(self) -> int:
@@ -229,10 +230,10 @@ class DraftPolicy(Protocol):
 
     draft_tokens: int  # the most a step drafts
 
-    def choose(self, key: object, extent: int, available: int) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step).
-        key and extent: the proposal's (Proposal.key, Proposal.extent); key None: a draft
-        model's tokens, which cost a decode each."""
+        key, extent and support: the proposal's (Proposal.key, .extent, .support); key None: a
+        draft model's tokens, which cost a decode each."""
         ...
 
     def prefers(self, free: Proposal, available: int) -> bool:
@@ -247,7 +248,7 @@ class DraftPolicy(Protocol):
 class FixedDraftPolicy:
     draft_tokens: int
 
-    def choose(self, key: object, extent: int, available: int) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
         return min(self.draft_tokens, available)
 
     def prefers(self, free: Proposal, available: int) -> bool:
@@ -396,7 +397,7 @@ class Engine:
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
         proposal = self.proposer.lookup(tokens, available)
         if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available)):
-            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens)) if proposal.tokens else 0
+            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support) if proposal.tokens else 0
         else:
             k = policy.choose(None, 0, available)
             proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
@@ -419,7 +420,7 @@ class Engine:
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
-                          proposal.proposer if draft else "")
+                          proposal.proposer if draft else "", proposal.support[: len(draft)])
         self.stats.record(step)
         self.policy.record(step)
         committed = draft[:accepted] + [written]

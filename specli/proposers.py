@@ -23,6 +23,9 @@ class Proposal:
     # really spans; each drafted token that is kept lengthens it. 0: the key says it all.
     extent: int = 0
     proposer: str = ""  # who drafted it: "ngram" or "draft" (the draft model)
+    # N-gram lookup with several earlier occurrences: per drafted token, the (recency-weighted)
+    # share of the occurrences still in agreement that continue with it. Empty: no vote (1.0).
+    support: tuple[float, ...] = ()
 
 
 class Proposer(Protocol):
@@ -68,15 +71,23 @@ class NoProposer:
 
 
 class NGramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens
-    (the longest n first) and propose what followed it.
+    """Prompt lookup: find the earlier occurrences of the sequence's last n tokens (the
+    longest n first) and propose what followed them.
+
+    Several occurrences vote (suffix decoding's idea): at each drafted position the
+    continuations still in agreement so far choose the next token by weight, the latest
+    occurrence weighing 1, the one before RECENCY, then RECENCY², ...; the winning share is
+    the proposal's `support` at that position, and occurrences that disagree drop out. Where
+    a prompt repeats a layout with different values (records, tables, tool calls) they agree
+    on the layout and split on the values, so the policy drafts up to the fork and no further.
+    With one occurrence the proposal is what followed it, support 1 throughout.
 
     A longer match predicts better. The proposal's key is the n that matched (the policy
     keeps a record per key). A match of the longest n is a copy in progress, and the
-    proposal's extent says how far back it really goes: often far more than 12 tokens,
-    and the longer, the better it predicts. Committed tokens only ever grow, so the index
-    is extended incrementally: each n-gram maps to the position right after its most
-    recent occurrence.
+    proposal's extent says how far back the winning occurrence's match really goes: often
+    far more than 12 tokens, and the longer, the better it predicts. Committed tokens only
+    ever grow, so the index is extended incrementally: each n-gram maps to the positions
+    right after its latest MAX_OCCURRENCES occurrences.
 
     `references` are other token sequences to look in (a Predicted Output, the server's
     memory of recent answers), each a TokenIndex built once: where the committed text has
@@ -91,7 +102,7 @@ class NGramProposer:
     def __init__(self, lengths: tuple[int, ...] = LENGTHS, references: Sequence[TokenIndex] = ()) -> None:
         self.lengths = tuple(sorted(set(lengths), reverse=True))
         self.references = tuple(references)
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.lengths}
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.lengths}
         self._indexed = 0  # n-grams ending before this position are in the index
         self.last_match_extent = 0  # how many tokens the last proposal's match really spans
 
@@ -110,19 +121,23 @@ class NGramProposer:
             if n >= end:
                 continue
             tail = tuple(tokens[end - n :])
-            start = self._index[n].get(tail)
-            if start is not None:
-                self.last_match_extent = _match_extent(tokens, start, tokens, end, n)
-                continuation = _continuation(tokens, start, draft_tokens)
+            starts = self._index[n].get(tail)
+            if starts:
+                source: Sequence[int] = tokens
+                continuations = [_continuation(tokens, start, draft_tokens) for start in reversed(starts)]
             else:
-                found = next(((ref, at) for ref in self.references if (at := ref.find(tail)) is not None), None)
+                found = next(((ref, at) for ref in self.references if (at := ref.find_all(tail))), None)
                 if found is None:
                     continue
-                reference, start = found
-                self.last_match_extent = _match_extent(reference.tokens, start, tokens, end, n)
-                continuation = reference.continuation(start, draft_tokens)
+                reference, starts = found
+                source = reference.tokens
+                continuations = [reference.continuation(start, draft_tokens) for start in reversed(starts)]
+            draft, support, winner = _vote(continuations)
+            if not draft:
+                continue
+            self.last_match_extent = _match_extent(source, starts[-1 - winner], tokens, end, n)
             extent = self.last_match_extent if n == self.lengths[0] else 0
-            return Proposal(continuation, key=n, extent=extent, proposer="ngram")
+            return Proposal(draft, key=n, extent=extent, proposer="ngram", support=support)
         return Proposal()
 
     lookup = propose
@@ -133,7 +148,7 @@ class NGramProposer:
         for end in range(self._indexed, last_end):
             for n in self.lengths:
                 if n <= end + 1:
-                    self._index[n][tuple(tokens[end + 1 - n : end + 1])] = end + 1
+                    _remember(self._index[n], tuple(tokens[end + 1 - n : end + 1]), end + 1)
         self._indexed = max(self._indexed, last_end)
 
     @staticmethod
@@ -156,6 +171,48 @@ HAZARD_SCALE = 0.7
 HAZARD_LENGTH = 4.25
 HAZARD_FLOOR = 0.0075
 EXTENT_LIMIT = 256  # past this the hazard is the floor: no need to look further back
+MAX_OCCURRENCES = 8  # the latest occurrences of an n-gram that vote on its continuation
+RECENCY = 0.8  # an occurrence's vote against the next later one's (benchmarks/README.md, section 13)
+
+
+def _remember(table: dict[tuple[int, ...], list[int]], gram: tuple[int, ...], position: int) -> None:
+    """Note that `gram` is followed by the token at `position`; keep the latest MAX_OCCURRENCES."""
+    starts = table.get(gram)
+    if starts is None:
+        table[gram] = [position]
+        return
+    starts.append(position)
+    if len(starts) > MAX_OCCURRENCES:
+        del starts[0]
+
+
+def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...], int]:
+    """(draft, support, winner) from the continuations of several occurrences, latest first.
+
+    Position by position, the occurrences that agreed with every drafted token so far vote
+    for the next one, weighted RECENCY**rank (rank 0: the latest); the heaviest token is
+    drafted (the later occurrence's on a tie) and its share of the vote is its support.
+    winner: the rank of the latest occurrence that agrees with the whole draft."""
+    if len(continuations) == 1:
+        return continuations[0], (), 0
+    weights = [RECENCY**rank for rank in range(len(continuations))]
+    alive = list(range(len(continuations)))
+    draft: list[int] = []
+    support: list[float] = []
+    for position in range(max(len(c) for c in continuations)):
+        votes: dict[int, float] = {}
+        for rank in alive:
+            continuation = continuations[rank]
+            if position < len(continuation):
+                token = continuation[position]
+                votes[token] = votes.get(token, 0.0) + weights[rank]
+        if not votes:
+            break
+        token = max(votes, key=votes.__getitem__)  # the first heaviest: the latest occurrence's
+        draft.append(token)
+        support.append(votes[token] / sum(votes.values()))
+        alive = [rank for rank in alive if position < len(continuations[rank]) and continuations[rank][position] == token]
+    return draft, tuple(support), alive[0]
 
 
 def _match_extent(source: Sequence[int], start: int, tokens: list[int], end: int, n: int) -> int:
@@ -175,7 +232,7 @@ def _match_extent(source: Sequence[int], start: int, tokens: list[int], end: int
 
 class TokenIndex:
     """A token sequence that n-gram lookup searches besides the committed text: each n-gram
-    (of NGramProposer's lengths) maps to the position right after its latest occurrence.
+    (of NGramProposer's lengths) maps to the positions right after its latest occurrences.
     `append` adds text at the end, SEPARATOR between texts keeps matches from spanning two."""
 
     SEPARATOR = -1
@@ -183,7 +240,7 @@ class TokenIndex:
     def __init__(self, tokens: Sequence[int] = (), lengths: tuple[int, ...] = NGramProposer.LENGTHS) -> None:
         self.lengths = tuple(sorted(set(lengths), reverse=True))
         self.tokens: list[int] = []
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.lengths}
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.lengths}
         self.append(tokens)
 
     def append(self, tokens: Sequence[int]) -> None:
@@ -197,12 +254,12 @@ class TokenIndex:
                 if n <= last + 1:
                     gram = tuple(self.tokens[last + 1 - n : last + 1])
                     if self.SEPARATOR not in gram:
-                        self._index[n][gram] = last + 1
+                        _remember(self._index[n], gram, last + 1)
 
-    def find(self, tail: tuple[int, ...]) -> int | None:
-        """Where the latest occurrence of the n-gram `tail` ends, if it occurs followed by a token."""
+    def find_all(self, tail: tuple[int, ...]) -> list[int]:
+        """Where the latest occurrences of the n-gram `tail` end (oldest first), each followed by a token."""
         table = self._index.get(len(tail))
-        return None if table is None else table.get(tail)
+        return (table.get(tail) or []) if table is not None else []
 
     def continuation(self, start: int, count: int) -> list[int]:
         """Up to `count` tokens from `start`, stopping at the end of that text."""

@@ -89,6 +89,36 @@ def test_probes_are_paid_for_by_what_drafting_saved():
     assert sum(index >= 40 for index in losing) >= 2, "probes resume as the run goes on"
 
 
+def test_a_first_probe_waits_until_the_run_can_afford_to_lose_it():
+    """A short answer that never copies costs nothing: a probe is made only once a rejected
+    one would leave drafting's loss within PROBE_BUDGET of the run's time, so the dearer a
+    miss, the later the first probe."""
+    from specli.adaptive import FIRST_PROBE_GAP, PROBE_BUDGET
+
+    def first_probe(extra: float) -> int:
+        curve = costs(lambda size: 0.010 * (1 + extra * (size - 1)))
+        policy = AdaptiveDraftPolicy(curve, prior=lambda key, context: 0.3)  # drafting never pays on its merits
+        chosen = drive(policy, acceptance=0.0, steps=300, key="short")
+        first = chosen.index(1)
+        miss = curve.verify[2] - curve.verify[1]
+        assert miss <= PROBE_BUDGET * (first * curve.verify[1] + curve.verify[2]), "affordable when made"
+        return first
+
+    cheap, dear = first_probe(0.3), first_probe(0.9)
+    assert FIRST_PROBE_GAP < cheap < dear
+
+
+def test_a_draft_that_barely_pays_is_not_made():
+    """Drafting must beat a plain step by MARGIN: a near-even bet gains little and a miss
+    costs a whole verify."""
+    from specli.adaptive import MARGIN
+
+    costs = cpu_cost()  # verify(2) = 1.3 plain steps
+    even = 1.3 - 1.0  # an acceptance at which one drafted token pays exactly its cost
+    assert AdaptiveDraftPolicy(costs, prior=lambda key, context: even + 0.5 * MARGIN).choose("key", 0, 1) == 0
+    assert AdaptiveDraftPolicy(costs, prior=lambda key, context: even + 3 * MARGIN).choose("key", 0, 1) == 1
+
+
 def test_steep_verify_cost_means_no_speculation_even_when_accepted():
     assert AdaptiveDraftPolicy(steep_cost()).choose(None, 0, 16) == 0
     assert drive(AdaptiveDraftPolicy(steep_cost()), 0.5, 30)[-1] == 0

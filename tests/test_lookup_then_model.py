@@ -32,9 +32,10 @@ def generate(proposer, policy, target, max_tokens: int = 60):
 def test_lookup_in_front_writes_the_same_text_with_fewer_draft_model_decodes(policy):
     target = FakeModel(seed=5, order=1, n_vocab=9)
     reference = plain_greedy(target, PROMPT, 60)
-    alone_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.5)
+    # A draft model good enough to pay on its own (-k auto keeps drafting with it alone).
+    alone_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
     alone, _, _ = generate(DraftModelProposer(alone_draft, SamplingSettings()), policy(), FakeModel(seed=5, order=1, n_vocab=9))
-    both_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.5)
+    both_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
     both, stats, events = generate(LookupThenModel(NGramProposer(), DraftModelProposer(both_draft, SamplingSettings())),
                                    policy(), FakeModel(seed=5, order=1, n_vocab=9))
     assert alone == both == reference

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import RecordingRows, prob
-from specli.proposers import NGramProposer
+from specli.proposers import MAX_OCCURRENCES, RECENCY, NGramProposer
 from specli.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
 VOCAB = 6
@@ -87,19 +87,36 @@ def test_keyed_verification_writes_the_targets_own_draws(case):
 
 
 def reference_ngram(sequence: list[int], max_tokens: int, max_n: int, min_n: int) -> list[int]:
-    """From scratch: the latest earlier occurrence of the longest suffix n-gram, and what
-    followed it, continued periodically past the end of the sequence."""
+    """From scratch: the earlier occurrences of the longest suffix n-gram (the latest
+    MAX_OCCURRENCES), each with what followed it, continued periodically past the end of the
+    sequence; position by position the occurrences that agree so far vote, the latest
+    weighing 1 and each older one RECENCY times the next, ties to the later one."""
     length = len(sequence)
     if max_tokens <= 0:
         return []
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = sequence[length - n :]
-        for start in range(length - 1, n - 1, -1):  # start: the position after the occurrence
-            if sequence[start - n : start] == suffix:
-                extended = list(sequence)
-                while len(extended) < start + max_tokens:
-                    extended.append(extended[len(extended) - (length - start)])
-                return extended[start : start + max_tokens]
+        starts = [start for start in range(length - 1, n - 1, -1) if sequence[start - n : start] == suffix]
+        if not starts:
+            continue
+        continuations = []
+        for start in starts[:MAX_OCCURRENCES]:  # latest first
+            extended = list(sequence)
+            while len(extended) < start + max_tokens:
+                extended.append(extended[len(extended) - (length - start)])
+            continuations.append(extended[start : start + max_tokens])
+        alive = list(range(len(continuations)))
+        draft = []
+        for position in range(max_tokens):
+            weight: dict[int, float] = {}
+            for rank in alive:
+                token = continuations[rank][position]
+                weight[token] = weight.get(token, 0.0) + RECENCY**rank
+            best = max(weight.values())
+            token = next(continuations[rank][position] for rank in alive if weight[continuations[rank][position]] == best)
+            draft.append(token)
+            alive = [rank for rank in alive if continuations[rank][position] == token]
+        return draft
     return []
 
 
@@ -137,7 +154,9 @@ def test_ngram_extent_is_how_far_back_the_match_really_goes(sequence, order):
     proposal = proposer.propose(sequence, 1)
     if proposal.tokens:
         n, length = proposal.key, len(sequence)
-        start = max(s for s in range(n, length) if sequence[s - n : s] == sequence[length - n :])
+        # The latest occurrence that continues with the drafted token (the vote's winner).
+        start = max(s for s in range(n, length)
+                    if sequence[s - n : s] == sequence[length - n :] and sequence[s] == proposal.tokens[0])
         extent = n
         while extent < start and sequence[start - extent - 1] == sequence[length - extent - 1]:
             extent += 1

@@ -1,4 +1,6 @@
-from specli.proposers import EXTENT_LIMIT, NGramProposer
+import pytest
+
+from specli.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
 from specli.text import common_prefix_length as _common_prefix_length
 
 
@@ -95,6 +97,38 @@ def test_a_reference_continuation_stops_where_its_text_ends():
 
     memory = TokenIndex([1, 2, 3], lengths=(2, 1))
     memory.append([4, 1, 2, 8, 9])
-    assert memory.continuation(memory.find((1, 2)), 5) == [8, 9], "the latest occurrence"
-    assert memory.find((3, 4)) is None, "no n-gram spans two texts"
+    assert memory.continuation(memory.find_all((1, 2))[-1], 5) == [8, 9], "the latest occurrence"
+    assert memory.find_all((3, 4)) == [], "no n-gram spans two texts"
     assert memory.continuation(1, 5) == [2, 3], "the separator ends a continuation"
+
+
+def test_occurrences_vote_and_a_split_vote_lowers_support():
+    """Records with one layout and different values: the three earlier records agree on the
+    layout, so the draft follows it; at the value they split, and the token with the most
+    (recency-weighted) votes is drafted with its share as support."""
+    name, colon, comma, end = 100, 101, 102, 103
+    records = [[name, colon, 8, comma, end], [name, colon, 8, comma, end], [name, colon, 7, comma, end]]
+    tokens = [token for record in records for token in record] + [name]
+    proposer = NGramProposer(lengths=(1,))
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 4)
+    assert proposal.key == 1
+    assert proposal.tokens == [colon, 8, comma, end], "8: two older votes (0.8 + 0.64) against the latest's 7 (1)"
+    assert proposal.support[0] == 1.0, "every record has the colon after the name"
+    assert proposal.support[1] == pytest.approx((RECENCY**1 + RECENCY**2) / (1 + RECENCY + RECENCY**2))
+    assert proposal.support[2:] == (1.0, 1.0), "after the value, those that agreed on it are unanimous"
+
+
+def test_a_latest_occurrence_outweighs_one_older_one():
+    tokens = [5, 1, 5, 2, 5]
+    proposer = NGramProposer(lengths=(1,))
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 1)
+    assert proposal.tokens == [2] and proposal.support == (1 / (1 + RECENCY),)
+
+
+def test_only_the_latest_occurrences_vote():
+    tokens = [5, 1] * (MAX_OCCURRENCES + 3) + [5, 2] * MAX_OCCURRENCES + [5]
+    proposer = NGramProposer(lengths=(1,))
+    proposer.prepare(tokens)
+    assert proposer.propose(tokens, 1).tokens == [2], "the older 5 1 pairs fell out of the index"
