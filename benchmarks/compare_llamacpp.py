@@ -37,6 +37,20 @@ report says where the texts first differ.
 with a draft model) to llama.cpp and --gpu-layers N to specli; 999 puts every layer of both
 models on the GPU in both tools (llama.cpp's own default, -1, lets it fit what it decides).
 
+Every native n-gram mode over a prompt set (`--native-modes`): each prompt of the TOML
+files is decoded by specli (`-k auto`, its default n-gram lookup), by llama.cpp with each
+n-gram `--spec-type` at its own defaults (NATIVE_MODES: ngram-simple, ngram-mod,
+ngram-map-k, ngram-map-k4v, ngram-cache and the ngram-mod,ngram-simple chain), and plainly
+by both, in rounds whose order rotates. Per prompt the report names the fastest native mode
+that wrote specli's text ("like for like": texts compared over the shorter of the two, as
+llama-speculative-simple may run past -n) and the ratio of specli's median speed to it; the
+summary gives the geometric mean over the prompts where some mode agreed, per category too,
+and how many prompts had no agreeing mode.
+
+    python benchmarks/compare_llamacpp.py -m gemma.gguf --native-modes \
+        --prompts benchmarks/prompts/public-dev.toml --prompts benchmarks/prompts/public-heldout.toml \
+        --runs 3 --json > benchmarks/out/native-modes.json
+
 Only the standard library is used.
 """
 
@@ -58,6 +72,7 @@ from pathlib import Path
 
 LLAMA_BIN_ENV = "LLAMA_SPECULATIVE_BIN"
 LLAMA_PLAIN_BIN_ENV = "LLAMA_COMPLETION_BIN"
+NATIVE_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod,ngram-simple")
 
 # speculative-simple: "decoded  128 tokens in    2.345 seconds, speed:   54.583 t/s"
 # simple:             "main: decoded 127 tokens in 2.35 s, speed: 54.04 t/s"
@@ -121,6 +136,11 @@ def llama_speculative_command(binary: str, work: Workload, extra: Sequence[str] 
             "--spec-ngram-simple-size-n", str(work.ngram_n), "--spec-ngram-simple-size-m", str(work.k),
         ]
     return command + list(extra)
+
+
+def llama_native_command(binary: str, work: Workload, spec_type: str, extra: Sequence[str] = ()) -> list[str]:
+    """llama-speculative-simple with one native n-gram --spec-type (or a chain), at its defaults."""
+    return [binary, *_llama_common_arguments(work), "--spec-type", spec_type, *extra]
 
 
 def llama_plain_command(binary: str, work: Workload, extra: Sequence[str] = ()) -> list[str]:
@@ -380,6 +400,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     proposer.add_argument("--draft", type=Path, help="Draft GGUF (llama.cpp: --spec-type draft-simple).")
     proposer.add_argument("--ngram", action="store_true", help="N-gram lookup in the context (llama.cpp: ngram-simple).")
     prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompts", type=Path, action="append",
+                        help="With --native-modes: a workloads TOML whose every prompt is compared (repeatable).")
     prompt.add_argument("-p", "--prompt", help="Prompt text, used as is (no chat template).")
     prompt.add_argument("-f", "--prompt-file", type=Path, help="Read the prompt from this file.")
     prompt.add_argument("-w", "--workload", help="A workload's prompt (and its token budget, unless -n is given) "
@@ -415,7 +437,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-specli", action="store_true", help="Run llama.cpp only.")
     parser.add_argument("--timeout", type=float, default=600, help="Seconds allowed per run (default: 600).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
+    parser.add_argument("--native-modes", action="store_true",
+                        help="With --ngram: every native n-gram --spec-type at its defaults against specli's -k auto, "
+                             "over the --prompts sets, like for like.")
     args = parser.parse_args(argv)
+    if args.native_modes and not args.ngram:
+        parser.error("--native-modes compares n-gram modes: give --ngram")
+    if bool(args.prompts) != args.native_modes:
+        parser.error("--prompts and --native-modes go together")
     if args.plain_only:
         args.plain = True
     if not args.llama_bin and not (args.plain_only and args.llama_plain_bin):
@@ -441,8 +470,119 @@ def tool_commands(args: argparse.Namespace, work: Workload) -> dict[str, tuple]:
     return commands
 
 
+def load_prompt_sets(paths: Sequence[Path]) -> list[dict]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return [workload for path in paths for workload in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]]
+
+
+def agrees(a: str | None, b: str | None) -> bool:
+    """The same text over the shorter of the two (llama-speculative-simple may write past -n)."""
+    if a is None or b is None:
+        return False
+    shorter = min(len(a), len(b))
+    return shorter > 0 and a[:shorter] == b[:shorter]
+
+
+def native_modes(args: argparse.Namespace) -> int:
+    """Every native n-gram mode against specli, prompt by prompt, like for like."""
+    specli = shlex.split(args.specli)
+    plain_bin = args.llama_plain_bin or str(Path(args.llama_bin).with_name("llama-completion"))
+    report = []
+    for workload in load_prompt_sets(args.prompts):
+        work = Workload(model=args.model, draft=None, prompt=workload["prompt"], k=args.draft_tokens,
+                        n=args.max_tokens or int(workload.get("max_tokens", 128)), ngram_n=args.ngram_n,
+                        threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k or "auto",
+                        gpu_layers=args.gpu_layers)
+        commands = {"specli": (run_specli, specli_command(specli, work, args.specli_arg)),
+                    "specli plain": (run_specli, specli_command(specli, work, args.specli_arg, plain=True)),
+                    "llama.cpp plain": (run_llama, llama_plain_command(plain_bin, work)),
+                    **{mode: (run_llama, llama_native_command(args.llama_bin, work, mode, args.llama_arg))
+                       for mode in NATIVE_MODES}}
+        runs: dict[str, list[Run]] = {name: [] for name in commands}
+        names = list(commands)
+        try:
+            for round_index in range(args.warmup + args.runs):
+                shift = round_index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    runner, command = commands[name]
+                    run = runner(name, command, args.timeout, work.prompt)
+                    if round_index >= args.warmup:
+                        runs[name].append(run)
+        except (RunError, subprocess.TimeoutExpired, OSError) as error:
+            print(f"error: {workload['name']}: {error}", file=sys.stderr)
+            return 1
+        speed = {name: statistics.median(r.tokens_per_second for r in tool_runs) for name, tool_runs in runs.items()}
+        text = {name: tool_runs[0].text for name, tool_runs in runs.items()}
+        agreeing = [mode for mode in NATIVE_MODES if agrees(text[mode], text["specli"])]
+        best_any = max(NATIVE_MODES, key=speed.__getitem__)
+        best = max(agreeing, key=speed.__getitem__) if agreeing else None
+        row = {"name": workload["name"], "kind": workload.get("kind", ""), "tokens_per_second": speed,
+               "best_native": best_any, "best_native_like_for_like": best,
+               "specli_over_best_native": speed["specli"] / speed[best] if best else None,
+               "specli_over_best_native_any_text": speed["specli"] / speed[best_any],
+               "specli_over_plain": speed["specli"] / speed["specli plain"],
+               "plain_texts_agree": agrees(text["specli plain"], text["llama.cpp plain"]),
+               "specli_text_is_plain": agrees(text["specli"], text["specli plain"]),
+               "agreeing_modes": agreeing}
+        report.append(row)
+        ratio = f"{row['specli_over_best_native']:.2f}x {best}" if best else "no native mode wrote specli's text"
+        print(f"{workload['name']}: specli {speed['specli']:.1f} t/s, plain {speed['specli plain']:.1f}; "
+              f"best native {speed[best_any]:.1f} ({best_any}); like for like: {ratio}", file=sys.stderr, flush=True)
+    summary = summarize_native(report)
+    if args.json:
+        print(json.dumps({"prompts": report, "summary": summary, "runs": args.runs, "model": str(args.model)}))
+    else:
+        print(format_native(report, summary))
+    return 0
+
+
+def summarize_native(report: list[dict]) -> dict:
+    """Geometric means of specli over the best native mode: like for like, overall and per category."""
+    def geo(values: list[float]) -> float | None:
+        return statistics.geometric_mean(values) if values else None
+
+    like = [row for row in report if row["specli_over_best_native"] is not None]
+    kinds = sorted({row["kind"] for row in report})
+    return {
+        "like_for_like_prompts": len(like), "prompts": len(report),
+        "geomean_like_for_like": geo([row["specli_over_best_native"] for row in like]),
+        "min_like_for_like": min((row["specli_over_best_native"] for row in like), default=None),
+        "geomean_any_text": geo([row["specli_over_best_native_any_text"] for row in report]),
+        "geomean_over_plain": geo([row["specli_over_plain"] for row in report]),
+        "min_over_plain": min(row["specli_over_plain"] for row in report),
+        "by_kind": {kind: geo([row["specli_over_best_native"] for row in like if row["kind"] == kind]) for kind in kinds},
+    }
+
+
+def format_native(report: list[dict], summary: dict) -> str:
+    lines = ["| prompt | kind | specli t/s | vs own plain | best native (any text) | like for like: best agreeing mode | specli / it |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in report:
+        speed = row["tokens_per_second"]
+        best = row["best_native_like_for_like"]
+        lines.append(f"| {row['name']} | {row['kind']} | {speed['specli']:.1f} | {row['specli_over_plain']:.2f}x | "
+                     f"{speed[row['best_native']]:.1f} {row['best_native']} | {best or '-'} | "
+                     f"{row['specli_over_best_native']:.2f}x |" if best else
+                     f"| {row['name']} | {row['kind']} | {speed['specli']:.1f} | {row['specli_over_plain']:.2f}x | "
+                     f"{speed[row['best_native']]:.1f} {row['best_native']} | - | - |")
+    geo = summary["geomean_like_for_like"]
+    lines.append(f"\nlike for like ({summary['like_for_like_prompts']} of {summary['prompts']} prompts): "
+                 f"geometric mean {geo:.2f}x, lowest {summary['min_like_for_like']:.2f}x" if geo else
+                 "\nno prompt where a native mode wrote specli's text")
+    lines.append(f"any text: {summary['geomean_any_text']:.2f}x; specli over its own plain: "
+                 f"{summary['geomean_over_plain']:.2f}x, lowest {summary['min_over_plain']:.2f}x")
+    lines.append("by category (like for like): " + ", ".join(
+        f"{kind} {value:.2f}x" if value else f"{kind} -" for kind, value in summary["by_kind"].items()))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.native_modes:
+        return native_modes(args)
     max_tokens = args.max_tokens
     if args.workload:
         prompt, budget = shipped_workload(args.workload)
