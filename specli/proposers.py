@@ -122,21 +122,25 @@ class NGramProposer:
                 continue
             tail = tuple(tokens[end - n :])
             starts = self._index[n].get(tail)
-            if starts:
-                source: Sequence[int] = tokens
-                continuations = [_continuation(tokens, start, draft_tokens) for start in reversed(starts)]
-            else:
+            reference: TokenIndex | None = None
+            if not starts:
                 found = next(((ref, at) for ref in self.references if (at := ref.find_all(tail))), None)
                 if found is None:
                     continue
                 reference, starts = found
-                source = reference.tokens
-                continuations = [reference.continuation(start, draft_tokens) for start in reversed(starts)]
-            draft, support, winner = _vote(continuations)
+            source: Sequence[int] = tokens if reference is None else reference.tokens
+            # The occurrences whose match reaches furthest back vote (a suffix tree's deepest
+            # node): in a copy that is the one being copied; in a repeated layout, its rows.
+            extents = [_match_extent(source, start, tokens, end, n) for start in reversed(starts)]
+            longest = max(extents)
+            voters = [start for start, extent in zip(reversed(starts), extents) if extent == longest]
+            continuations = [_continuation(tokens, start, draft_tokens) if reference is None
+                             else reference.continuation(start, draft_tokens) for start in voters]
+            draft, support, _ = _vote(continuations)
             if not draft:
                 continue
-            self.last_match_extent = _match_extent(source, starts[-1 - winner], tokens, end, n)
-            extent = self.last_match_extent if n == self.lengths[0] else 0
+            self.last_match_extent = longest
+            extent = longest if n == self.lengths[0] else 0
             return Proposal(draft, key=n, extent=extent, proposer="ngram", support=support)
         return Proposal()
 

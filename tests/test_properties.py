@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import RecordingRows, prob
-from specli.proposers import MAX_OCCURRENCES, RECENCY, NGramProposer
+from specli.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
 from specli.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
 VOCAB = 6
@@ -88,9 +88,10 @@ def test_keyed_verification_writes_the_targets_own_draws(case):
 
 def reference_ngram(sequence: list[int], max_tokens: int, max_n: int, min_n: int) -> list[int]:
     """From scratch: the earlier occurrences of the longest suffix n-gram (the latest
-    MAX_OCCURRENCES), each with what followed it, continued periodically past the end of the
-    sequence; position by position the occurrences that agree so far vote, the latest
-    weighing 1 and each older one RECENCY times the next, ties to the later one."""
+    MAX_OCCURRENCES), and of them those whose match reaches furthest back, each with what
+    followed it, continued periodically past the end of the sequence; position by position
+    the occurrences that agree so far vote, the latest weighing 1 and each older one RECENCY
+    times the next, ties to the later one."""
     length = len(sequence)
     if max_tokens <= 0:
         return []
@@ -99,8 +100,17 @@ def reference_ngram(sequence: list[int], max_tokens: int, max_n: int, min_n: int
         starts = [start for start in range(length - 1, n - 1, -1) if sequence[start - n : start] == suffix]
         if not starts:
             continue
+        starts = starts[:MAX_OCCURRENCES]  # latest first
+
+        def extent(start: int) -> int:
+            m = n
+            while m < min(start, EXTENT_LIMIT) and sequence[start - m - 1] == sequence[length - m - 1]:
+                m += 1
+            return m
+
+        longest = max(extent(start) for start in starts)
         continuations = []
-        for start in starts[:MAX_OCCURRENCES]:  # latest first
+        for start in (start for start in starts if extent(start) == longest):
             extended = list(sequence)
             while len(extended) < start + max_tokens:
                 extended.append(extended[len(extended) - (length - start)])
@@ -154,12 +164,15 @@ def test_ngram_extent_is_how_far_back_the_match_really_goes(sequence, order):
     proposal = proposer.propose(sequence, 1)
     if proposal.tokens:
         n, length = proposal.key, len(sequence)
-        # The latest occurrence that continues with the drafted token (the vote's winner).
-        start = max(s for s in range(n, length)
-                    if sequence[s - n : s] == sequence[length - n :] and sequence[s] == proposal.tokens[0])
-        extent = n
-        while extent < start and sequence[start - extent - 1] == sequence[length - extent - 1]:
-            extent += 1
+        # The furthest any of the latest MAX_OCCURRENCES occurrences matches back (the voters').
+        starts = [s for s in range(length - 1, n - 1, -1) if sequence[s - n : s] == sequence[length - n :]]
+        extent = 0
+        for start in starts[:MAX_OCCURRENCES]:
+            m = n
+            while m < start and sequence[start - m - 1] == sequence[length - m - 1]:
+                m += 1
+            extent = max(extent, m)
+        assert any(sequence[s] == proposal.tokens[0] for s in starts[:MAX_OCCURRENCES]), "an occurrence's next token"
         assert proposer.last_match_extent == extent
         # Only a match of the longest n is a copy in progress, whose extent the policy uses.
         assert proposal.extent == (extent if n == max_n else 0)

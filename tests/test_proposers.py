@@ -106,17 +106,31 @@ def test_occurrences_vote_and_a_split_vote_lowers_support():
     """Records with one layout and different values: the three earlier records agree on the
     layout, so the draft follows it; at the value they split, and the token with the most
     (recency-weighted) votes is drafted with its share as support."""
-    name, colon, comma, end = 100, 101, 102, 103
-    records = [[name, colon, 8, comma, end], [name, colon, 8, comma, end], [name, colon, 7, comma, end]]
-    tokens = [token for record in records for token in record] + [name]
+    name, colon, comma, newline = 100, 101, 102, 103
+    # Every record's name follows "<value> , newline" (the first one's, a header's ","), so
+    # each occurrence matches back as far as the others: all three vote.
+    records = [[newline, name, colon, value, comma] for value in (8, 8, 7)]
+    tokens = [comma] + [token for record in records for token in record] + [newline, name]
     proposer = NGramProposer(lengths=(1,))
     proposer.prepare(tokens)
     proposal = proposer.propose(tokens, 4)
     assert proposal.key == 1
-    assert proposal.tokens == [colon, 8, comma, end], "8: two older votes (0.8 + 0.64) against the latest's 7 (1)"
+    assert proposal.tokens == [colon, 8, comma, newline], "8: two older votes (0.8 + 0.64) against the latest's 7 (1)"
     assert proposal.support[0] == 1.0, "every record has the colon after the name"
     assert proposal.support[1] == pytest.approx((RECENCY**1 + RECENCY**2) / (1 + RECENCY + RECENCY**2))
     assert proposal.support[2:] == (1.0, 1.0), "after the value, those that agreed on it are unanimous"
+
+
+def test_only_the_occurrences_that_match_furthest_back_vote():
+    """A copy in progress: the occurrence being copied matches far further back than older
+    look-alikes, so it alone proposes (a suffix tree's deepest node), however many they are."""
+    copied = [1, 2, 3, 9, 4, 5]
+    tokens = [7, 3, 8] * 4 + copied + [0] + copied[:3]
+    proposer = NGramProposer(lengths=(1,))
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 3)
+    assert proposal.tokens == [9, 4, 5] and proposal.support == ()
+    assert proposer.last_match_extent == 3
 
 
 def test_a_latest_occurrence_outweighs_one_older_one():
