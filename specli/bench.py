@@ -28,7 +28,7 @@ from specli.backend import library_versions
 from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
 from specli.errors import ConfigError, UsageError
 from specli.prompt import prompt_tokens
-from specli.proposers import NoProposer
+from specli.proposers import NoProposer, translates
 from specli.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
 from specli.stream import stream
@@ -199,7 +199,8 @@ def run_bench(
 ) -> dict:
     """Measure every configuration on every workload; returns the report as a dict."""
     all_configs: list[str | int] = [PLAIN] + [c for c in configs if c != PLAIN]
-    report: dict = {"proposer": session.proposer.name, "runs": runs, "workloads": []}
+    report: dict = {"proposer": session.proposer.name, "translated": translates(session.proposer), "runs": runs,
+                    "workloads": []}
     for workload in workloads:
         tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
         results = {_label(c): Measurement() for c in all_configs}
@@ -346,6 +347,9 @@ def render_report(report: dict, console) -> None:
         used = "repacking on" if report.get("repack") else "repacking off"
         console.print(Text(f"exact-safe verify batch: {exact['repack']} rows with repacking, {exact['no_repack']} "
                            f"without{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
+    if report.get("translated"):
+        console.print(Text("the draft model has another vocabulary: it drafts through text, re-tokenized for the target",
+                           style="dim"))
     if report.get("verify_on_device"):
         console.print(Text("verified on the device: llama.cpp takes each row's argmax, reads are its candidates",
                            style="dim"))

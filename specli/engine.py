@@ -18,7 +18,7 @@ from typing import Iterator, Literal, Protocol, Sequence, Union
 import numpy as np
 
 from specli.errors import PromptError
-from specli.proposers import Proposal, Proposer
+from specli.proposers import Proposal, Proposer, translates
 from specli.sampling import (Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_greedy_tokens,
                              verify_keyed, warp)
 from specli.text import TextStream, common_prefix_length
@@ -84,6 +84,7 @@ class Stats:
     Every other figure is derived below, once."""
 
     proposer: str = "none"
+    translated: bool = False  # a draft model with another vocabulary, drafting through text
     prompt_tokens: int = 0
     prompt_cached: int = 0  # of the prompt's tokens, those the target's cache already held (a chat's earlier turns)
     tokens: int = 0
@@ -121,7 +122,7 @@ class Stats:
     def combine(cls, runs: Sequence[Stats]) -> Stats:
         """Several runs' stats as one: counts, times and histograms added up (its
         tokens_per_second counts every token; take each run's own for a rate)."""
-        total = cls(proposer=runs[0].proposer if runs else "none")
+        total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated)
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "rows_read",
                          "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
@@ -298,7 +299,7 @@ class Engine:
         self.policy = policy
         self.options = options
         self.seed = seed  # sampling: the token at each position is keyed by (seed, position)
-        self.stats = Stats(proposer=proposer.name)
+        self.stats = Stats(proposer=proposer.name, translated=translates(proposer))
         self._step_ended: float | None = None  # when the previous step's logits were read
         self._on_device = False  # this generation verifies with the target's decode_argmax
         self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
@@ -309,7 +310,7 @@ class Engine:
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
-        self.stats = Stats(proposer=self.proposer.name)
+        self.stats = Stats(proposer=self.proposer.name, translated=translates(self.proposer))
         # A penalised row depends on the tokens before it, which the device does not see.
         self._on_device = self.options.verify_on_device and self.options.sampling.pure_greedy
         return self._generate(prompt)

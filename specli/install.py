@@ -1,6 +1,6 @@
 """How to (re)install llama-cpp-python for a GPU, RPC or more CPU features: the commands specli
 suggests, in one place (a leaf: it imports nothing of specli's). The README's GPU table prints
-the same commands; tests/test_structure.py holds the two together."""
+the same commands; tests/test_boundaries.py holds the two together."""
 
 from __future__ import annotations
 

@@ -74,8 +74,9 @@ class NGramProposer:
     """Prompt lookup: find the earlier occurrences of the sequence's last n tokens (the
     longest n first) and propose what followed them.
 
-    Several occurrences vote (suffix decoding's idea): at each drafted position the
-    continuations still in agreement so far choose the next token by weight, the latest
+    Several occurrences vote (suffix decoding's idea): of the latest MAX_OCCURRENCES, those
+    whose match reaches furthest back (a suffix tree's deepest node); at each drafted position
+    the continuations still in agreement so far choose the next token by weight, the latest
     occurrence weighing 1, the one before RECENCY, then RECENCY², ...; the winning share is
     the proposal's `support` at that position, and occurrences that disagree drop out. Where
     a prompt repeats a layout with different values (records, tables, tool calls) they agree
@@ -84,7 +85,7 @@ class NGramProposer:
 
     A longer match predicts better. The proposal's key is the n that matched (the policy
     keeps a record per key). A match of the longest n is a copy in progress, and the
-    proposal's extent says how far back the winning occurrence's match really goes: often
+    proposal's extent says how far back the voters' match really goes: often
     far more than 12 tokens, and the longer, the better it predicts. Committed tokens only
     ever grow, so the index is extended incrementally: each n-gram maps to the positions
     right after its latest MAX_OCCURRENCES occurrences.
@@ -136,7 +137,7 @@ class NGramProposer:
             voters = [start for start, extent in zip(reversed(starts), extents) if extent == longest]
             continuations = [_continuation(tokens, start, draft_tokens) if reference is None
                              else reference.continuation(start, draft_tokens) for start in voters]
-            draft, support, _ = _vote(continuations)
+            draft, support = _vote(continuations)
             if not draft:
                 continue
             self.last_match_extent = longest
@@ -190,15 +191,14 @@ def _remember(table: dict[tuple[int, ...], list[int]], gram: tuple[int, ...], po
         del starts[0]
 
 
-def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...], int]:
-    """(draft, support, winner) from the continuations of several occurrences, latest first.
+def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...]]:
+    """(draft, support) from the continuations of several occurrences, latest first.
 
     Position by position, the occurrences that agreed with every drafted token so far vote
     for the next one, weighted RECENCY**rank (rank 0: the latest); the heaviest token is
-    drafted (the later occurrence's on a tie) and its share of the vote is its support.
-    winner: the rank of the latest occurrence that agrees with the whole draft."""
+    drafted (the later occurrence's on a tie) and its share of the vote is its support."""
     if len(continuations) == 1:
-        return continuations[0], (), 0
+        return continuations[0], ()
     weights = [RECENCY**rank for rank in range(len(continuations))]
     alive = list(range(len(continuations)))
     draft: list[int] = []
@@ -216,7 +216,7 @@ def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...],
         draft.append(token)
         support.append(votes[token] / sum(votes.values()))
         alive = [rank for rank in alive if position < len(continuations[rank]) and continuations[rank][position] == token]
-    return draft, tuple(support), alive[0]
+    return draft, tuple(support)
 
 
 def _match_extent(source: Sequence[int], start: int, tokens: list[int], end: int, n: int) -> int:
@@ -363,8 +363,9 @@ class LookupThenModel:
     name = "draft+ngram"
     cheap = False
 
-    def __init__(self, lookup: NGramProposer, model: DraftModelProposer) -> None:
+    def __init__(self, lookup: NGramProposer, model: Proposer) -> None:
         self.ngram, self.model = lookup, model
+        self.translated = translates(model)
 
     prior = staticmethod(NGramProposer.prior)  # lookup's keys; the draft model's (None): the policy's own
 
@@ -382,11 +383,26 @@ class LookupThenModel:
         self.model.close()
 
 
+def model_proposer_of(proposer: Proposer) -> Proposer | None:
+    """The part of a proposer that runs a draft model (a DraftModelProposer, or one drafting
+    through text), without lookup in front of it; None if it runs none."""
+    if isinstance(proposer, LookupThenModel):
+        return proposer.model
+    return None if proposer.cheap else proposer
+
+
 def draft_model_of(proposer: Proposer) -> DraftModelProposer | None:
-    """The draft model behind a proposer, if it has one."""
-    if isinstance(proposer, DraftModelProposer):
-        return proposer
-    return proposer.model if isinstance(proposer, LookupThenModel) else None
+    """The DraftModelProposer behind a proposer, if it has one (lookup in front of it, or
+    drafting through text, wrap it)."""
+    inner = model_proposer_of(proposer)
+    while inner is not None and not isinstance(inner, DraftModelProposer):
+        inner = inner.model  # drafting through text: TranslatedDraft.model
+    return inner
+
+
+def translates(proposer: object) -> bool:
+    """Whether the proposer drafts through text (a draft model with another vocabulary)."""
+    return bool(getattr(proposer, "translated", False))
 
 
 def _top_probability(logits: np.ndarray) -> float:

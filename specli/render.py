@@ -129,7 +129,7 @@ def format_stats(stats: Stats) -> str:
     ]
     if stats.proposer != "none":
         parts.append(
-            f"{stats.proposer}: drafted {stats.drafted}, accepted {stats.accepted} "
+            f"{stats.proposer}{' through text' if stats.translated else ''}: drafted {stats.drafted}, accepted {stats.accepted} "
             f"({100 * stats.acceptance_rate:.1f}%), {stats.mean_accepted_length:.2f} accepted per step"
         )
         if len(stats.drafted_by) > 1:  # lookup in front of a draft model: each one's share

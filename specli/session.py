@@ -14,10 +14,13 @@ from specli.costs import (CALIBRATION_SIZES, FIRST_RUN_SIZES, PRIOR_LOOP, CostSo
                           calibrate, draft_key, exact_key, prior_costs, settings_key)
 from specli.config import cache_dir
 from specli.devices import compute_fingerprint
+from specli.errors import VocabMismatchError
 from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
 from specli.exact import exact_batch_size
-from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of
+from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
+                              translates)
 from specli.sampling import SamplingSettings
+from specli.translate import TranslatedDraft, cost_per_target_token
 from specli.vocab import check_vocab_compatible
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
@@ -105,7 +108,10 @@ class Session:
             # target's says nothing when the target's decodes cross a network (--rpc).
             drafter.forget()
             draft = drafter.model
-            seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
+            draft_token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
+            seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, draft_token, (1,), repeats=5)[1]
+            if translates(self.proposer):  # priced per target token, and through both tokenizers
+                seconds = cost_per_target_token(target, draft, seconds)
             self._store().put(self._draft_key(), seconds)
         return self.costs(measure=False)
 
@@ -154,7 +160,7 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     seed = spec.seed if spec.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
     target = Model(spec.target, spec.target_load, verbose=spec.verbose)
     try:
-        proposer = NoProposer() if exact_batch == 1 else _open_proposer(spec, target, seed)
+        proposer = NoProposer() if exact_batch == 1 else _open_proposer(spec, target, seed, notice)
     except BaseException:
         target.close()
         raise
@@ -194,16 +200,22 @@ def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> 
     return spec, sizes[repack]
 
 
-def _open_proposer(spec: SessionSpec, target: Model, seed: int) -> Proposer:
+def _open_proposer(spec: SessionSpec, target: Model, seed: int,
+                   notice: Callable[[str], None] | None = None) -> Proposer:
     if spec.draft == "none":
         return NoProposer()
     if spec.draft == "ngram":
         return NGramProposer()
     draft = Model(spec.draft, spec.draft_load, verbose=spec.verbose)
+    model: Proposer = DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
     try:
         check_vocab_compatible(target, draft)
+    except VocabMismatchError as refused:
+        # Its tokens mean nothing to the target: it drafts through text instead.
+        if notice is not None:
+            notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
+        model = TranslatedDraft(target, model)
     except BaseException:
         draft.close()
         raise
-    model = DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
     return LookupThenModel(NGramProposer(), model) if spec.draft_lookup else model

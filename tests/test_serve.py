@@ -150,6 +150,19 @@ def test_a_seeded_request_repeats(gemma_server):
     assert len(texts) == 1
 
 
+def test_a_draft_with_another_vocabulary_drafts_through_text_for_requests(gemma_path, smollm_path):
+    """Gemma 3 (262k tokens) drafting for SmolLM2 (49k): a request's `"draft": "model"` drafts
+    through text, never with Gemma's own token ids; exact, it writes run --draft none --exact's text."""
+    prompt = "The three primary colours are red, yellow and blue. Mixing red and yellow gives orange. The three primary colours are"
+    expected = specli_run("--target", smollm_path, "--draft", "none", "--exact", "--no-chat", "-n", N, prompt)
+    with serving("--target", smollm_path, "--draft", gemma_path, "--no-memory") as server:
+        assert any("drafting through text" in line for line in server.log), server.log
+        whole = server.client().completions.create(model="x", prompt=prompt, max_tokens=N, extra_body={
+            "draft": "model", "exact": True, "draft_tokens": 4})
+    assert same_text(whole.choices[0].text, expected)
+    assert whole.timings["draft_n"] > 0 and whole.timings["draft_n_accepted"] > 0, whole.timings
+
+
 # --- provenance ----------------------------------------------------------------------
 
 
@@ -172,9 +185,12 @@ def test_spans_join_to_the_content_and_chunks_carry_their_source(gemma_server):
 def test_a_prediction_raises_accepted_tokens_and_leaves_the_text(gemma_server):
     client = gemma_server.client()
     prompt = "Once upon a time, in a small village by the sea,"
-    plain = client.completions.create(model="x", prompt=prompt, max_tokens=48, extra_body={"exact": True})
+    # exact: bit for bit the same text whatever is drafted; a fixed draft length, as -k auto
+    # may find that no draft pays within the exact batch (3 rows on some CPUs).
+    steer = {"exact": True, "draft_tokens": 8}
+    plain = client.completions.create(model="x", prompt=prompt, max_tokens=48, extra_body=steer)
     predicted = client.completions.create(model="x", prompt=prompt, max_tokens=48, extra_body={
-        "exact": True, "prediction": {"type": "content", "content": plain.choices[0].text}})
+        **steer, "prediction": {"type": "content", "content": plain.choices[0].text}})
     assert predicted.choices[0].text == plain.choices[0].text
     accepted = predicted.usage.completion_tokens_details.accepted_prediction_tokens
     assert accepted > plain.usage.completion_tokens_details.accepted_prediction_tokens

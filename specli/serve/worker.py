@@ -21,8 +21,8 @@ import numpy as np
 
 from specli.costs import StepCosts
 from specli.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
-from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex,
-                              draft_model_of)
+from specli.proposers import (LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex, draft_model_of,
+                              model_proposer_of)
 from specli.sampling import SamplingSettings
 from specli.session import Session, exact_batch_sizes
 from specli.stream import Outcome, stream
@@ -118,8 +118,10 @@ class Worker:
         self._waiting = 0
 
     @property
-    def draft_model(self) -> DraftModelProposer | None:
-        return draft_model_of(self.session.proposer)
+    def draft_model(self) -> Proposer | None:
+        """The loaded draft model's proposer (drafting through text where its vocabulary
+        differs), without lookup in front of it."""
+        return model_proposer_of(self.session.proposer)
 
     def _fixed_costs(self) -> StepCosts | None:
         """The costs -k auto prices every request with, read once (see module doc)."""
@@ -177,8 +179,9 @@ class Worker:
         lookup = NGramProposer(references=references)
         if job.draft == "model":
             draft = self.draft_model
-            assert draft is not None, "checked when the request was read"
-            draft.sampling, draft.seed = job.options.sampling, job.seed
+            model = draft_model_of(self.session.proposer)
+            assert draft is not None and model is not None, "checked when the request was read"
+            model.sampling, model.seed = job.options.sampling, job.seed
             # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
             return LookupThenModel(lookup, draft) if job.prediction or self.session.spec.draft_lookup else draft
         return lookup

@@ -1,0 +1,169 @@
+"""Drafting across vocabularies, through text: SmolLM2-135M (GPT-2 BPE, 49k tokens) drafting
+for Gemma 3 270M (SentencePiece BPE, 262k tokens), and Gemma drafting for SmolLM2.
+
+The output is the target's own (greedy: identical, or a first divergence at a near-tie, as in
+test_real_models; --exact: identical; seeded: the same on every run), the draft's text is
+read and written back across the two tokenizers at the hard boundaries (digits, whitespace
+runs, multi-byte UTF-8, an emoji split into byte tokens), and the CLI says in one line that
+it drafts through text and why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specli.backend import LoadSettings, Model
+from specli.bench import plain_greedy
+from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer
+from specli.sampling import SamplingSettings
+from specli.translate import TranslatedDraft, complete_utf8
+
+from test_real_models import assert_lossless
+
+BOUNDARY_TEXTS = [
+    "Order 1234567 shipped 2026-11-25 at 09:41; total 1,299.50 (3.14159).",
+    "a    b\n\n\n    c\t\td  \n e",
+    "naïve café, Zürich, 東京 and Ελληνικά: déjà vu.",
+    "Tonight 🎉😀 we ship 🚀🚀 — ok 👍🏽!",
+]
+
+
+def test_complete_utf8_holds_back_only_an_unfinished_character():
+    emoji = "😀".encode()
+    assert complete_utf8(b"abc") == 3
+    assert complete_utf8(b"ab" + emoji) == 6
+    for cut in range(1, 4):
+        assert complete_utf8(b"ab" + emoji[:cut]) == 2, cut
+    assert complete_utf8("é".encode()[:1]) == 0
+    assert complete_utf8(b"\x80\x80") == 2, "stray continuation bytes never complete: nothing to wait for"
+    assert complete_utf8(b"") == 0
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    with Model(gemma_path, LoadSettings(ctx_size=1024)) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def smol(smollm_path):
+    with Model(smollm_path, LoadSettings(ctx_size=1024)) as model:
+        yield model
+
+
+def pairs(gemma, smol):
+    return [(gemma, smol), (smol, gemma)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", BOUNDARY_TEXTS)
+def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
+    """Fed the target's tokens one at a time, the draft's own tokens always spell the
+    committed text, up to a character not yet complete; and its re-tokenizing keeps all its
+    earlier tokens but the last two at most (its cache is rewound only that far)."""
+    for target, draft in pairs(gemma, smol):
+        bridge = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+        tokens = target.tokenize(text, add_special=False)
+        previous: list[int] = []
+        for count in range(1, len(tokens) + 1):
+            read = bridge._read(tokens[:count])
+            committed = b"".join(target.piece(t) for t in tokens[:count])
+            spelled = b"".join(draft.piece(t) for t in read)
+            assert spelled == committed[: complete_utf8(committed)], (target.path.name, count)
+            kept = next((i for i, (a, b) in enumerate(zip(previous, read)) if a != b), min(len(previous), len(read)))
+            assert kept >= len(previous) - 2, "only the last tokens are tokenized again"
+            previous = read
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", BOUNDARY_TEXTS)
+def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma, smol, text):
+    for target, draft in pairs(gemma, smol):
+        bridge = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+        data = text.encode()
+        proposed = bridge._target_tokens(data)
+        spelled = b"".join(target.piece(t) for t in proposed)
+        assert data.startswith(spelled)
+        whole = target.tokenize(text, add_special=False)
+        assert proposed == whole[: len(proposed)] and len(proposed) == len(whole) - 1, "the last token is held back"
+        # Drafted text that ends inside a character: only what comes before it is proposed.
+        if "🎉" in text:
+            cut = data[: data.index("🎉".encode()) + 2]
+            assert cut[: complete_utf8(cut)].startswith(b"".join(target.piece(t) for t in bridge._target_tokens(cut)))
+
+
+@pytest.mark.slow
+def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma, smol):
+    """SmolLM2 writes 😀 as two byte tokens; after the first, the text ends inside the
+    character, and the draft (Gemma) cannot continue half of it: it abstains."""
+    bridge = TranslatedDraft(smol, DraftModelProposer(gemma, SamplingSettings()))
+    tokens = smol.tokenize("Party time 😀", add_special=False)
+    assert smol.piece(tokens[-1]) == b"\x80", "the emoji's last byte is a token of its own"
+    bridge.prepare(tokens[:-1])
+    assert bridge.propose(tokens[:-1], 4).tokens == []
+    assert bridge.propose(tokens, 4).tokens, "once the character is whole it drafts again"
+
+
+def generate(target, proposer, prompt, *, sampling=SamplingSettings(), seed=0, k=4, max_tokens=40):
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens, sampling), seed=seed)
+    events = list(engine.generate(prompt))
+    return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
+
+
+GROUNDED = ("The three primary colours are red, yellow and blue. Mixing red and yellow gives orange; "
+            "mixing yellow and blue gives green. The three primary colours are")
+
+
+@pytest.mark.slow
+def test_greedy_output_is_the_targets_and_the_draft_is_kept_on_a_grounded_prompt(gemma, smol):
+    for target, draft in pairs(gemma, smol):
+        prompt = target.tokenize(GROUNDED)
+        plain, margins = plain_greedy(target, prompt, 40)
+        for k in (2, 6):
+            proposer = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+            output, stats = generate(target, proposer, prompt, k=k)
+            assert_lossless(plain, margins, output)
+            assert stats.translated and stats.drafted > 0
+            assert stats.accepted > 0, f"{draft.path.name} drafting for {target.path.name}: nothing kept"
+
+
+@pytest.mark.slow
+def test_seeded_output_repeats_with_lookup_in_front(gemma, smol):
+    sampling = SamplingSettings(temperature=0.8, top_k=40)
+    for target, draft in pairs(gemma, smol):
+        prompt = target.tokenize(GROUNDED)
+        runs = []
+        for _ in range(2):
+            proposer = LookupThenModel(NGramProposer(),
+                                       TranslatedDraft(target, DraftModelProposer(draft, sampling, seed=7)))
+            runs.append(generate(target, proposer, prompt, sampling=sampling, seed=7))
+        assert runs[0][0] == runs[1][0], "the same seed writes the same text"
+        assert runs[0][1].translated and runs[0][1].drafted > 0
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specli", "run", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["smollm drafts for gemma", "gemma drafts for smollm"])
+def test_the_cli_drafts_through_text_says_why_and_exact_is_bit_for_bit(gemma_path, smollm_path, direction):
+    target, draft = (gemma_path, smollm_path) if direction.startswith("smollm") else (smollm_path, gemma_path)
+    common = ["--target", str(target), "--no-chat", "-n", "24", "-c", "512", "--temp", "0"]
+    exact_plain = cli(*common, "--draft", "none", "--exact", GROUNDED)
+    exact_draft = cli(*common, "--draft", str(draft), "--exact", "-k", "4", GROUNDED)
+    assert exact_plain.returncode == 0 and exact_draft.returncode == 0, exact_draft.stderr
+    assert exact_draft.stdout == exact_plain.stdout, "--exact: the same text whatever the draft"
+    notes = [line for line in exact_draft.stderr.splitlines() if "drafting through text" in line]
+    assert len(notes) == 1 and "use different tokenizers" in notes[0], exact_draft.stderr
+    as_json = cli(*common, "--draft", str(draft), "-k", "4", "--json", GROUNDED)
+    assert as_json.returncode == 0, as_json.stderr
+    stats = json.loads(as_json.stdout.strip().splitlines()[-1])
+    assert stats["type"] == "stats" and stats["translated"] is True and stats["drafted"] > 0
+    shown = cli(*common, "--draft", str(draft), "-k", "4", GROUNDED)
+    assert "draft+ngram through text: drafted" in shown.stderr, "the stats line says the pair is translated"
