@@ -45,9 +45,11 @@ by both, in rounds whose order rotates. Per prompt the report names the fastest 
 that wrote specli's text ("like for like": texts compared over the shorter of the two, as
 llama-speculative-simple may run past -n) and the ratio of specli's median speed to it; the
 summary gives the geometric mean over the prompts where some mode agreed, per category too,
-and how many prompts had no agreeing mode.
+and how many prompts had no agreeing mode. With `--draft` instead of `--ngram` the native
+modes are NATIVE_DRAFT_MODES (draft-simple, and draft-simple,ngram-mod) and specli also runs
+with `--no-ngram` (its draft model alone).
 
-    python benchmarks/compare_llamacpp.py -m gemma.gguf --native-modes \
+    python benchmarks/compare_llamacpp.py -m gemma.gguf --ngram --native-modes \
         --prompts benchmarks/prompts/public-dev.toml --prompts benchmarks/prompts/public-heldout.toml \
         --runs 3 --json > benchmarks/out/native-modes.json
 
@@ -73,6 +75,8 @@ from pathlib import Path
 LLAMA_BIN_ENV = "LLAMA_SPECULATIVE_BIN"
 LLAMA_PLAIN_BIN_ENV = "LLAMA_COMPLETION_BIN"
 NATIVE_MODES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod,ngram-simple")
+# With a draft model (--draft): llama.cpp's draft model alone and chained with ngram-mod.
+NATIVE_DRAFT_MODES = ("draft-simple", "draft-simple,ngram-mod")
 
 # speculative-simple: "decoded  128 tokens in    2.345 seconds, speed:   54.583 t/s"
 # simple:             "main: decoded 127 tokens in 2.35 s, speed: 54.04 t/s"
@@ -139,8 +143,12 @@ def llama_speculative_command(binary: str, work: Workload, extra: Sequence[str] 
 
 
 def llama_native_command(binary: str, work: Workload, spec_type: str, extra: Sequence[str] = ()) -> list[str]:
-    """llama-speculative-simple with one native n-gram --spec-type (or a chain), at its defaults."""
-    return [binary, *_llama_common_arguments(work), "--spec-type", spec_type, *extra]
+    """llama-speculative-simple with one native --spec-type (or a chain), at its defaults; with
+    the workload's draft model where the type names one."""
+    draft = ["-md", str(work.draft)] if work.draft is not None and "draft" in spec_type else []
+    if draft and work.gpu_layers is not None:
+        draft += ["-ngld", str(work.gpu_layers)]
+    return [binary, *_llama_common_arguments(work), *draft, "--spec-type", spec_type, *extra]
 
 
 def llama_plain_command(binary: str, work: Workload, extra: Sequence[str] = ()) -> list[str]:
@@ -435,14 +443,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="Command that starts specli (default: this Python's `-m specli`).")
     parser.add_argument("--specli-arg", action="append", default=[], help="Extra argument for `specli run` (repeatable).")
     parser.add_argument("--skip-specli", action="store_true", help="Run llama.cpp only.")
+    parser.add_argument("--before", metavar="COMMAND",
+                        help="With --native-modes: another command that starts specli (say, a checkout of the code "
+                             "before a change), run with the same arguments in the same rounds as 'specli before'.")
     parser.add_argument("--timeout", type=float, default=600, help="Seconds allowed per run (default: 600).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
     parser.add_argument("--native-modes", action="store_true",
-                        help="With --ngram: every native n-gram --spec-type at its defaults against specli's -k auto, "
-                             "over the --prompts sets, like for like.")
+                        help="Every native --spec-type at its defaults against specli's -k auto over the --prompts "
+                             "sets, like for like: the n-gram ones (--ngram), or draft-simple alone and chained with "
+                             "ngram-mod (--draft; specli then also runs --no-ngram).")
     args = parser.parse_args(argv)
-    if args.native_modes and not args.ngram:
-        parser.error("--native-modes compares n-gram modes: give --ngram")
     if bool(args.prompts) != args.native_modes:
         parser.error("--prompts and --native-modes go together")
     if args.plain_only:
@@ -490,9 +500,10 @@ def native_modes(args: argparse.Namespace) -> int:
     """Every native n-gram mode against specli, prompt by prompt, like for like."""
     specli = shlex.split(args.specli)
     plain_bin = args.llama_plain_bin or str(Path(args.llama_bin).with_name("llama-completion"))
+    modes = NATIVE_DRAFT_MODES if args.draft else NATIVE_MODES
     report = []
     for workload in load_prompt_sets(args.prompts):
-        work = Workload(model=args.model, draft=None, prompt=workload["prompt"], k=args.draft_tokens,
+        work = Workload(model=args.model, draft=args.draft, prompt=workload["prompt"], k=args.draft_tokens,
                         n=args.max_tokens or int(workload.get("max_tokens", 128)), ngram_n=args.ngram_n,
                         threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k or "auto",
                         gpu_layers=args.gpu_layers)
@@ -500,7 +511,11 @@ def native_modes(args: argparse.Namespace) -> int:
                     "specli plain": (run_specli, specli_command(specli, work, args.specli_arg, plain=True)),
                     "llama.cpp plain": (run_llama, llama_plain_command(plain_bin, work)),
                     **{mode: (run_llama, llama_native_command(args.llama_bin, work, mode, args.llama_arg))
-                       for mode in NATIVE_MODES}}
+                       for mode in modes}}
+        if args.draft:  # the draft model alone, as the reference the combined proposer must not lose to
+            commands["specli --no-ngram"] = (run_specli, specli_command(specli, work, [*args.specli_arg, "--no-ngram"]))
+        if args.before:  # another specli (the code before a change), in the same rounds
+            commands["specli before"] = (run_specli, specli_command(shlex.split(args.before), work, args.specli_arg))
         runs: dict[str, list[Run]] = {name: [] for name in commands}
         names = list(commands)
         try:
@@ -516,14 +531,18 @@ def native_modes(args: argparse.Namespace) -> int:
             return 1
         speed = {name: statistics.median(r.tokens_per_second for r in tool_runs) for name, tool_runs in runs.items()}
         text = {name: tool_runs[0].text for name, tool_runs in runs.items()}
-        agreeing = [mode for mode in NATIVE_MODES if agrees(text[mode], text["specli"])]
-        best_any = max(NATIVE_MODES, key=speed.__getitem__)
-        best = max(agreeing, key=speed.__getitem__) if agreeing else None
+        agreeing = [mode for mode in modes if agrees(text[mode], text["specli"])]
+        best_any = max(modes, key=speed.__getitem__)
+        best = _best_agreeing(modes, text, speed, "specli")
+        before_best = _best_agreeing(modes, text, speed, "specli before") if args.before else None
         row = {"name": workload["name"], "kind": workload.get("kind", ""), "tokens_per_second": speed,
                "best_native": best_any, "best_native_like_for_like": best,
                "specli_over_best_native": speed["specli"] / speed[best] if best else None,
                "specli_over_best_native_any_text": speed["specli"] / speed[best_any],
                "specli_over_plain": speed["specli"] / speed["specli plain"],
+               "specli_over_no_ngram": speed["specli"] / speed["specli --no-ngram"] if args.draft else None,
+               "before_over_plain": speed["specli before"] / speed["specli plain"] if args.before else None,
+               "before_over_best_native": speed["specli before"] / speed[before_best] if before_best else None,
                "plain_texts_agree": agrees(text["specli plain"], text["llama.cpp plain"]),
                "specli_text_is_plain": agrees(text["specli"], text["specli plain"]),
                "agreeing_modes": agreeing}
@@ -539,6 +558,12 @@ def native_modes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _best_agreeing(modes: Sequence[str], text: dict, speed: dict, tool: str) -> str | None:
+    """The fastest native mode that wrote `tool`'s text, if any did."""
+    agreeing = [mode for mode in modes if agrees(text[mode], text[tool])]
+    return max(agreeing, key=speed.__getitem__) if agreeing else None
+
+
 def summarize_native(report: list[dict]) -> dict:
     """Geometric means of specli over the best native mode: like for like, overall and per category."""
     def geo(values: list[float]) -> float | None:
@@ -546,15 +571,27 @@ def summarize_native(report: list[dict]) -> dict:
 
     like = [row for row in report if row["specli_over_best_native"] is not None]
     kinds = sorted({row["kind"] for row in report})
-    return {
+    summary = {
         "like_for_like_prompts": len(like), "prompts": len(report),
         "geomean_like_for_like": geo([row["specli_over_best_native"] for row in like]),
         "min_like_for_like": min((row["specli_over_best_native"] for row in like), default=None),
         "geomean_any_text": geo([row["specli_over_best_native_any_text"] for row in report]),
         "geomean_over_plain": geo([row["specli_over_plain"] for row in report]),
         "min_over_plain": min(row["specli_over_plain"] for row in report),
+        "min_over_no_ngram": min((row["specli_over_no_ngram"] for row in report if row["specli_over_no_ngram"]),
+                                 default=None),
         "by_kind": {kind: geo([row["specli_over_best_native"] for row in like if row["kind"] == kind]) for kind in kinds},
     }
+    before = [row for row in report if row.get("before_over_plain")]
+    if before:  # --before: the same figures for the other specli
+        before_like = [row["before_over_best_native"] for row in before if row["before_over_best_native"]]
+        summary.update({
+            "before_geomean_over_plain": geo([row["before_over_plain"] for row in before]),
+            "before_min_over_plain": min(row["before_over_plain"] for row in before),
+            "before_like_for_like_prompts": len(before_like),
+            "before_geomean_like_for_like": geo(before_like),
+        })
+    return summary
 
 
 def format_native(report: list[dict], summary: dict) -> str:
@@ -574,6 +611,13 @@ def format_native(report: list[dict], summary: dict) -> str:
                  "\nno prompt where a native mode wrote specli's text")
     lines.append(f"any text: {summary['geomean_any_text']:.2f}x; specli over its own plain: "
                  f"{summary['geomean_over_plain']:.2f}x, lowest {summary['min_over_plain']:.2f}x")
+    if summary.get("before_geomean_over_plain"):
+        like = summary["before_geomean_like_for_like"]
+        lines.append(f"specli before: {summary['before_geomean_over_plain']:.2f}x its plain, lowest "
+                     f"{summary['before_min_over_plain']:.2f}x; like for like ({summary['before_like_for_like_prompts']} "
+                     f"prompts) " + (f"{like:.2f}x" if like else "-"))
+    if summary["min_over_no_ngram"] is not None:
+        lines.append(f"specli over its draft model alone (--no-ngram): lowest {summary['min_over_no_ngram']:.2f}x")
     lines.append("by category (like for like): " + ", ".join(
         f"{kind} {value:.2f}x" if value else f"{kind} -" for kind, value in summary["by_kind"].items()))
     return "\n".join(lines)
