@@ -26,13 +26,16 @@ NAME_COLUMNS = (1, 2)  # shortened when the table is too wide
 SHORTEST_NAME = 20  # below this, the names go on a line of their own instead
 DRAFTED_BY = ", drafted by "
 GAP = "  "
+THROUGH_TEXT = "*"  # ends the name of a draft with a vocabulary of its own; shortening keeps a name's end
+THROUGH_TEXT_NOTE = "* drafts through text: its vocabulary is not the target's"
 
 
 def print_pairs_table(statuses, width: int | None = None) -> None:
     """Aligned columns, the path last, one line per pair. Where the terminal is narrower, the path
     column goes and the model names are shortened in the middle (their quant stays); narrower still,
     each pair's models fold onto a second line. No line is wider than the terminal (a path aside);
-    in a pipe, lines are whole, for grep."""
+    in a pipe, lines are whole, for grep. A draft that drafts through text ends with `*`, and a
+    line under the table says what that means."""
     from specli import hub
 
     width = width if width is not None else output_width()
@@ -48,17 +51,22 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
             from specli.demo import embedded_model
 
             embedded = embedded_model()
-    if width is None or _line_width(_column_widths(rows)) <= width:
-        _print_table(rows, _column_widths(rows)[:-1])
+    through_text = [status.pair.cross_vocabulary for status in statuses]
+    marked = _marked(rows, through_text)
+    if width is None or _line_width(_column_widths(marked)) <= width:
+        _print_table(marked, _column_widths(marked)[:-1])
+        _print_note(through_text, width)
         if embedded is not None and not embedded.assembled:  # its row shows no path
             typer.echo(f"embedded model: {_home(embedded.path)} (written on first run)")
         return
     rows = [rows[0][:-1]] + [(row[0], _bare(row[1]), _bare(row[2]), *row[3:-1]) for row in rows[1:]]
-    widths = _fitted_widths(rows, width, NAME_COLUMNS, SHORTEST_NAME)
+    marked = _marked(rows, through_text)
+    widths = _fitted_widths(marked, width, NAME_COLUMNS, SHORTEST_NAME)
     if _line_width(widths) <= width:
-        _print_table(rows, widths)
+        _print_table(marked, widths)
     else:
-        _print_folded(rows, width)
+        _print_folded(marked, width)
+    _print_note(through_text, width)
     if embedded is not None:
         later = "" if embedded.assembled else " (written on first run)"
         typer.echo(f"embedded model: {_home(embedded.path)}{later}")
@@ -75,6 +83,20 @@ def output_width() -> int | None:
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def _marked(rows, through_text: list[bool]):
+    """The rows with THROUGH_TEXT after the name of each draft that drafts through text."""
+    return [rows[0]] + [(*row[:2], row[2] + THROUGH_TEXT, *row[3:]) if through else row
+                        for row, through in zip(rows[1:], through_text)]
+
+
+def _print_note(through_text: list[bool], width: int | None) -> None:
+    import textwrap
+
+    if any(through_text):
+        for line in textwrap.wrap(THROUGH_TEXT_NOTE, width or len(THROUGH_TEXT_NOTE), subsequent_indent="  "):
+            typer.echo(line)
 
 
 def _print_table(rows, widths: list[int]) -> None:
@@ -174,6 +196,7 @@ def pair_json(status) -> dict:
         "size_bytes": status.size,
         "download_bytes": pair.download_size,
         "draft_tokens": pair.draft_tokens,
+        "cross_vocabulary": pair.cross_vocabulary,
         "target": models["target"],
         "draft": models.get("draft", pair.draft),
     }

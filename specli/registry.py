@@ -2,7 +2,9 @@
 
 This is the only module that parses `models.toml`. A pair names a target model and the draft
 that proposes tokens for it; each model comes from the Hugging Face Hub (`repo` + `file`),
-a local `path`, or a Python `package` that ships it.
+a local `path`, or a Python `package` that ships it. A draft model normally shares the target's
+vocabulary; a pair whose draft has one of its own says so with `cross_vocabulary = true`, and
+that draft proposes through text.
 """
 
 from __future__ import annotations
@@ -225,7 +227,13 @@ DraftRef = Annotated[
 
 
 class Pair(BaseModel):
-    """A target model and the draft that proposes tokens for it."""
+    """A target model and the draft that proposes tokens for it.
+
+    `cross_vocabulary` declares that the draft model has a vocabulary of its own: it reads the
+    text re-tokenized with its tokenizer and its proposals are tokenized again for the target
+    (drafting through text). It describes the pair for `specli list`; whether a draft drafts
+    through text is still decided from the two files, by the vocabulary rule, when they load.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -234,6 +242,15 @@ class Pair(BaseModel):
     target: ModelRef
     draft: DraftRef
     draft_tokens: Optional[int] = Field(default=None, ge=1)
+    cross_vocabulary: bool = Field(default=False, strict=True)
+
+    @field_validator("cross_vocabulary")
+    @classmethod
+    def _draft_model(cls, value: bool, info: ValidationInfo) -> bool:
+        # `draft` is declared above, so it is validated first; absent here when it failed.
+        if value and info.data.get("draft") == "ngram":
+            raise ValueError("applies to a draft model only; n-gram lookup drafts the target's own tokens")
+        return value
 
     def models(self) -> list[tuple[str, ModelRef]]:
         """The pair's model files by role: `target`, then `draft` unless the draft is n-gram."""

@@ -640,6 +640,7 @@ def test_list_shows_every_pair_and_what_is_downloaded(hub, specli, monkeypatch):
     assert tiny["draft"]["size_bytes"] == len(DRAFT)
     assert pairs["tiny-ngram"]["status"] == "downloaded"  # it shares tiny's target
     assert pairs["tiny-ngram"]["draft"] == "ngram"
+    assert (tiny["cross_vocabulary"], pairs["phi-4"]["cross_vocabulary"]) == (False, True)
     assert pairs["split"]["status"] == "partial"  # its draft is tiny's
     assert pairs["qwen3-8b"]["status"] == "missing"
 
@@ -689,15 +690,28 @@ def test_list_fits_the_terminal_and_says_where_the_embedded_model_lives(hub, spe
     qwen = next(row for row in rows if row.startswith("qwen3-8b "))
     shipped = load_registry().pairs["qwen3-8b"]
     assert format_size(shipped.download_size) in qwen
+    phi = next(row for row in rows if row.startswith("phi-4 "))  # a draft with a vocabulary of its own
+    assert lines[-3] == "* drafts through text: its vocabulary is not the target's"
     if columns == 120:  # one line per pair, the names without .gguf
-        assert len(lines) == 1 + len(names) + 2
+        assert len(lines) == 1 + len(names) + 3
         assert qwen.split()[1:3] == ["Qwen3-8B-Q4_K_M", "Qwen3-0.6B-Q8_0"]
+        assert phi.split()[1:3] == ["phi-4-Q4_K_M", "qwen2.5-0.5b-instruct-q8_0*"]
     else:  # the models fold onto a line of their own
-        assert len(lines) == 1 + 2 * len(names) + 2
+        assert len(lines) == 1 + 2 * len(names) + 3
         assert lines[lines.index(qwen) + 1] == "  Qwen3-8B-Q4_K_M, drafted by Qwen3-0.6B-Q8_0"
+        assert lines[lines.index(phi) + 1] == "  phi-4-Q4_K_M, drafted by qwen2.5-0.5b-instruct-q8_0*"
         long = max(load_registry().pairs.values(), key=lambda pair: sum(len(ref.file or "") for _, ref in pair.models()))
         folded = lines[lines.index(next(row for row in rows if row.startswith(f"{long.name} "))) + 1]
         assert len(folded) <= columns and "…" in folded and folded.endswith("Q4_K_M")  # shortened, quant kept
+
+
+def test_list_wraps_the_through_text_note_to_a_narrow_terminal(hub, specli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    lines = specli("list").lines
+    note = lines.index("* drafts through text: its vocabulary is")
+    assert lines[note + 1] == "  not the target's"
+    phi = lines.index(next(line for line in lines if line.startswith("phi-4 ")))
+    assert lines[phi + 1].endswith("-q8_0*") and len(lines[phi + 1]) <= 40  # shortened, the mark kept
 
 
 def test_list_shows_the_assembled_embedded_model_with_its_size(hub, specli, monkeypatch, tmp_path):

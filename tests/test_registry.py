@@ -23,7 +23,11 @@ FAMILIES = {
     "gemma3": r"/gemma-3-",
     "deepseek-r1-qwen": r"/deepseek-r1-(distill|draft)-qwen",  # R1's Qwen2.5 tokenizer, its own special tokens
     "mistral-small": r"/(alamios_)?mistral-small-3\.1-",  # the draft carries Mistral Small 3.1's vocabulary
+    "phi4": r"/phi-4-",  # Phi-4 14B; Phi-4-mini has another vocabulary
+    "gpt-oss": r"/gpt-oss-",
 }
+# Model sizes that a file name does not state.
+PARAMETERS = {"phi-4-Q4_K_M.gguf": 14.7}
 
 
 def family(ref: ModelRef) -> str:
@@ -34,6 +38,8 @@ def family(ref: ModelRef) -> str:
 
 
 def parameters_in_billions(ref: ModelRef) -> float:
+    if ref.file in PARAMETERS:
+        return PARAMETERS[ref.file]
     match = re.search(r"-(\d+(?:\.\d+)?)([bm])-", ref.file.lower().replace("_", "-"))
     assert match, f"no size in {ref.file}"
     return float(match[1]) / (1000 if match[2] == "m" else 1)
@@ -62,12 +68,30 @@ def test_shipped_pairs_validate_and_include_the_embedded_demo():
     assert len(hub_pairs) >= 8
 
 
-def test_every_shipped_pair_drafts_within_its_family():
-    for pair in load_registry().pairs.values():
-        if pair.target.repo is None:
-            continue
+def test_every_shipped_pair_drafts_within_its_family_or_says_it_drafts_through_text():
+    pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
+    draft_families = {family(pair.draft) for pair in pairs}
+    crossing = []
+    for pair in pairs:
         assert isinstance(pair.draft, ModelRef), pair.name
-        assert family(pair.target) == family(pair.draft), pair.name
+        if pair.cross_vocabulary:
+            crossing.append(pair.name)
+            assert family(pair.target) != family(pair.draft), pair.name
+            # only where no shipped draft shares the target's vocabulary
+            assert family(pair.target) not in draft_families, pair.name
+        else:
+            assert family(pair.target) == family(pair.draft), pair.name
+    assert sorted(crossing) == ["gpt-oss-20b", "phi-4"]
+
+
+def test_cross_vocabulary_drafts_are_copies_of_shipped_same_vocabulary_drafts():
+    pairs = load_registry().pairs.values()
+    same = [pair.draft for pair in pairs if pair.target.repo and not pair.cross_vocabulary]
+    for pair in pairs:
+        if pair.cross_vocabulary:
+            assert pair.draft in same, pair.name  # the same repo, file and pins as a draft shipped above
+            assert pair.target.pinned and pair.target.download_size, pair.name
+            assert "through text" in pair.description, pair.name
 
 
 def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
@@ -78,7 +102,7 @@ def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
         assert parameters_in_billions(pair.draft) <= 1.0, pair.name
 
 
-def test_shipped_families_cover_qwen_llama_gemma_deepseek_and_mistral():
+def test_shipped_families_cover_qwen_llama_gemma_deepseek_mistral_phi_and_gpt_oss():
     families = {family(pair.target) for pair in load_registry().pairs.values() if pair.target.repo}
     assert families == set(FAMILIES)
 
@@ -137,6 +161,25 @@ def test_shipped_file_names_pairs_flat_for_any_toml_reader():
         assert "target" in table, f"[pairs.{name}] nests: quote a pair name that holds dots"
     assert set(raw["pairs"]) == set(load_registry().pairs)
     assert "qwen2.5-coder-7b" in raw["pairs"]
+
+
+def test_a_pair_declares_a_draft_with_a_vocabulary_of_its_own():
+    path = write_user_registry(
+        """
+[pairs.crossing]
+target = { repo = "a/b-GGUF", file = "t.gguf" }
+draft = { path = "draft.gguf" }
+cross_vocabulary = true
+
+[pairs.same]
+target = { repo = "a/b-GGUF", file = "t.gguf" }
+draft = { path = "draft.gguf" }
+"""
+    )
+    pairs = read_pairs(path)
+    assert pairs["crossing"].cross_vocabulary is True
+    assert pairs["same"].cross_vocabulary is False  # the default
+    assert pairs["crossing"].models() == pairs["same"].models()
 
 
 def test_the_issue_example_parses_with_its_dotted_name():
@@ -275,6 +318,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
         (f'target = {{ repo = "a/b", file = "t.gguf", revision = "{COMMIT}", sha256 = "{SHA_A}", unpinned = "no source" }}\ndraft = "ngram"', "pairs.foo.target: 'unpinned' gives a reason, but the revision is a commit and every file has a sha256"),
         ('target = { repo = "a/b", file = "t.gguf", unpinned = " " }\ndraft = "ngram"', "pairs.foo.target.unpinned: give the reason the model is not pinned"),
         ('target = { path = "x.gguf", size = 9, unpinned = "local" }\ndraft = "ngram"', "pairs.foo.target: 'size', 'unpinned' apply to 'repo' + 'file' models only"),
+        (f'{GOOD_TARGET}\ndraft = "ngram"\ncross_vocabulary = true', "pairs.foo.cross_vocabulary: applies to a draft model only; n-gram lookup drafts the target's own tokens"),
+        (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocabulary = "yes"', "pairs.foo.cross_vocabulary: Input should be a valid boolean"),
+        (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocab = true', "pairs.foo.cross_vocab: unknown key"),
+        (f'{GOOD_TARGET}\ndraft = {{ package = "p", cross_vocabulary = true }}', "pairs.foo.draft.cross_vocabulary: unknown key"),
     ],
 )
 def test_invalid_pair_is_one_line_naming_file_pair_and_key(body, expected):
