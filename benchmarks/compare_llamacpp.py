@@ -443,6 +443,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="Command that starts specli (default: this Python's `-m specli`).")
     parser.add_argument("--specli-arg", action="append", default=[], help="Extra argument for `specli run` (repeatable).")
     parser.add_argument("--skip-specli", action="store_true", help="Run llama.cpp only.")
+    parser.add_argument("--rows", type=Path, metavar="FILE",
+                        help="With --native-modes: append each prompt's row (and every tool's text) to FILE as a "
+                             "JSON line as soon as it is measured.")
     parser.add_argument("--before", metavar="COMMAND",
                         help="With --native-modes: another command that starts specli (say, a checkout of the code "
                              "before a change), run with the same arguments in the same rounds as 'specli before'.")
@@ -547,6 +550,9 @@ def native_modes(args: argparse.Namespace) -> int:
                "specli_text_is_plain": agrees(text["specli"], text["specli plain"]),
                "agreeing_modes": agreeing}
         report.append(row)
+        if args.rows:  # as it goes: a run cut short keeps the prompts it finished
+            with open(args.rows, "a", encoding="utf-8") as rows:
+                rows.write(json.dumps({**row, "texts": text}) + "\n")
         ratio = f"{row['specli_over_best_native']:.2f}x {best}" if best else "no native mode wrote specli's text"
         print(f"{workload['name']}: specli {speed['specli']:.1f} t/s, plain {speed['specli plain']:.1f}; "
               f"best native {speed[best_any]:.1f} ({best_any}); like for like: {ratio}", file=sys.stderr, flush=True)
