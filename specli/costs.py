@@ -127,11 +127,16 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
     """Time an all-logits decode of each batch size on an empty cache, keeping the fastest
     of `repeats` runs: the machine's cost, not its noise (nor a first run's graph building).
 
-    The repeats go over all sizes in turn, so a burst of noise hits one sample of a few
+    One untimed decode of the largest size comes first: llama.cpp grows its compute buffers
+    the first time a process decodes a batch that large, and the model's weights are read in
+    then, so no size is timed with that one-off cost (it would price every longer draft too
+    high). The repeats go over all sizes in turn, so a burst of noise hits one sample of a few
     sizes rather than every sample of one. A size that still costs more than a longer one
     of the same parity was caught by noise: it is measured again (twice at most).
     """
     costs: dict[int, float] = {}
+    decode([token] * max(sizes))
+    rewind(0)
 
     def measure(size: int) -> None:
         started = time.perf_counter()

@@ -73,14 +73,17 @@ class Session:
     def costs(self, *, measure: bool = True) -> StepCosts:
         """This target's stored costs; where none are stored, a quick calibration made now and
         stored (measure=False: the prior instead). With a draft model, its stored cost per
-        token, else one priced by its file size. What a run's steps take is never stored, so
-        a model's first run drafts as every later one does."""
+        token; where none is stored, its decode timed now and stored (measure=False: priced by
+        its file size). What a run's steps take is never stored, so a model's first run drafts
+        as every later one does."""
         stored = self._store().costs(self._costs_key())
         if stored is None and measure:
             return self.calibrate(FIRST_RUN_SIZES, repeats=1, source="first run")
         if stored is None:
             return self._prior()
         draft = self._store().get(self._draft_key())
+        if not isinstance(draft, (int, float)) and measure and draft_model_of(self.proposer) is not None:
+            draft = self._calibrate_draft()  # the target's costs are stored, this draft's not yet
         if isinstance(draft, (int, float)):
             return replace(stored, draft_per_token=float(draft))
         return replace(stored, draft_per_token=self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1))
@@ -102,18 +105,25 @@ class Session:
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
         costs = StepCosts(verify, 0.0, loop, source)
         self._store().put_costs(self._costs_key(), costs)
-        drafter = draft_model_of(self.proposer)
-        if drafter is not None:
-            # The draft's own cost per token, where it runs: its file size against the
-            # target's says nothing when the target's decodes cross a network (--rpc).
-            drafter.forget()
-            draft = drafter.model
-            draft_token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
-            seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, draft_token, (1,), repeats=5)[1]
-            if translates(self.proposer):  # priced per target token, and through both tokenizers
-                seconds = cost_per_target_token(target, draft, seconds)
-            self._store().put(self._draft_key(), seconds)
+        if draft_model_of(self.proposer) is not None:
+            self._calibrate_draft()
         return self.costs(measure=False)
+
+    def _calibrate_draft(self) -> float:
+        """Time the draft model's one-token decode and store it as its cost per drafted token.
+        Its own time, where it runs: its file size against the target's says nothing when the
+        target's decodes cross a network (--rpc). Through text, it is priced per target token,
+        with the round trip through both tokenizers."""
+        drafter = draft_model_of(self.proposer)
+        assert drafter is not None
+        drafter.forget()
+        draft = drafter.model
+        token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
+        seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
+        if translates(self.proposer):
+            seconds = cost_per_target_token(self.target, draft, seconds)
+        self._store().put(self._draft_key(), seconds)
+        return seconds
 
     def _store(self) -> CostStore:
         if self._cost_store is None:

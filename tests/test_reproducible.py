@@ -123,3 +123,21 @@ def test_the_first_run_from_an_empty_cache_writes_what_later_runs_write(gemma_pa
 
     stored = json.loads((tmp_path / "cache" / "costs.json").read_text())
     assert [entry["source"] for entry in stored.values()] == ["first run"], "stored once, by the first run"
+
+
+@pytest.mark.slow
+def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_path, smollm_path, monkeypatch, tmp_path):
+    """The target's costs are stored (an n-gram run came first); the first run with a draft model
+    times the draft's decode and stores it, through text priced per target token, so later runs
+    price the draft as the first did, never by file size."""
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
+    load = LoadSettings(ctx_size=512)
+    with open_session(SessionSpec(gemma_path, "ngram", load)) as session:
+        assert session.costs().source == "first run"
+    spec = SessionSpec(gemma_path, smollm_path, load, load)
+    with open_session(spec) as session:
+        by_size = session.costs(measure=False).draft_per_token
+        first = session.costs().draft_per_token
+        assert first != by_size, "timed, not priced by file size"
+    with open_session(spec) as session:
+        assert session.costs(measure=False).draft_per_token == first, "stored by the first run"
