@@ -319,6 +319,8 @@ class DraftModelProposer:
             self._cached.extend(prompt[keep:-1])
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
+        if not tokens:
+            return Proposal()  # nothing to continue (drafting through text before any text)
         keep = common_prefix_length(self._cached, tokens)
         if keep == len(tokens):
             keep -= 1  # the last token must be decoded again to get its logits

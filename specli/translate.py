@@ -19,6 +19,7 @@ needs no llama.cpp of its own: `backend.Model` is one.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Protocol
 
@@ -53,6 +54,46 @@ def complete_utf8(data: bytes | bytearray) -> int:
     return len(data)
 
 
+class Spelling:
+    """A tokenizer's tokens for a stretch of text on its own, `special` pieces included.
+
+    Some SentencePiece tokenizers (Llama 2's, Mistral 7B's) put a space before whatever text
+    they are given, so their tokens for "red" spell " red". For them the text is tokenized
+    after a newline, which ends a word in every vocabulary, and the tokens that spell that
+    newline (with the added space) are dropped; where the newline's tokens would run into the
+    text itself, the text is tokenized plainly (its spelling is then checked by the caller)."""
+
+    SENTINEL = "\n"
+
+    def __init__(self, model: Tokenizer, *, parse_special: bool = False) -> None:
+        self.model, self.parse_special = model, parse_special
+        self.prefix = b""
+        if self.spell(self._plain("a")) != b"a":
+            self.prefix = self.spell(self._plain(self.SENTINEL))
+
+    def tokens(self, text: str) -> list[int]:
+        if not self.prefix:
+            return self._plain(text)
+        tokens = self._plain(self.SENTINEL + text)
+        skip, spelled = 0, 0
+        while skip < len(tokens) and spelled < len(self.prefix):
+            spelled += len(self.model.piece(tokens[skip], special=True))
+            skip += 1
+        return tokens[skip:] if spelled == len(self.prefix) else self._plain(text)
+
+    def spell(self, tokens: list[int]) -> bytes:
+        return b"".join(self.model.piece(token, special=True) for token in tokens)
+
+    def _plain(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=False, parse_special=self.parse_special)
+
+
+def tokens_per_target_token(target: Tokenizer, draft: Tokenizer) -> float:
+    """How many draft tokens spell what one target token spells, on SAMPLE: a smaller
+    vocabulary needs more of them."""
+    return len(Spelling(draft).tokens(SAMPLE)) / max(len(Spelling(target).tokens(SAMPLE)), 1)
+
+
 class TranslatedDraft:
     """A draft model with another vocabulary, proposing target tokens through text."""
 
@@ -65,12 +106,19 @@ class TranslatedDraft:
         self.target = target
         self.model = model
         self.draft: Tokenizer = model.model
+        # The target's control tokens (a chat template's) reach the text as their own text; a
+        # draft that has the same control token reads it as one.
+        self._read_spelling = Spelling(self.draft, parse_special=True)
+        self._write_spelling = Spelling(target)
+        # Draft tokens to ask for per target token wanted (SAMPLE's ratio).
+        self._ratio = tokens_per_target_token(target, self.draft)
         self._text = bytearray()  # the committed text: the target's tokens as bytes
         self._target_count = 0  # committed target tokens whose bytes are in _text
         self._tokens: list[int] = []  # the draft's tokens for _text[:_ends[-1]]
         self._ends: list[int] = []  # where each of them ends in _text
-        self._settled = 0  # of them, those whose ends are known (the tokenizer kept the text as it was)
+        self._settled = 0  # of them, those that spell _text exactly up to their end
         self._lead = [self.draft.bos] if self.draft.add_bos and self.draft.bos >= 0 else []
+        self._target_bos = target.bos
 
     def prepare(self, prompt: list[int]) -> None:
         self._text.clear()
@@ -79,7 +127,7 @@ class TranslatedDraft:
         self._ends.clear()
         self._settled = 0
         sequence = self._read(prompt)
-        if self._fits(sequence):
+        if sequence and self._fits(sequence):
             self.model.prepare(sequence)
 
     def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
@@ -87,10 +135,11 @@ class TranslatedDraft:
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         sequence = self._read(tokens)
-        if draft_tokens <= 0 or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
-            return Proposal()  # the text ends inside a character: no draft can continue half of it
-        # One draft token more than asked: the last target token of the text is held back.
-        drafted = self.model.propose(sequence, draft_tokens + 1).tokens
+        if draft_tokens <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
+            return Proposal()  # nothing to continue yet, or the text ends inside a character
+        # Enough draft tokens for draft_tokens + 1 target tokens: the last is held back.
+        wanted = max(1, math.ceil((draft_tokens + 1) * self._ratio))
+        drafted = self.model.propose(sequence, wanted).tokens
         ended = next((i for i, token in enumerate(drafted) if self.draft.is_end_of_generation(token)), len(drafted))
         text = b"".join(self.draft.piece(token) for token in drafted[:ended])
         return Proposal(self._target_tokens(text)[:draft_tokens], proposer="draft")
@@ -104,26 +153,31 @@ class TranslatedDraft:
         """The draft's token sequence for the committed target tokens: the new text is appended
         and the draft's last token and what follows are tokenized again."""
         for token in tokens[self._target_count :]:
-            if token != self.target.bos:  # the draft has its own BOS
+            if token != self._target_bos:  # the draft has its own BOS
                 self._text += self.target.piece(token, special=True)
         self._target_count = len(tokens)
-        # Keep the draft's tokens but its last (and any it could not place), from a character
-        # boundary: a byte token may end inside a character, and text cut there reads wrongly.
+        # Keep the draft's tokens but its last (and any that do not spell the text), from a
+        # character boundary: a byte token may end inside a character, and text cut there
+        # reads wrongly.
         keep = max(min(len(self._tokens) - 1, self._settled), 0)
         while keep and self._ends[keep - 1] < len(self._text) and self._text[self._ends[keep - 1]] & 0xC0 == 0x80:
             keep -= 1
         start = self._ends[keep - 1] if keep else 0
         end = complete_utf8(self._text)
-        tail = self.draft.tokenize(self._text[start:end].decode("utf-8", "replace"), add_special=False)
+        tail = self._read_spelling.tokens(self._text[start:end].decode("utf-8", "replace"))
         del self._tokens[keep:], self._ends[keep:]
-        position = start
+        # A token settles when it spells the text exactly, and every one before it did; where
+        # the tokenizer changed the text (normalised it, replaced a bad byte) the rest of the
+        # tail does not settle and is tokenized again next step.
+        position, settled = start, keep
         for token in tail:
-            position += len(self.draft.piece(token, special=True))
+            piece = self.draft.piece(token, special=True)
+            if settled == len(self._tokens) and self._text[position : position + len(piece)] == piece:
+                settled += 1
+            position += len(piece)
             self._tokens.append(token)
             self._ends.append(min(position, end))
-        # Where the tokenizer changed the text (normalised it) its tokens' ends are not known:
-        # none of the tail counts as settled, and it is all tokenized again next step.
-        self._settled = len(self._tokens) if position == end else keep
+        self._settled = settled
         return self._lead + self._tokens
 
     def _target_tokens(self, text: bytes) -> list[int]:
@@ -131,7 +185,7 @@ class TranslatedDraft:
         text = text[: complete_utf8(text)]
         if not text:
             return []
-        tokens = self.target.tokenize(text.decode("utf-8", "replace"), add_special=False)
+        tokens = self._write_spelling.tokens(text.decode("utf-8", "replace"))
         spelled, position = [], 0
         for token in tokens:
             piece = self.target.piece(token, special=True)

@@ -21,7 +21,7 @@ from specli.bench import plain_greedy
 from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer
 from specli.sampling import SamplingSettings
-from specli.translate import TranslatedDraft, complete_utf8
+from specli.translate import Spelling, TranslatedDraft, complete_utf8
 
 from test_real_models import assert_lossless
 
@@ -31,6 +31,29 @@ BOUNDARY_TEXTS = [
     "naïve café, Zürich, 東京 and Ελληνικά: déjà vu.",
     "Tonight 🎉😀 we ship 🚀🚀 — ok 👍🏽!",
 ]
+
+
+class SpacePrefixTokenizer:
+    """A SentencePiece-like toy that puts a space before whatever it tokenizes, as Llama 2's
+    and Mistral 7B's do: one token per character, the space a token of its own."""
+
+    bos, add_bos, n_ctx = 1, True, 64
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [ord(c) for c in " " + text]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return chr(token).encode()
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
+
+
+def test_a_tokenizer_that_adds_a_space_spells_the_text_alone():
+    spelling = Spelling(SpacePrefixTokenizer())
+    assert spelling.prefix == b" \n"
+    assert spelling.spell(spelling.tokens("red")) == b"red"
+    assert spelling.spell(spelling.tokens(" red")) == b" red"
 
 
 def test_complete_utf8_holds_back_only_an_unfinished_character():
@@ -64,14 +87,19 @@ def pairs(gemma, smol):
 @pytest.mark.parametrize("text", BOUNDARY_TEXTS)
 def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
     """Fed the target's tokens one at a time, the draft's own tokens always spell the
-    committed text, up to a character not yet complete; and its re-tokenizing keeps all its
-    earlier tokens but the last two at most (its cache is rewound only that far)."""
+    committed text, up to a character not yet complete; its tokenizer is only given the text
+    from its last token on, and the re-tokenizing keeps all its earlier tokens but the last
+    two at most (its cache is rewound only that far)."""
     for target, draft in pairs(gemma, smol):
         bridge = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+        tokenized: list[str] = []  # what the draft's tokenizer is given, call by call
+        plain = bridge._read_spelling._plain
+        bridge._read_spelling._plain = lambda text: tokenized.append(text) or plain(text)
         tokens = target.tokenize(text, add_special=False)
         previous: list[int] = []
         for count in range(1, len(tokens) + 1):
             read = bridge._read(tokens[:count])
+            assert len(tokenized[-1]) <= 24, f"the whole text tokenized again: {tokenized[-1]!r}"
             committed = b"".join(target.piece(t) for t in tokens[:count])
             spelled = b"".join(draft.piece(t) for t in read)
             assert spelled == committed[: complete_utf8(committed)], (target.path.name, count)
