@@ -242,6 +242,12 @@ def test_malformed_bodies_and_wrong_types_are_400(gemma_server):
     assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
     response = httpx.post(url, content=b"x" * (9 << 20), headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 413
+    chunked = (b"x" * (1 << 20) for _ in range(9))  # no Content-Length: refused as it arrives
+    response = httpx.post(url, content=chunked, headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    for prompt in ([], [10**7], [-1]):
+        response = httpx.post(url, json={"prompt": prompt, "max_tokens": 2}, timeout=30)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", prompt
 
 
 def test_a_prompt_longer_than_the_context_is_400_context_length_exceeded(gemma_server):
@@ -265,9 +271,26 @@ def test_an_api_key_is_required_when_set(gemma_path):
         assert httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
 
 
+def hold(server: Server, max_tokens: int = 300) -> threading.Thread:
+    """A streamed generation that holds the server's turn; returns once its first chunk came."""
+    first = threading.Event()
+
+    def stream() -> None:
+        for _ in server.client().completions.create(model="x", prompt="Once upon a time", max_tokens=max_tokens,
+                                                     stream=True):
+            first.set()
+        first.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert first.wait(60), "the holding generation started"
+    return thread
+
+
 def test_eight_concurrent_clients_each_get_their_own_answer_or_503(gemma_path):
-    """--queue 2: one generates, two wait, the rest are told to come back (503, Retry-After).
-    Exact requests: each answer is bit for bit its solo run's, whatever ran before it."""
+    """--queue 2: while one generates, two wait and the rest are told to come back (503,
+    Retry-After). Exact requests: each answer is bit for bit its solo run's, whatever ran
+    before it."""
     subjects = ["cats", "rivers", "bread", "trains", "maps", "bells", "snow", "glass"]
     ask = lambda subject: dict(model="x", prompt=f"A short poem about {subject}:\n",  # noqa: E731
                                max_tokens=24, extra_body={"exact": True})
@@ -275,6 +298,7 @@ def test_eight_concurrent_clients_each_get_their_own_answer_or_503(gemma_path):
     with serving("--target", gemma_path, "--queue", "2") as server:
         client = server.client()
         solo = {s: client.completions.create(**ask(s)).choices[0].text for s in subjects}
+        holder = hold(server)
 
         def request(subject: str) -> None:
             try:
@@ -287,30 +311,44 @@ def test_eight_concurrent_clients_each_get_their_own_answer_or_503(gemma_path):
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
+        holder.join(timeout=300)
     assert set(answers) == set(subjects), "every client got an answer"
     refused = [s for s, a in answers.items() if isinstance(a, tuple)]
     assert all(answers[s] == (503, "1") for s in refused)
     served = [s for s in subjects if s not in refused]
-    assert len(served) >= 3, answers
+    assert len(served) == 2 and len(refused) == 6, answers  # the two that fit in the queue
     for subject in served:
         assert answers[subject] == solo[subject], subject
 
 
 def test_a_client_that_disconnects_mid_stream_frees_the_server_at_once(gemma_server):
     url = gemma_server.url + "/completions"
-    with httpx.stream("POST", url, json={"prompt": "Once upon a time", "max_tokens": 900, "stream": True},
-                      timeout=60) as response:
+    with httpx.stream("POST", url, json={"prompt": "Once upon a time", "stream": True}, timeout=60) as response:
         for i, _ in enumerate(response.iter_lines()):
             if i >= 6:
-                break  # leave with the generation under way
+                break  # leave with the generation under way (to the end of the context: 1000 tokens, 10 s)
     started = time.monotonic()
     reply = gemma_server.client().completions.create(model="x", prompt="Hello", max_tokens=4)
     assert reply.usage.completion_tokens == 4
-    assert time.monotonic() - started < 15, "the abandoned generation (900 tokens) did not hold the server"
+    assert time.monotonic() - started < 4, "the abandoned generation did not hold the server"
     deadline = time.monotonic() + 10
     while not any("client went away" in line for line in gemma_server.log) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert any("client went away" in line for line in gemma_server.log)
+
+
+def test_a_client_that_leaves_while_queued_gives_up_its_place(gemma_path):
+    """--queue 1: a request that waits, then leaves, frees the queue: the next one waits in its
+    place instead of being refused."""
+    with serving("--target", gemma_path, "--queue", "1") as server:
+        holder = hold(server)
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=0.5)
+        time.sleep(0.5)  # the server asks a waiting request's client every 0.2 s
+        reply = server.client().completions.create(model="x", prompt="Hello", max_tokens=4)
+        assert reply.usage.completion_tokens == 4, "queued, not refused"
+        holder.join(timeout=120)
+        assert any(" 499 " in line and "waited" in line for line in server.log), server.log
 
 
 def test_sigterm_cancels_the_request_in_flight_and_exits_0(gemma_path):

@@ -31,11 +31,12 @@ from specli.serve.schema import (AssistantMessage, ChatChoice, ChatChunk, ChatCh
                                  Completion, CompletionRequest, CompletionTokensDetails, Delta, ErrorBody,
                                  ErrorResponse, ModelCard, ModelList, PromptTokensDetails, RequestError, Span,
                                  TextChoice, TextChunk, TextChunkChoice, Timings, Usage, _new_id)
-from specli.serve.worker import Busy, Closing, Job, Worker, sampling_for
+from specli.serve.worker import Busy, Closing, Gone, Job, Worker, sampling_for
 from specli.stream import Outcome, spans_of
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
 RETRY_AFTER_SECONDS = 1
+CLIENT_LEFT = 499  # nginx's "client closed request": logged, never read by the client
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}
 
 
@@ -67,7 +68,7 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
-        _log_line(log, request, error.status)
+        _log_line(log, request, error.status, note=error.body.message if error.status == CLIENT_LEFT else "")
         return _error_response(error)
 
     @app.exception_handler(RequestValidationError)
@@ -86,8 +87,9 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        code = "request_too_large" if error.status_code == 413 else None
         _log_line(log, request, error.status_code)
-        return _error_response(ApiError(error.status_code, str(error.detail), kind))
+        return _error_response(ApiError(error.status_code, str(error.detail), kind, code=code))
 
     def authorised(request: Request) -> None:
         if info.api_key is None:
@@ -116,8 +118,13 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
     async def completions(body: CompletionRequest, request: Request):
         def tokens() -> list[int]:
             prompt = body.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-                return list(prompt)  # token ids, as OpenAI's API allows
+            if isinstance(prompt, list) and not prompt:
+                raise RequestError("the prompt is empty", "prompt")
+            if isinstance(prompt, list) and isinstance(prompt[0], int):  # token ids, as OpenAI's API allows
+                n_vocab = worker.session.target.n_vocab
+                if any(not 0 <= token < n_vocab for token in prompt):
+                    raise RequestError(f"prompt: token ids run from 0 to {n_vocab - 1}", "prompt")
+                return list(prompt)
             text = prompt[0] if isinstance(prompt, list) else prompt
             if not text:
                 raise RequestError("the prompt is empty", "prompt")
@@ -159,8 +166,9 @@ def _job(body: Union[ChatRequest, CompletionRequest], worker: Worker, info: Serv
 
 
 def _default_draft(worker: Worker) -> str:
-    name = worker.session.proposer.name
-    return {"draft": "model"}.get(name, name)
+    """What a request that names no draft gets: the loaded draft model (with lookup in front
+    of it unless --no-ngram), else the server's own --draft (ngram or none)."""
+    return "model" if worker.draft_model is not None else worker.session.proposer.name
 
 
 async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest], job: Job, worker: Worker,
@@ -176,10 +184,11 @@ async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest]
         await asyncio.wait({future}, timeout=0.2)
         if not future.done() and await request.is_disconnected():
             cancel.set()
+            await asyncio.wait({future})
+            raise ApiError(CLIENT_LEFT, "the client left; its generation was cancelled")
     outcome = _outcome(future, request, log)
     if outcome.stats.finish_reason == "cancelled":
-        raise ApiError(503, "the generation was cancelled (the server is shutting down, or the client left)",
-                       "server_error")
+        raise ApiError(503, "the generation was cancelled: the server is shutting down", "server_error")
     spans = [Span(text=text, source=source) for text, source in outcome.spans]
     usage, timings = _usage(outcome.stats), _timings(outcome.stats)
     finish = FINISH_REASONS.get(outcome.stats.finish_reason, outcome.stats.finish_reason)
@@ -193,7 +202,9 @@ async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest]
 
 async def _start(worker: Worker, job: Job, on_event, request: Request, log: IO[str]):
     try:
-        return await worker.start(job, on_event)
+        return await worker.start(job, on_event, gone=request.is_disconnected)
+    except Gone:
+        raise ApiError(CLIENT_LEFT, "the client left while the request waited for its turn") from None
     except Busy:
         raise ApiError(503, f"the server is busy: {worker.queue} requests are already waiting", "server_error",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
@@ -214,9 +225,10 @@ def _outcome(future: asyncio.Future, request: Request, log: IO[str]) -> Outcome:
 
 async def _sse(request: Request, body, future: asyncio.Future, cancel, events: asyncio.Queue, info: ServerInfo,
                log: IO[str], *, chat: bool) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per run of tokens from one source, a last chunk with the
-    finish reason, the usage chunk when asked for, then [DONE]. If the client goes away,
-    Starlette stops this generator and the `finally` cancels the generation."""
+    """Server-sent events: the first token as soon as the prompt's decode writes it, then one
+    chunk per run of a step's tokens from one source, a last chunk with the finish reason, the
+    usage chunk when asked for, then [DONE]. If the client goes away, Starlette stops this
+    generator and the `finally` cancels the generation."""
     chunk_id, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
 
     def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False) -> str:
@@ -233,12 +245,18 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
         if chat:
             yield chunk("", None, first=True)
         pending: list[Token] = []
+        stepped = False  # a StepRecord has come: tokens before it are the prompt decode's one token
         while True:
             event = await events.get()
+            if isinstance(event, Token) and not stepped:
+                if event.text:  # the first token goes out at once, not after the first step
+                    yield chunk(event.text, event.source)
+                continue
             if isinstance(event, Token):
                 if event.text:
                     pending.append(event)
                 continue
+            stepped = True
             for text, source in _merge(pending):  # a StepRecord, or the end (None)
                 yield chunk(text, source)
             pending = []
@@ -270,8 +288,8 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
                 data = TextChunk(id=chunk_id, created=created, model=info.name, choices=[], usage=usage,
                                  timings=_timings(stats)).model_dump(exclude_none=True)
             yield _event(data)
+        _log_line(log, request, 200, stats)  # before the end: a client may close as soon as it reads it
         yield "data: [DONE]\n\n"
-        _log_line(log, request, 200, stats)
     finally:
         if not future.done():
             cancel.set()
@@ -332,6 +350,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            self.log.write(f"specli: {scope.get('method')} {scope.get('path')} 413 | body of {int(declared)} bytes\n")
             return await self._refuse(send)
         seen = 0
 
@@ -341,7 +360,7 @@ class _BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
             return message
 
         started = False
@@ -355,6 +374,7 @@ class _BodyLimit:
             await self.app(scope, limited, watched)
         except _TooLarge:
             if not started:
+                self.log.write(f"specli: {scope.get('method')} {scope.get('path')} 413 | body over {self.limit} bytes\n")
                 await self._refuse(send)
         except Exception as error:  # noqa: BLE001 - a bug: this request fails, the server goes on
             self.log.write(f"specli: {scope.get('method')} {scope.get('path')} 500 | internal error: "
@@ -374,5 +394,9 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """A body that grew past the limit as it arrived (no Content-Length said so): raised while
+    FastAPI reads it, which passes an HTTPException on to the `_http` handler as it is."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than {limit} bytes")

@@ -50,7 +50,7 @@ def content_text(content: Content, param: str) -> str:
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # read by ChatRequest.refused: tool_calls
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content = None
     name: Optional[str] = None
@@ -69,10 +69,23 @@ class Prediction(BaseModel):
     content: Union[str, list[TextPart]]
 
 
-class _Generation(BaseModel):
-    """What both completion endpoints take."""
+# Fields other servers take (OpenAI's newer ones, llama-server's sampling and grammar
+# extensions) that would change what is generated: refused by name, never ignored.
+REFUSED_EXTRAS = {
+    "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options", "grammar", "json_schema",
+    "ignore_eos", "n_predict", "n_probs", "mirostat", "mirostat_tau", "mirostat_eta", "typical_p", "top_n_sigma",
+    "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "samplers", "penalty_last_n", "repeat_last_n",
+    "logit_bias_eog", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
+}
 
-    model_config = ConfigDict(extra="ignore")
+
+class _Generation(BaseModel):
+    """What both completion endpoints take. Other fields are kept aside (extra="allow") for
+    `refused`: a field in REFUSED_EXTRAS is refused, any other (user, store, metadata,
+    cache_prompt...) changes nothing and is ignored."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None  # any name: the loaded pair answers
     max_tokens: Optional[int] = Field(default=None, ge=1)
@@ -116,6 +129,9 @@ class _Generation(BaseModel):
     def refused(self) -> None:
         """Raise RequestError for the first field that would change the output in a way
         specli does not do."""
+        for name in sorted(set(self.model_extra or {}) & REFUSED_EXTRAS):
+            if (self.model_extra or {})[name] is not None:
+                raise RequestError(f"{name} is not supported by specli serve", name)
         if self.n not in (None, 1):
             raise RequestError("n > 1 is not supported: one choice per request", "n")
         if self.logit_bias:
@@ -168,6 +184,9 @@ class ChatRequest(_Generation):
         for i, message in enumerate(self.messages):
             if message.role in ("tool", "function"):
                 raise RequestError(f"messages[{i}] has role {message.role!r}; tools are not supported", f"messages[{i}].role")
+            for name in ("tool_calls", "function_call"):
+                if (message.model_extra or {}).get(name):
+                    raise RequestError(f"messages[{i}].{name}: tool calls are not supported", f"messages[{i}].{name}")
 
     def conversation(self) -> list[dict[str, str]]:
         """The messages as the chat template takes them (a developer message is a system one)."""
@@ -187,6 +206,8 @@ class CompletionRequest(_Generation):
     suffix: Optional[str] = None
 
     def refused(self) -> None:
+        if self.logprobs is not None and self.logprobs is not False:  # 0: the chosen token's own logprob
+            raise RequestError("logprobs are not supported", "logprobs")
         super().refused()
         if self.echo:
             raise RequestError("echo is not supported", "echo")

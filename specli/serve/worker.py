@@ -15,10 +15,11 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 
+from specli.adaptive import MAX_DRAFT
 from specli.costs import StepCosts
 from specli.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
 from specli.proposers import (LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex, draft_model_of,
@@ -30,6 +31,7 @@ from specli.stream import Outcome, stream
 # The suffix memory: the outputs of recent requests, searched by n-gram lookup. Bounded: past
 # MEMORY_TOKENS, it keeps the latest outputs that fit in half of it.
 MEMORY_TOKENS = 1 << 16
+WAIT_POLL = 0.2  # seconds between asking whether a waiting request's client has left
 
 
 class Busy(Exception):
@@ -38,6 +40,10 @@ class Busy(Exception):
 
 class Closing(Exception):
     """The server is shutting down: no new generation starts."""
+
+
+class Gone(Exception):
+    """The client left while its request waited for its turn."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,11 @@ class MemoryIndex:
             return
         kept, size = [], 0
         for text in reversed(self._outputs):
-            if size + len(text) + 1 > self.capacity // 2:
+            room = self.capacity // 2 - size - 1
+            if room <= 0:
                 break
-            kept.append(text)
-            size += len(text) + 1
+            kept.append(text[-room:])  # the latest output alone may be longer than the half: its end
+            size += min(len(text), room) + 1
         self._outputs = kept[::-1]
         self.index = TokenIndex()
         for text in self._outputs:
@@ -111,11 +118,12 @@ class Worker:
         self.memory = MemoryIndex() if memory else None
         self.closing = threading.Event()  # set on SIGINT/SIGTERM: the generation in flight stops
         self._engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(), session.seed)
-        self._costs = self._fixed_costs()
+        self._costs: StepCosts = self._fixed_costs()
         self._exact_batch: dict[bool, int] | None = None  # measured on the first exact request
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
-        self._waiting = 0
+        self._waiting = 0  # requests waiting for the turn
+        self._running = False  # a generation holds the turn (from its start to its end)
 
     @property
     def draft_model(self) -> Proposer | None:
@@ -123,25 +131,27 @@ class Worker:
         differs), without lookup in front of it."""
         return model_proposer_of(self.session.proposer)
 
-    def _fixed_costs(self) -> StepCosts | None:
-        """The costs -k auto prices every request with, read once (see module doc)."""
-        if self.session.proposer.name == "none":
-            return None
+    def _fixed_costs(self) -> StepCosts:
+        """The costs -k auto prices every request with, read (or, the first time, measured) once,
+        before any request: a request may draft on a server started with --draft none, and a
+        calibration between requests would leave the target's cache empty (see module doc)."""
         return self.session.costs()
 
-    async def start(self, job: Job, on_event: Callable[[object], None] | None) -> tuple[asyncio.Future, threading.Event]:
+    async def start(self, job: Job, on_event: Callable[[object], None] | None,
+                    gone: Callable[[], Awaitable[bool]] | None = None) -> tuple[asyncio.Future, threading.Event]:
         """Wait for the turn (Busy when the queue is full), then start the job in the worker
         thread. Returns the future of its Outcome and the event that cancels it; the turn
-        passes on when the generation ends."""
+        passes on when the generation ends. `gone`: whether the client has left, asked while
+        the job waits (Gone: it gives up its place)."""
         if self.closing.is_set():
             raise Closing
         if self._turn is None:
             self._turn = asyncio.Lock()  # FIFO: waiters are woken in the order they came
-        if self._turn.locked() and self._waiting >= self.queue:
+        if self._running and self._waiting >= self.queue:
             raise Busy
         self._waiting += 1
         try:
-            await self._turn.acquire()
+            await self._wait_for_turn(gone)
         finally:
             self._waiting -= 1
         if self.closing.is_set():
@@ -154,9 +164,32 @@ class Worker:
         except BaseException:
             self._turn.release()
             raise
+        self._running = True
         turn = self._turn
-        future.add_done_callback(lambda _: turn.release())
+
+        def ended(_: object) -> None:
+            self._running = False
+            turn.release()
+
+        future.add_done_callback(ended)
         return future, cancel
+
+    async def _wait_for_turn(self, gone: Callable[[], Awaitable[bool]] | None) -> None:
+        """Acquire the turn; every WAIT_POLL seconds, ask whether the client has left."""
+        assert self._turn is not None
+        turn = asyncio.ensure_future(self._turn.acquire())
+        while True:
+            done, _ = await asyncio.wait({turn}, timeout=WAIT_POLL)
+            if done:
+                return
+            if gone is not None and await gone():
+                turn.cancel()
+                try:
+                    await turn
+                except asyncio.CancelledError:
+                    raise Gone from None
+                self._turn.release()  # it was acquired as it was cancelled
+                raise Gone
 
     def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
         """In the worker thread: the job's proposer and policy on the kept engine, then stream."""
@@ -187,13 +220,10 @@ class Worker:
         return lookup
 
     def _policy(self, job: Job, proposer: Proposer):
-        most = None
-        if job.exact:
-            most = self.exact_batch() - 1
-        elif self.session.exact_batch is not None:
-            most = self.session.exact_batch - 1  # the server's own --exact, unless a request says no
+        # exact: within the exact batch (the server's own --exact is a request's default).
+        most = self.exact_batch() - 1 if job.exact else MAX_DRAFT
         costs = self._costs
-        if costs is not None and draft_model_of(proposer) is None:
+        if draft_model_of(proposer) is None:
             costs = replace(costs, draft_per_token=0.0)  # n-gram lookup costs next to nothing
         return self.session.draft_policy(job.draft_tokens, proposer=proposer, costs=costs, most=most)
 
