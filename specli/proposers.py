@@ -287,7 +287,8 @@ class DraftModelProposer:
 
     When sampling, it draws each token with the same keyed noise the target uses at that
     position (sampling.keyed_choice), so where the two distributions are alike the two
-    draws agree."""
+    draws agree. `keyed` False (drafting through text, where its positions are not the
+    target's, so the noise cannot be shared): it drafts its likeliest token instead."""
 
     name = "draft"
     cheap = False
@@ -298,6 +299,7 @@ class DraftModelProposer:
         self.sampling = sampling
         self.seed = seed
         self.draft_min_p = draft_min_p
+        self.keyed = True
         self._cached: list[int] = []  # tokens in the draft's KV cache, in order
 
     def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
@@ -335,7 +337,7 @@ class DraftModelProposer:
         while True:
             if self.sampling.penalises:
                 row = self.sampling.penalise(row, tokens[-self.sampling.repeat_last_n :] + drafted)
-            if self.sampling.greedy:
+            if self.sampling.greedy or not self.keyed:
                 token = int(np.argmax(row))
                 if self.draft_min_p > 0.0 and _top_probability(row) < self.draft_min_p:
                     break  # the draft is unsure: verifying this token is unlikely to pay

@@ -105,6 +105,7 @@ class TranslatedDraft:
     def __init__(self, target: Tokenizer, model: DraftModelProposer) -> None:
         self.target = target
         self.model = model
+        model.keyed = False  # its positions are not the target's: no keyed noise to share
         self.draft: Tokenizer = model.model
         # The target's control tokens (a chat template's) reach the text as their own text; a
         # draft that has the same control token reads it as one.

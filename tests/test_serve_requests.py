@@ -1,14 +1,24 @@
-"""How `specli serve` reads a request, without a server: which fields are refused by name,
-which are ignored, and what a request that names no draft gets."""
+"""How `specli serve` reads a request, without a server process: which fields are refused by
+name, which are ignored, what a request that names no draft gets, and an error inside a
+generation answered as that request's own (the next is served)."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
+import threading
 from types import SimpleNamespace
 
 import pytest
+from fastapi.testclient import TestClient
 
-from specli.serve.app import _default_draft
+from specli.engine import Stats
+from specli.errors import SpecliError
+from specli.sampling import SamplingSettings
+from specli.serve.app import ServerInfo, _default_draft, create_app
 from specli.serve.schema import ChatRequest, CompletionRequest, RequestError
+from specli.stream import Outcome
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -59,3 +69,51 @@ def test_logprobs_zero_asks_for_the_chosen_tokens_logprob_on_completions():
 def test_a_request_that_names_no_draft_gets_the_servers_own(proposer, draft_model, expected):
     worker = SimpleNamespace(draft_model=draft_model, session=SimpleNamespace(proposer=SimpleNamespace(name=proposer)))
     assert _default_draft(worker) == expected
+
+
+# --- an error inside a generation ends that request only ---------------------------------
+
+class FailingOnceWorker:
+    """Stands in for serve.worker.Worker: its first generation fails inside (as a failed decode
+    would), every later one writes "fine"."""
+
+    queue, draft_model = 2, None
+
+    def __init__(self) -> None:
+        target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3])
+        self.session = SimpleNamespace(target=target, proposer=SimpleNamespace(name="ngram"),
+                                       spec=SimpleNamespace(exact=False))
+        self.started = 0
+
+    def new_seed(self) -> int:
+        return 0
+
+    async def start(self, job, on_event, gone=None):
+        future = asyncio.get_running_loop().create_future()
+        self.started += 1
+        if self.started in (1, 3):
+            future.set_exception(SpecliError("llama_decode failed (-3)"))
+        else:
+            stats = Stats(proposer="ngram", prompt_tokens=3, tokens=1, finish_reason="length")
+            future.set_result(Outcome(stats, [5], "fine", [("fine", "target")]))
+        return future, threading.Event()
+
+
+def test_an_error_inside_a_generation_ends_that_request_only():
+    log = io.StringIO()
+    worker = FailingOnceWorker()
+    info = ServerInfo("m", "m.gguf", "ngram", None, SamplingSettings(), "auto", 0)
+    with TestClient(create_app(worker, info, log)) as client:
+        failed = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        served = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        streamed = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "stream": True})
+    assert failed.status_code == 500
+    assert failed.json()["error"] == {"message": "llama_decode failed (-3)", "type": "server_error", "param": None,
+                                      "code": None}
+    assert served.status_code == 200 and served.json()["choices"][0]["text"] == "fine", "the next request is served"
+    events = [line.removeprefix("data: ") for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["message"] == "llama_decode failed (-3)"
+    lines = log.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["specli: POST /v1/completions 500",
+                                                         "specli: POST /v1/completions 200",
+                                                         "specli: POST /v1/completions 500"], lines
