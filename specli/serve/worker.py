@@ -122,8 +122,7 @@ class Worker:
         self._exact_batch: dict[bool, int] | None = None  # measured on the first exact request
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
-        self._waiting = 0  # requests waiting for the turn
-        self._running = False  # a generation holds the turn (from its start to its end)
+        self._admitted = 0  # requests generating or waiting for the turn
 
     @property
     def draft_model(self) -> Proposer | None:
@@ -147,28 +146,29 @@ class Worker:
             raise Closing
         if self._turn is None:
             self._turn = asyncio.Lock()  # FIFO: waiters are woken in the order they came
-        if self._running and self._waiting >= self.queue:
+        if self._admitted > self.queue:  # one generating and `queue` waiting
             raise Busy
-        self._waiting += 1
+        self._admitted += 1
+        future = None
         try:
             await self._wait_for_turn(gone)
+            if self.closing.is_set():
+                self._turn.release()
+                raise Closing
+            loop = asyncio.get_running_loop()
+            cancel = threading.Event()
+            try:
+                future = loop.run_in_executor(self._thread, self._generate, job, Relay(loop, on_event), cancel)
+            except BaseException:
+                self._turn.release()
+                raise
         finally:
-            self._waiting -= 1
-        if self.closing.is_set():
-            self._turn.release()
-            raise Closing
-        loop = asyncio.get_running_loop()
-        cancel = threading.Event()
-        try:
-            future = loop.run_in_executor(self._thread, self._generate, job, Relay(loop, on_event), cancel)
-        except BaseException:
-            self._turn.release()
-            raise
-        self._running = True
+            if future is None:  # it left, or never started: its place is free
+                self._admitted -= 1
         turn = self._turn
 
         def ended(_: object) -> None:
-            self._running = False
+            self._admitted -= 1
             turn.release()
 
         future.add_done_callback(ended)
