@@ -247,7 +247,7 @@ def specli_command(
         command += ["--threads", str(work.threads)]
     if work.gpu_layers is not None:  # the draft's layers follow the target's
         command += ["--gpu-layers", str(work.gpu_layers)]
-    return command + list(extra) + [work.prompt]
+    return command + list(extra) + ["--", work.prompt]  # "--": a prompt may start with a dash (SQL comments)
 
 
 def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
