@@ -17,6 +17,13 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   other keys. These are counts of the run's tokens, so they repeat exactly too. Where
   several earlier occurrences voted on a draft, a token's acceptance is scaled by the share
   of the vote it won (Proposal.support).
+- What a miss costs bounds how long a draft may be: a draft is made only if, rejected
+  outright, it keeps drafting's net loss so far (in modelled seconds: what drafting steps
+  cost beyond the plain steps they replaced) within RISK_ALLOWANCE plain steps plus
+  RISK_SHARE of the run's time. So a run that keeps missing is held to short drafts, a
+  copy that keeps being accepted earns the budget for longer chunks, and no run loses
+  much more than RISK_SHARE to drafting, whatever the verify curve. On a GPU a miss costs
+  next to nothing and the bound never binds.
 - When drafting does not pay for a key, the policy probes it now and then, with growing
   gaps, so a workload that turns copy-heavy is noticed. Probes are paid for out of what
   drafting has saved (in modelled seconds): a probe is made only if, rejected outright,
@@ -54,6 +61,10 @@ PROBE_LENGTH = 1
 FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
 PROBE_BUDGET = 0.02  # the most drafting may have lost, as a share of the run's time, after a rejected probe
 MAX_DRAFT = 48  # longest draft considered
+# A draft is made only if, rejected outright, it leaves drafting's net loss within
+# RISK_ALLOWANCE plain steps plus RISK_SHARE of the run's time: the most a run can lose.
+RISK_ALLOWANCE = 2.0
+RISK_SHARE = 0.05
 
 
 @dataclass
@@ -98,7 +109,7 @@ class AdaptiveDraftPolicy:
         draft model's tokens, priced at its cost per token; any other key is n-gram lookup's,
         free to make, and `support` its vote share per token (Proposal.support)."""
         state = self._state(key)
-        limit = min(self.draft_tokens, available)
+        limit = min(self.draft_tokens, available, self._affordable(key, available))
         if limit <= 0:
             return 0
         best_k, best_rate = self._best(key, extent, limit, support)
@@ -185,6 +196,18 @@ class AdaptiveDraftPolicy:
         PROBE_BUDGET of the run's time (its savings count against its losses)."""
         miss = self._step_cost(k, key) - self._step_cost(0)
         return self._drafting_loss + miss <= PROBE_BUDGET * (self._seconds + self._step_cost(k, key))
+
+    def _affordable(self, key: object, most: int) -> int:
+        """The longest draft (up to `most`) that, rejected outright, keeps drafting's loss so
+        far within RISK_ALLOWANCE plain steps and RISK_SHARE of the run's time. What drafts
+        saved pays for longer ones: a copy that keeps being accepted earns the budget for
+        its next, longer chunk, and a run whose drafts fail is held to short ones."""
+        plain = self._step_cost(0)
+        budget = RISK_ALLOWANCE * plain + RISK_SHARE * self._seconds - self._drafting_loss
+        k = 0
+        while k < most and self._step_cost(k + 1, key) - plain <= budget:
+            k += 1
+        return k
 
     def _could_pay(self, key: object, limit: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""

@@ -58,6 +58,41 @@ def test_accepted_drafts_and_cheap_verification_lead_to_long_drafts():
     assert min(chosen[10:]) >= 12
 
 
+def test_a_run_whose_long_drafts_fail_is_held_to_drafts_it_can_afford_to_lose():
+    """Drafts whose prior promised almost nothing but acceptance, rejected at once: each is
+    no longer than the budget allows (RISK_ALLOWANCE plain steps plus RISK_SHARE of the run,
+    less what drafting has lost), so the run's loss to drafting stays within it."""
+    from specli.adaptive import RISK_ALLOWANCE, RISK_SHARE
+
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    plain, spent, lost, drafted = 0.010, 0.0, 0.0, []
+    for _ in range(200):
+        k = policy.choose(12, 40, 16)
+        miss = 0.010 * 0.3 * k  # the verify of k + 1 rows, less the plain step it replaces
+        assert lost + miss <= RISK_ALLOWANCE * plain + RISK_SHARE * spent + 1e-12, k
+        policy.record(step(k, 0, key=12))
+        spent, lost = spent + plain + miss, lost + miss
+        drafted.append(k)
+    assert max(drafted) < 16 and sum(drafted) > 0
+    assert lost <= RISK_ALLOWANCE * plain + RISK_SHARE * spent
+
+
+def test_a_copy_that_keeps_being_accepted_earns_longer_drafts_on_a_cpu():
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    chosen = []
+    for _ in range(30):
+        k = policy.choose(12, 40, 16)
+        chosen.append(k)
+        policy.record(step(k, k, key=12))
+    assert 0 < chosen[0] < 16, "the first chunk of a copy is what a miss can cost"
+    assert chosen[-1] == 16 and chosen == sorted(chosen), "each accepted chunk pays for a longer one"
+
+
+def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
+    policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    assert policy.choose(12, 40, 16) == 16
+
+
 def test_rejected_drafts_lead_to_plain_steps_with_rare_probes():
     chosen = drive(AdaptiveDraftPolicy(cpu_cost()), acceptance=0.0, steps=200)
     tail = chosen[20:]
