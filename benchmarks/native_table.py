@@ -1,7 +1,8 @@
 """Tables per category from `compare_llamacpp.py --native-modes --rows FILE`: specli's
 `-k auto` over its own plain decoding (median and lowest over the category's prompts) and
 over llama.cpp's best n-gram mode where the two wrote the same text (geometric mean), for
-each prompt set, and the same for `--before` where it ran.
+each prompt set, and the same for `--before` where it ran; with `--equal`, the same ratio
+timed over the same number of tokens (compare_llamacpp.py --equal-length).
 
     python benchmarks/native_table.py benchmarks/out/native-rows.jsonl \\
         benchmarks/prompts/public-dev.toml benchmarks/prompts/public-heldout.toml
@@ -51,13 +52,17 @@ def _like(values: list[float]) -> str:
     return f"{_geo(values):.2f} ({len(values)})" if values else "-"
 
 
-def table(rows: dict[str, dict], workloads: list[tuple[str, str]], title: str) -> str:
+def table(rows: dict[str, dict], workloads: list[tuple[str, str]], title: str,
+          equal: dict[str, dict] | None = None) -> str:
     measured = [(name, kind) for name, kind in workloads if name in rows]
     before = any(rows[name].get("before_over_plain") for name, _ in measured)
     head = "| category | prompts | after: over plain, median (lowest) | after: over best native, like for like |"
     rule = "| --- | --- | --- | --- |"
     if before:
         head += " before: over plain | before: over best native |"
+        rule += " --- | --- |"
+    if equal:
+        head += " after: over best native, equal length | before: the same |"
         rule += " --- | --- |"
     lines = [f"**{title}** ({len(measured)} of {len(workloads)} prompts measured)", "", head, rule]
     kinds = list(dict.fromkeys(kind for _, kind in measured)) + ["all"]
@@ -70,6 +75,10 @@ def table(rows: dict[str, dict], workloads: list[tuple[str, str]], title: str) -
         if before:
             cells += [_cell([r["before_over_plain"] for r in chosen if r.get("before_over_plain")]),
                       _like([r["before_over_best_native"] for r in chosen if r.get("before_over_best_native")])]
+        if equal:
+            same = [equal[name] for name in names if name in equal]
+            cells += [_like([r["specli_over_native"] for r in same]),
+                      _like([r["before_over_native"] for r in same if r.get("before_over_native")])]
         lines.append("| " + " | ".join(cells) + " |")
     if measured:
         everything = [rows[name] for name, _ in measured]
@@ -84,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", type=Path, help="The --rows file of compare_llamacpp.py --native-modes.")
     parser.add_argument("prompts", type=Path, nargs="+", help="Prompt sets (TOML), one table each.")
+    parser.add_argument("--equal", type=Path, help="The rows of compare_llamacpp.py --equal-length, as more columns.")
     args = parser.parse_args(argv)
     rows = load_rows(args.rows)
-    print("\n\n".join(table(rows, prompt_set(path), path.stem) for path in args.prompts))
+    equal = load_rows(args.equal) if args.equal else None
+    print("\n\n".join(table(rows, prompt_set(path), path.stem, equal) for path in args.prompts))
     return 0
 
 

@@ -17,7 +17,7 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   other keys. These are counts of the run's tokens, so they repeat exactly too. Where
   several earlier occurrences voted on a draft, a token's acceptance is scaled by the share
   of the vote it won (Proposal.support).
-- What a miss costs bounds how long a draft may be: a draft is made only if, rejected
+- What a miss costs bounds how long an n-gram draft may be: it is made only if, rejected
   outright, it keeps drafting's net loss so far (in modelled seconds: what drafting steps
   cost beyond the plain steps they replaced) within RISK_ALLOWANCE plain steps plus
   RISK_SHARE of the run's time. So a run that keeps missing is held to short drafts, a
@@ -109,7 +109,9 @@ class AdaptiveDraftPolicy:
         draft model's tokens, priced at its cost per token; any other key is n-gram lookup's,
         free to make, and `support` its vote share per token (Proposal.support)."""
         state = self._state(key)
-        limit = min(self.draft_tokens, available, self._affordable(key, available))
+        limit = min(self.draft_tokens, available)
+        if key is not None:  # n-gram lookup: a long match can promise far more than it keeps
+            limit = self._affordable(key, limit)
         if limit <= 0:
             return 0
         best_k, best_rate = self._best(key, extent, limit, support)
@@ -198,10 +200,12 @@ class AdaptiveDraftPolicy:
         return self._drafting_loss + miss <= PROBE_BUDGET * (self._seconds + self._step_cost(k, key))
 
     def _affordable(self, key: object, most: int) -> int:
-        """The longest draft (up to `most`) that, rejected outright, keeps drafting's loss so
-        far within RISK_ALLOWANCE plain steps and RISK_SHARE of the run's time. What drafts
-        saved pays for longer ones: a copy that keeps being accepted earns the budget for
-        its next, longer chunk, and a run whose drafts fail is held to short ones."""
+        """The longest n-gram draft (up to `most`) that, rejected outright, keeps drafting's
+        loss so far within RISK_ALLOWANCE plain steps and RISK_SHARE of the run's time. What
+        drafts saved pays for longer ones: a copy that keeps being accepted earns the budget
+        for its next, longer chunk, and a run whose drafts fail is held to short ones. (A
+        draft model's acceptance is learnt from every step it drafts, and its own decodes
+        make even a kept draft cost more than it saves at first: it is not held to this.)"""
         plain = self._step_cost(0)
         budget = RISK_ALLOWANCE * plain + RISK_SHARE * self._seconds - self._drafting_loss
         k = 0

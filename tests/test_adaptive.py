@@ -88,6 +88,22 @@ def test_a_copy_that_keeps_being_accepted_earns_longer_drafts_on_a_cpu():
     assert chosen[-1] == 16 and chosen == sorted(chosen), "each accepted chunk pays for a longer one"
 
 
+def test_the_budget_binds_lookups_drafts_not_a_draft_models():
+    """After n-gram drafts that all failed, the run's budget caps lookup's next draft below
+    what its rate would choose; a draft model's length is its rate's alone (its acceptance is
+    learnt from every step it drafts)."""
+    lookup = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    for _ in range(3):
+        lookup.record(step(8, 0, key=12))  # three 8-token copies rejected at once
+    assert lookup.choose(12, 40, 16) < lookup._best(12, 40, 16)[0]
+    model = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), draft_tokens=16)
+    for _ in range(4):
+        model.record(step(4, 4, key=None))  # kept
+    for _ in range(4):
+        model.record(step(8, 0, key=None))  # then rejected: the run has lost more than the budget
+    assert model._affordable(None, 16) == 0 < model._best(None, 0, 16)[0] == model.choose(None, 0, 16)
+
+
 def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
     policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
     assert policy.choose(12, 40, 16) == 16
