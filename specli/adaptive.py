@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from specli.engine import StepRecord
     from specli.proposers import Proposal
 
-PRIOR_ACCEPTANCE = 0.6  # without a proposer's prior (a draft model): optimistic enough to try
+# A draft model's acceptance before the run has a record: its measured agreement with the
+# target (StepCosts.draft_acceptance), else this, optimistic enough to try.
+PRIOR_ACCEPTANCE = 0.6
 # Pseudo-rejections behind "a key is rejected as often as its priors foresee": a key's own
 # record counts against KEY_WEIGHT of the run's, the run's against RUN_WEIGHT of the priors'.
 # A light key weight: a key's own few rejections soon outweigh the run's (a high-confidence
@@ -100,6 +102,7 @@ class AdaptiveDraftPolicy:
         self._run = _KeyState()  # every key together
         self._verify = VerifyCurve(costs.verify)
         self._draft_per_token = costs.draft_per_token
+        self._model_acceptance = PRIOR_ACCEPTANCE if costs.draft_acceptance is None else costs.draft_acceptance
         self._loop = costs.loop
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
@@ -161,7 +164,7 @@ class AdaptiveDraftPolicy:
         earlier occurrences split their vote, a position's acceptance is scaled by the share
         its token won (its support)."""
         if self._prior is None or key is None:  # a draft model's tokens
-            return [1.0 - PRIOR_ACCEPTANCE] * count
+            return [1.0 - self._model_acceptance] * count
         table = self._hazard_table(key, extent + count)
         hazards = [table[0]] * count if extent <= 0 else table[extent : extent + count]
         if support:

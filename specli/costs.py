@@ -44,6 +44,9 @@ class StepCosts:
     draft_per_token: float = 0.0  # proposing one draft token
     loop: float = 0.0  # the rest of a step: emitting text, reading logits rows
     source: CostSource = "prior"
+    # A draft model's greedy agreement with the target on a sample text (Session's
+    # calibration), the policy's first guess at its acceptance; None: not measured.
+    draft_acceptance: float | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -55,8 +58,9 @@ class StepCosts:
         verify = {int(size): float(seconds) for size, seconds in data["verify"].items()}
         if not verify or any(seconds <= 0 for seconds in verify.values()):
             raise ValueError("no verify costs")
+        acceptance = data.get("draft_acceptance")
         return cls(verify, float(data.get("draft_per_token", 0.0)), float(data.get("loop", 0.0)),
-                   data.get("source", "calibrated"))
+                   data.get("source", "calibrated"), None if acceptance is None else float(acceptance))
 
 
 def prior_costs(gpu: bool, draft_size_ratio: float = 0.0) -> StepCosts:

@@ -82,10 +82,15 @@ class Session:
         if stored is None:
             return self._prior()
         draft = self._store().get(self._draft_key())
-        if not isinstance(draft, (int, float)) and measure and draft_model_of(self.proposer) is not None:
-            draft = self._calibrate_draft()  # the target's costs are stored, this draft's not yet
+        acceptance = self._store().get(self._draft_key() + "|acceptance")
+        unmeasured = not isinstance(draft, (int, float)) or (acceptance is None and not translates(self.proposer))
+        if unmeasured and measure and draft_model_of(self.proposer) is not None:
+            self._calibrate_draft()  # the target's costs are stored, this draft's not yet
+            draft = self._store().get(self._draft_key())
+            acceptance = self._store().get(self._draft_key() + "|acceptance")
+        acceptance = float(acceptance) if isinstance(acceptance, (int, float)) else None
         if isinstance(draft, (int, float)):
-            return replace(stored, draft_per_token=float(draft))
+            return replace(stored, draft_per_token=float(draft), draft_acceptance=acceptance)
         return replace(stored, draft_per_token=self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1))
 
     def _prior(self) -> StepCosts:
@@ -122,6 +127,8 @@ class Session:
         seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
         if translates(self.proposer):
             seconds = cost_per_target_token(self.target, draft, seconds)
+        else:  # the same tokens mean the same to both: how often their greedy choices agree
+            self._store().put(self._draft_key() + "|acceptance", greedy_agreement(self.target, draft))
         self._store().put(self._draft_key(), seconds)
         return seconds
 
@@ -175,6 +182,31 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         target.close()
         raise
     return Session(spec, target, proposer, seed, exact_batch)
+
+
+# A sample for a draft model's agreement with its target: prose, a list, code, numbers.
+AGREEMENT_SAMPLE = (
+    "The museum opens at nine and closes at five, except on Mondays, when it stays closed all day. "
+    "Visitors can buy tickets at the door or online; children under twelve go in for free.\n\n"
+    "Shopping list:\n- two loaves of bread\n- a dozen eggs\n- milk\n- three apples\n\n"
+    "def average(values):\n    \"\"\"Return the mean of a list of numbers.\"\"\"\n"
+    "    return sum(values) / len(values)\n\n"
+    "In 2024 the town had 12,400 residents, up from 11,900 in 2020."
+)
+
+
+def greedy_agreement(target: Model, draft: Model, sample: str = AGREEMENT_SAMPLE) -> float:
+    """The share of the sample's positions where the draft's greedy next token is the target's,
+    each reading the sample itself (teacher-forced): one batched decode of each model, both
+    caches left empty. A draft's acceptance on a model's own output is usually higher: this is
+    a first guess that the run's record corrects."""
+    tokens = target.tokenize(sample)[: min(target.n_ctx, draft.n_ctx, target.batch_size, draft.batch_size)]
+    choices = []
+    for model in (target, draft):
+        model.rewind(0)
+        choices.append(np.argmax(model.decode(tokens, all_logits=True), axis=1))
+        model.rewind(0)
+    return float(np.mean(choices[0] == choices[1]))
 
 
 def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None, *, measure: bool = True,

@@ -141,3 +141,24 @@ def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_pa
         assert first != by_size, "timed, not priced by file size"
     with open_session(spec) as session:
         assert session.costs(measure=False).draft_per_token == first, "stored by the first run"
+
+
+@pytest.mark.slow
+def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemma_path, smollm_path, monkeypatch,
+                                                                             tmp_path):
+    """A same-vocabulary draft (Gemma drafting for itself) agrees with its target on nearly
+    every position of the sample; -k auto starts from that, not from PRIOR_ACCEPTANCE. Through
+    text there is no position-by-position agreement to measure."""
+    from specli.adaptive import PRIOR_ACCEPTANCE
+
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
+    load = LoadSettings(ctx_size=512)
+    with open_session(SessionSpec(gemma_path, gemma_path, load, load)) as session:
+        measured = session.costs()
+        assert measured.draft_acceptance is not None and measured.draft_acceptance > 0.9
+        assert session.costs(measure=False).draft_acceptance == measured.draft_acceptance, "stored"
+        assert session.draft_policy("auto")._model_acceptance == measured.draft_acceptance
+        assert session.target.n_past == 0, "the calibration leaves the cache empty"
+    with open_session(SessionSpec(gemma_path, smollm_path, load, load)) as session:
+        assert session.costs().draft_acceptance is None
+        assert session.draft_policy("auto")._model_acceptance == PRIOR_ACCEPTANCE
