@@ -53,6 +53,9 @@ PRIOR_ACCEPTANCE = 0.6
 # A light key weight: a key's own few rejections soon outweigh the run's (a high-confidence
 # key that fails where its prior foresaw almost no rejection is quickly distrusted).
 KEY_WEIGHT = 0.3
+# A draft model whose agreement with the target was measured: that prior is worth a couple of
+# rejections of evidence, so one early miss does not stop it drafting for the rest of the run.
+MODEL_WEIGHT = 2.0
 RUN_WEIGHT = 1.0
 # A draft must promise MARGIN more tokens a second than a plain step: a draft that barely
 # pays on average gains next to nothing and, rejected, costs a whole verify.
@@ -103,6 +106,7 @@ class AdaptiveDraftPolicy:
         self._verify = VerifyCurve(costs.verify)
         self._draft_per_token = costs.draft_per_token
         self._model_acceptance = PRIOR_ACCEPTANCE if costs.draft_acceptance is None else costs.draft_acceptance
+        self._measured = costs.draft_acceptance is not None
         self._loop = costs.loop
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
@@ -144,7 +148,7 @@ class AdaptiveDraftPolicy:
     def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = ()) -> tuple[int, float]:
         """The draft length with the most expected tokens a second, and that rate (k = 0: a
         plain step)."""
-        ratio = self._hazard_ratio(self._state(key))
+        ratio = self._hazard_ratio(self._state(key), MODEL_WEIGHT if key is None and self._measured else KEY_WEIGHT)
         rates = [1.0 / self._step_cost(0)]
         expected, chain = 1.0, 1.0
         for k, hazard in enumerate(self._hazards(key, extent, limit, support), start=1):
@@ -181,10 +185,11 @@ class AdaptiveDraftPolicy:
             table.append(1.0 - prior(key, len(table)))
         return table
 
-    def _hazard_ratio(self, state: _KeyState) -> float:
+    def _hazard_ratio(self, state: _KeyState, weight: float = KEY_WEIGHT) -> float:
         """How many times more often than its priors foresaw this key's drafts are rejected.
 
-        (rejected + KEY_WEIGHT·r) / (foreseen + KEY_WEIGHT), where r is the same ratio over
+        (rejected + w·r) / (foreseen + w), w the key's weight (KEY_WEIGHT; MODEL_WEIGHT for a
+        draft model whose agreement was measured), where r is the same ratio over
         the run's other keys, held to 1 by RUN_WEIGHT: a run whose drafts keep failing
         does not trust an unseen key as if nothing had happened, and a run of clean copies
         trusts it a little more. A ratio learnt from a few accepted drafts moves little,
@@ -194,7 +199,7 @@ class AdaptiveDraftPolicy:
         seen = max(0.0, run.rejected - state.rejected)
         foreseen = max(0.0, run.foreseen - state.foreseen)
         run_ratio = (seen + RUN_WEIGHT) / (foreseen + RUN_WEIGHT)
-        return (state.rejected + KEY_WEIGHT * run_ratio) / (state.foreseen + KEY_WEIGHT)
+        return (state.rejected + weight * run_ratio) / (state.foreseen + weight)
 
     def _affords(self, k: int, key: object) -> bool:
         """Whether a probe of k tokens, rejected outright, keeps drafting's loss so far within

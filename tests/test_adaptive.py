@@ -104,6 +104,18 @@ def test_the_budget_binds_lookups_drafts_not_a_draft_models():
     assert model._affordable(None, 16) == 0 < model._best(None, 0, 16)[0] == model.choose(None, 0, 16)
 
 
+def test_one_early_miss_does_not_stop_a_draft_model_whose_agreement_was_measured():
+    """A first draft rejected outright: with the agreement measured (0.93, worth MODEL_WEIGHT
+    rejections of evidence), the next step still drafts."""
+    from dataclasses import replace
+
+    measured = AdaptiveDraftPolicy(replace(cpu_cost(draft_per_token=0.001), draft_acceptance=0.93), draft_tokens=16)
+    k = measured.choose(None, 0, 16)
+    assert k > 1
+    measured.record(step(k, 0, key=None))
+    assert measured.choose(None, 0, 16) > 0
+
+
 def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
     policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
     assert policy.choose(12, 40, 16) == 16
