@@ -105,16 +105,21 @@ class AdaptiveDraftPolicy:
         self._run = _KeyState()  # every key together
         self._verify = VerifyCurve(costs.verify)
         self._draft_per_token = costs.draft_per_token
+        self._catch_up = costs.draft_catch_up
+        self._behind = 0  # the draft model's tokens to catch up with, this step (choose)
         self._model_acceptance = PRIOR_ACCEPTANCE if costs.draft_acceptance is None else costs.draft_acceptance
         self._measured = costs.draft_acceptance is not None
         self._loop = costs.loop
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+               behind: int = 0) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step). key None: a
-        draft model's tokens, priced at its cost per token; any other key is n-gram lookup's,
-        free to make, and `support` its vote share per token (Proposal.support)."""
+        draft model's tokens, priced at its cost per token after catching up with the `behind`
+        tokens committed since it last drafted; any other key is n-gram lookup's, free to make,
+        and `support` its vote share per token (Proposal.support)."""
+        self._behind = behind if key is None else 0
         state = self._state(key)
         limit = min(self.draft_tokens, available)
         if key is not None:  # n-gram lookup: a long match can promise far more than it keeps
@@ -138,11 +143,13 @@ class AdaptiveDraftPolicy:
             state.probe_gap = min(state.probe_gap, 8)
         return best_k
 
-    def prefers(self, free: Proposal, available: int) -> bool:
+    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
         free_k, free_rate = self._best(free.key, free.extent, min(self.draft_tokens, len(free.tokens)), free.support)
+        self._behind = behind
         _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
+        self._behind = 0
         return free_k > 0 and free_rate >= model_rate
 
     def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = ()) -> tuple[int, float]:
@@ -232,8 +239,9 @@ class AdaptiveDraftPolicy:
         return state
 
     def _step_cost(self, k: int, key: object = None) -> float:
-        """A step of k draft tokens: a draft model's decodes (key None), the verify, the loop."""
-        drafting = self._draft_per_token * k if key is None else 0.0
+        """A step of k draft tokens: a draft model's decodes (key None: its catch-up with the
+        text committed since it last drafted, then one decode a token), the verify, the loop."""
+        drafting = self._catch_up * self._behind + self._draft_per_token * k if key is None and k > 0 else 0.0
         return drafting + self._verify.cost(k + 1) + self._loop
 
     def record(self, step: StepRecord) -> None:

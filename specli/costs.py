@@ -47,6 +47,9 @@ class StepCosts:
     # A draft model's greedy agreement with the target on a sample text (Session's
     # calibration), the policy's first guess at its acceptance; None: not measured.
     draft_acceptance: float | None = None
+    # Bringing a draft model's cache up to date, per token (one batched decode of what was
+    # committed while it did not draft).
+    draft_catch_up: float = 0.0
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -60,7 +63,8 @@ class StepCosts:
             raise ValueError("no verify costs")
         acceptance = data.get("draft_acceptance")
         return cls(verify, float(data.get("draft_per_token", 0.0)), float(data.get("loop", 0.0)),
-                   data.get("source", "calibrated"), None if acceptance is None else float(acceptance))
+                   data.get("source", "calibrated"), None if acceptance is None else float(acceptance),
+                   float(data.get("draft_catch_up", 0.0)))
 
 
 def prior_costs(gpu: bool, draft_size_ratio: float = 0.0) -> StepCosts:

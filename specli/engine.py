@@ -231,15 +231,17 @@ class DraftPolicy(Protocol):
 
     draft_tokens: int  # the most a step drafts
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+               behind: int = 0) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step).
         key, extent and support: the proposal's (Proposal.key, .extent, .support); key None: a
-        draft model's tokens, which cost a decode each."""
+        draft model's tokens, which cost a decode each, after the `behind` tokens it must
+        decode first to catch up with the committed text (Proposer.behind)."""
         ...
 
-    def prefers(self, free: Proposal, available: int) -> bool:
+    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         """Whether a free proposal (n-gram lookup) is worth more than up to `available` tokens
-        of the draft model."""
+        of the draft model (`behind` the committed text by that many tokens)."""
         ...
 
     def record(self, step: StepRecord) -> None: ...
@@ -249,10 +251,11 @@ class DraftPolicy(Protocol):
 class FixedDraftPolicy:
     draft_tokens: int
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = ()) -> int:
+    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+               behind: int = 0) -> int:
         return min(self.draft_tokens, available)
 
-    def prefers(self, free: Proposal, available: int) -> bool:
+    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         return free.extent > 0  # a copy in progress (a match of lookup's longest n)
 
     def record(self, step: StepRecord) -> None:
@@ -397,10 +400,11 @@ class Engine:
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
         proposal = self.proposer.lookup(tokens, available)
-        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available)):
+        behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
+        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support) if proposal.tokens else 0
         else:
-            k = policy.choose(None, 0, available)
+            k = policy.choose(None, 0, available, behind=behind)
             proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k]
 

@@ -47,6 +47,11 @@ class Proposer(Protocol):
         """Draft up to `draft_tokens` tokens that may follow the committed sequence `tokens`."""
         ...
 
+    def behind(self, tokens: list[int]) -> int:
+        """How many tokens a draft model must decode before it can propose after `tokens`:
+        what was committed since it last drafted (0 for a proposer with no model)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -65,6 +70,9 @@ class NoProposer:
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return Proposal()
+
+    def behind(self, tokens: list[int]) -> int:
+        return 0
 
     def close(self) -> None:
         pass
@@ -146,6 +154,9 @@ class NGramProposer:
         return Proposal()
 
     lookup = propose
+
+    def behind(self, tokens: list[int]) -> int:
+        return 0
 
     def _extend_index(self, tokens: list[int]) -> None:
         # Index n-grams ending at positions [indexed, len - 1): each has a known next token.
@@ -305,6 +316,9 @@ class DraftModelProposer:
     def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
+    def behind(self, tokens: list[int]) -> int:
+        return max(len(tokens) - 1 - common_prefix_length(self._cached, tokens), 0)
+
     def forget(self) -> None:
         """Empty the draft's cache (before its decode is timed)."""
         self.model.rewind(0)
@@ -382,6 +396,9 @@ class LookupThenModel:
 
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return self.model.propose(tokens, draft_tokens)
+
+    def behind(self, tokens: list[int]) -> int:
+        return self.model.behind(tokens)
 
     def close(self) -> None:
         self.model.close()

@@ -20,10 +20,11 @@ from specli.exact import exact_batch_size
 from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
                               translates)
 from specli.sampling import SamplingSettings
-from specli.translate import TranslatedDraft, cost_per_target_token
+from specli.translate import TranslatedDraft, cost_per_target_token, tokens_per_target_token
 from specli.vocab import check_vocab_compatible
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
+CATCH_UP_BATCH = 16  # a draft model's catch-up is priced per token of a batch this long
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,29 @@ class Session:
             return self.calibrate(FIRST_RUN_SIZES, repeats=1, source="first run")
         if stored is None:
             return self._prior()
-        draft = self._store().get(self._draft_key())
-        acceptance = self._store().get(self._draft_key() + "|acceptance")
-        unmeasured = not isinstance(draft, (int, float)) or (acceptance is None and not translates(self.proposer))
-        if unmeasured and measure and draft_model_of(self.proposer) is not None:
+        measured = self._draft_measurements()
+        if measured is None and measure and draft_model_of(self.proposer) is not None:
             self._calibrate_draft()  # the target's costs are stored, this draft's not yet
-            draft = self._store().get(self._draft_key())
-            acceptance = self._store().get(self._draft_key() + "|acceptance")
-        acceptance = float(acceptance) if isinstance(acceptance, (int, float)) else None
-        if isinstance(draft, (int, float)):
-            return replace(stored, draft_per_token=float(draft), draft_acceptance=acceptance)
-        return replace(stored, draft_per_token=self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1))
+            measured = self._draft_measurements()
+        if measured is not None:
+            seconds, catch_up, acceptance = measured
+            return replace(stored, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
+        # Not measured: priced by its file size, catching up a token at a decode's cost.
+        seconds = self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1)
+        return replace(stored, draft_per_token=seconds, draft_catch_up=seconds)
+
+    def _draft_measurements(self) -> tuple[float, float, float | None] | None:
+        """The draft model's stored cost per token, catch-up cost per token and agreement
+        (None through text), or None if they are not all stored."""
+        store, key = self._store(), self._draft_key()
+        seconds, catch_up, acceptance = store.get(key), store.get(key + "|catch_up"), store.get(key + "|acceptance")
+        if not all(isinstance(value, (int, float)) for value in (seconds, catch_up)):
+            return None
+        if not isinstance(acceptance, (int, float)):
+            if not translates(self.proposer):
+                return None
+            acceptance = None
+        return float(seconds), float(catch_up), None if acceptance is None else float(acceptance)
 
     def _prior(self) -> StepCosts:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
@@ -124,11 +137,14 @@ class Session:
         drafter.forget()
         draft = drafter.model
         token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
-        seconds = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1,), repeats=5)[1]
+        timed = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1, CATCH_UP_BATCH), repeats=5)
+        seconds, catch_up = timed[1], timed[CATCH_UP_BATCH] / CATCH_UP_BATCH
         if translates(self.proposer):
             seconds = cost_per_target_token(self.target, draft, seconds)
+            catch_up *= tokens_per_target_token(self.target, draft)
         else:  # the same tokens mean the same to both: how often their greedy choices agree
             self._store().put(self._draft_key() + "|acceptance", greedy_agreement(self.target, draft))
+        self._store().put(self._draft_key() + "|catch_up", catch_up)
         self._store().put(self._draft_key(), seconds)
         return seconds
 

@@ -134,6 +134,12 @@ class TranslatedDraft:
     def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
+    def behind(self, tokens: list[int]) -> int:
+        """The draft's tokens for the text it has not read yet (at SAMPLE's ratio), and those it
+        has read but not decoded."""
+        unread = round((len(tokens) - self._target_count) * self._ratio)
+        return unread + self.model.behind(self._lead + self._tokens)
+
     def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
         sequence = self._read(tokens)
         if draft_tokens <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):

@@ -103,3 +103,25 @@ def test_a_copying_prompt_needs_fewer_draft_model_decodes(gemma_path):
             draft.rewind(0)
     assert outputs["draft"] == outputs["draft+ngram"]
     assert decoded["draft+ngram"] < 0.8 * decoded["draft"], decoded
+
+
+def test_a_draft_model_that_fell_behind_is_priced_with_its_catch_up():
+    """While lookup drafted, the draft model fell behind the text: drafting with it now costs
+    its catch-up too, so a long way behind, the policy takes a plain step instead (a draft
+    long enough to pay for the catch-up still goes ahead)."""
+    policy = AdaptiveDraftPolicy(StepCosts({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8, 32: 2.6, 49: 3.4}, 0.05, 0.02,
+                                           "calibrated", draft_acceptance=0.9, draft_catch_up=0.02), draft_tokens=16)
+    assert policy.choose(None, 0, 16, behind=0) > 4
+    assert policy.choose(None, 0, 16, behind=1000) == 0, "1000 tokens to catch up cost 20 plain steps"
+
+
+def test_the_draft_model_knows_how_far_behind_the_text_it_is():
+    target, draft = FakeModel(seed=0), FakeModel(seed=0)
+    model = DraftModelProposer(draft, SamplingSettings())
+    model.prepare(PROMPT)
+    assert model.behind(PROMPT) == 0, "prepared: all but the last prompt token decoded"
+    assert model.behind(PROMPT + [1, 2, 3]) == 3
+    model.propose(PROMPT + [1, 2, 3], 2)
+    assert model.behind(PROMPT + [1, 2, 3]) == 0
+    # The last committed token is decoded as the draft starts in any case: only those before it count.
+    assert LookupThenModel(NGramProposer(), model).behind(PROMPT + [1, 2, 3, 9, 5]) == 1
