@@ -446,6 +446,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=Path, metavar="FILE",
                         help="With --native-modes: append each prompt's row (and every tool's text) to FILE as a "
                              "JSON line as soon as it is measured.")
+    parser.add_argument("--equal-length", metavar="ROWS",
+                        help="With --prompts and --rows: for each prompt of ROWS (a --native-modes --rows file) where "
+                             "a native mode wrote specli's text, time that mode again and specli with -n set to the "
+                             "tokens it decoded; rows go to --rows.")
     parser.add_argument("--before", metavar="COMMAND",
                         help="With --native-modes: another command that starts specli (say, a checkout of the code "
                              "before a change), run with the same arguments in the same rounds as 'specli before'.")
@@ -456,8 +460,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "sets, like for like: the n-gram ones (--ngram), or draft-simple alone and chained with "
                              "ngram-mod (--draft; specli then also runs --no-ngram).")
     args = parser.parse_args(argv)
-    if bool(args.prompts) != args.native_modes:
-        parser.error("--prompts and --native-modes go together")
+    if bool(args.prompts) != (args.native_modes or bool(args.equal_length)):
+        parser.error("--prompts goes with --native-modes or --equal-length")
+    if args.equal_length and not args.rows:
+        parser.error("--equal-length writes its rows to --rows")
     if args.plain_only:
         args.plain = True
     if not args.llama_bin and not (args.plain_only and args.llama_plain_bin):
@@ -570,6 +576,60 @@ def _best_agreeing(modes: Sequence[str], text: dict, speed: dict, tool: str) -> 
     return max(agreeing, key=speed.__getitem__) if agreeing else None
 
 
+def equal_length(args: argparse.Namespace) -> int:
+    """Like for like at the same length: llama-speculative-simple writes past -n (up to half as
+    many tokens again here), and the text past it is often the easiest (a layout repeating),
+    so its tokens a second and specli's measure different spans. For each prompt of the
+    --native-modes rows (--equal-length FILE) where a native mode wrote specli's text, that
+    mode runs again, and specli (and --before) run with -n set to the tokens it decoded, in
+    alternating rounds."""
+    rows = {}
+    for line in Path(args.equal_length).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["name"]] = row
+    specli = shlex.split(args.specli)
+    for workload in load_prompt_sets(args.prompts):
+        row = rows.get(workload["name"])
+        mode = row and row["best_native_like_for_like"]
+        if not mode:
+            continue
+        work = Workload(model=args.model, draft=args.draft, prompt=workload["prompt"], k=args.draft_tokens,
+                        n=args.max_tokens or int(workload.get("max_tokens", 128)), ngram_n=args.ngram_n,
+                        threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k or "auto",
+                        gpu_layers=args.gpu_layers)
+        native = (run_llama, llama_native_command(args.llama_bin, work, mode, args.llama_arg))
+        try:
+            decoded = native[0](mode, native[1], args.timeout, work.prompt).tokens  # also the warm-up
+            # specli's rate leaves out the prompt decode's token, as llama.cpp's does: one more.
+            same = dataclasses.replace(work, n=decoded + 1)
+            commands = {mode: native, "specli": (run_specli, specli_command(specli, same, args.specli_arg))}
+            if args.before:
+                commands["specli before"] = (run_specli, specli_command(shlex.split(args.before), same, args.specli_arg))
+            runs: dict[str, list[Run]] = {name: [] for name in commands}
+            names = list(commands)
+            for round_index in range(args.runs):
+                shift = round_index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    runner, command = commands[name]
+                    runs[name].append(runner(name, command, args.timeout, work.prompt))
+        except (RunError, subprocess.TimeoutExpired, OSError) as error:
+            print(f"error: {workload['name']}: {error}", file=sys.stderr)
+            return 1
+        speed = {name: statistics.median(r.tokens_per_second for r in tool_runs) for name, tool_runs in runs.items()}
+        tokens = {name: statistics.median(r.tokens for r in tool_runs) for name, tool_runs in runs.items()}
+        result = {"name": workload["name"], "kind": workload.get("kind", ""), "mode": mode, "tokens": tokens,
+                  "tokens_per_second": speed, "specli_over_native": speed["specli"] / speed[mode],
+                  "before_over_native": speed["specli before"] / speed[mode] if args.before else None,
+                  "texts_agree": agrees(runs[mode][0].text, runs["specli"][0].text)}
+        with open(args.rows, "a", encoding="utf-8") as out:
+            out.write(json.dumps(result) + "\n")
+        print(f"{workload['name']}: {mode} {speed[mode]:.1f} t/s over {tokens[mode]:.0f} tokens, specli "
+              f"{speed['specli']:.1f} over {tokens['specli']:.0f}: {result['specli_over_native']:.2f}x",
+              file=sys.stderr, flush=True)
+    return 0
+
+
 def summarize_native(report: list[dict]) -> dict:
     """Geometric means of specli over the best native mode: like for like, overall and per category."""
     def geo(values: list[float]) -> float | None:
@@ -631,6 +691,8 @@ def format_native(report: list[dict], summary: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.equal_length:
+        return equal_length(args)
     if args.native_modes:
         return native_modes(args)
     max_tokens = args.max_tokens
