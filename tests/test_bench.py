@@ -95,9 +95,11 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
     assert plain["speedup"] is None and plain["acceptance_rate"] is None and plain["runs"] == 2
     for measured in (auto, fixed):
         assert measured["runs"] == 2 and measured["speedup"]["min"] <= measured["speedup"]["median"]
+        assert sum(measured["time_split"].values()) == pytest.approx(1.0, abs=0.01)
+        if measured is auto and not auto["drafted_per_step"]:
+            continue  # -k auto may find that no draft pays on this box: then it drafts nothing
         # Much of the function is copied from the prompt: drafting steps keep several tokens.
         assert measured["mean_accepted_length"] > 1.0, measured
-        assert sum(measured["time_split"].values()) == pytest.approx(1.0, abs=0.01)
         # The Python time per step splits into the loop's part and the logits rows read.
         assert measured["rows_read_per_step"] > 1  # long copies: many rows verified per step
         assert measured["python_overhead_ms_per_step"] == pytest.approx(
