@@ -306,6 +306,9 @@ class Engine:
         self._step_ended: float | None = None  # when the previous step's logits were read
         self._on_device = False  # this generation verifies with the target's decode_argmax
         self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
+        # The last prompt, whether it was verified on the device, and its last row's logits
+        # (or, on the device, its argmax): see _generate.
+        self._prompt_row: tuple = (None, False, None)
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
         """Token events as text is committed, a StepRecord after each step's tokens, then
@@ -323,21 +326,34 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         # What the cache already holds of the prompt (an earlier turn of a chat) stays; the
-        # prompt's last token is decoded again in any case, for its logits row.
-        keep = min(common_prefix_length(self._cached, prompt), len(prompt) - 1) if options.reuse_cache else 0
+        # prompt's last token is decoded again for its logits row, unless the same prompt came
+        # last time: then its row is the one kept from then (a one-row decode rounds otherwise,
+        # and a near-tie could flip: the same request sent again writes the same text).
+        cached = common_prefix_length(self._cached, prompt) if options.reuse_cache else 0
+        last_prompt, last_on_device, last_row = self._prompt_row
+        again = options.max_tokens > 0 and cached == len(prompt) and last_prompt == prompt and last_on_device == self._on_device
+        keep = len(prompt) if again else min(cached, len(prompt) - 1)
         target.rewind(keep)
         stats.prompt_cached = keep
         self._cached = []
         self._step_ended = None
         # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
         # writes the first token, so plain and speculative runs share it exactly.
-        if options.max_tokens > 0 and self._on_device:
-            first = int(target.decode_argmax(prompt[keep:])[0])
-        elif options.max_tokens > 0:
-            row = options.sampling.penalise(target.decode(prompt[keep:])[0], prompt)
-            first = self._choose(row, len(prompt))
+        if options.max_tokens <= 0:
+            row = None
+        elif again:
+            row = last_row
+        elif self._on_device:
+            row = int(target.decode_argmax(prompt[keep:])[0])
         else:
+            row = np.array(target.decode(prompt[keep:])[0])  # a copy: kept for the same prompt again
+        if row is None:
             first = None
+        elif self._on_device:
+            first = row
+        else:
+            first = self._choose(options.sampling.penalise(row, prompt), len(prompt))
+        self._prompt_row = (list(prompt), self._on_device, row) if row is not None else (None, False, None)
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 

@@ -143,6 +143,16 @@ def test_an_exact_request_writes_what_run_exact_writes_again_and_again(gemma_ser
     assert len(texts) == 1 and same_text(texts.pop(), expected)
 
 
+def test_the_same_greedy_request_sent_again_writes_the_same_text(gemma_server):
+    """Not exact: the second time, the prompt's KV entries are all cached, and its last row is
+    the one kept from the first time (a one-row decode of it rounds otherwise, and at a
+    near-tie, here "return" against "print", the first token could flip)."""
+    client = gemma_server.client()
+    replies = [client.completions.create(model="x", prompt="def add(a, b):", max_tokens=16) for _ in range(3)]
+    assert len({reply.choices[0].text for reply in replies}) == 1, [reply.choices[0].text for reply in replies]
+    assert replies[-1].usage.prompt_tokens_details.cached_tokens == replies[-1].usage.prompt_tokens
+
+
 def test_a_seeded_request_repeats(gemma_server):
     client = gemma_server.client()
     texts = {client.completions.create(model="x", prompt="Once upon a time", max_tokens=20, temperature=0.9,
