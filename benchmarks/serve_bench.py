@@ -1,7 +1,7 @@
 """Replay server traffic against `specli serve` and llama.cpp's `llama-server`, same model.
 
-Two kinds of traffic, both on /v1/completions, streamed (so the time to the first token is
-seen), greedy:
+Two kinds of traffic, both on /v1/completions (or, with --chat, on /v1/chat/completions as
+messages), streamed (so the time to the first token is seen), greedy:
 
 - agent: a coding agent's conversation that resends its whole history every turn and
   writes one JSON tool call per turn. The history is scripted (the same prompts reach every
@@ -11,13 +11,15 @@ seen), greedy:
 
 Configurations: specli plain (`--draft none`), specli with n-gram drafting and its suffix
 memory on and off, and llama-server plain and with each n-gram `--spec-type` (and the
-ngram-mod,ngram-simple chain). Every round starts every server afresh, in a rotated order,
-so no server carries caches or memory from one round into the next. The report gives per
+ngram-mod,ngram-simple chain). Every round starts every server afresh for each kind of
+traffic, in a rotated order, so no server carries caches or memory from one replay into the
+next. The report gives per
 configuration and traffic: tokens per second over the whole replay (completion tokens /
 request time), median time to the first token, acceptance, and whether the text equals
 specli plain's.
 
     python benchmarks/serve_bench.py --target gemma.gguf --llama-server PATH [--rounds 3] [--json OUT]
+    python benchmarks/serve_bench.py --chat --target smollm2-instruct.gguf --llama-server PATH
 
 Build llama-server from the llama.cpp that llama-cpp-python vendors:
     TARGETS=llama-server benchmarks/build_llama_cpp.sh
@@ -191,23 +193,28 @@ def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int) ->
             process.kill()
 
 
-def complete(url: str, prompt: str, max_tokens: int, result: Result, extra: dict | None = None) -> str:
-    """One streamed greedy completion; adds its time, tokens and drafting to `result`."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+def complete(url: str, prompt: str | list[dict], max_tokens: int, result: Result, extra: dict | None = None) -> str:
+    """One streamed greedy completion of a raw prompt (a string: /v1/completions) or of chat
+    messages (a list: /v1/chat/completions); adds its time, tokens and drafting to `result`."""
+    chat = isinstance(prompt, list)
+    body = {"messages" if chat else "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **(extra or {})}
     started = time.perf_counter()
     first = None
     pieces: list[str] = []
     final: dict = {}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+    with httpx.stream("POST", url + ("/v1/chat/completions" if chat else "/v1/completions"), json=body,
+                      timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             data = json.loads(line[6:])
-            if data.get("choices") and data["choices"][0].get("text"):
+            choice = data["choices"][0] if data.get("choices") else {}
+            piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+            if piece:
                 first = first or time.perf_counter()
-                pieces.append(data["choices"][0]["text"])
+                pieces.append(piece)
             if data.get("usage") or data.get("timings"):
                 final = data
     result.seconds += time.perf_counter() - started
@@ -222,13 +229,40 @@ def complete(url: str, prompt: str, max_tokens: int, result: Result, extra: dict
     return text
 
 
-def agent(url: str) -> Result:
+def agent_messages() -> tuple[list[dict], str]:
+    """AGENT_SYSTEM as chat messages: its first paragraph as the system message, then each
+    example exchange as a user and an assistant message, the tool's output opening the next
+    user message (returned last, for the first scripted turn)."""
+    system, examples = AGENT_SYSTEM.split("\n\n", 1)
+    messages = [{"role": "system", "content": system}]
+    output = ""
+    for exchange in examples.strip().split("\n\nUser: "):
+        task, call, next_output = re.fullmatch(r"(?:User: )?(.*)\nAssistant: (.*)\nTool: (.*)", exchange, re.S).groups()
+        messages += [{"role": "user", "content": tool_and_task(output, task)}, {"role": "assistant", "content": call}]
+        output = next_output
+    return messages, output
+
+
+def tool_and_task(output: str, task: str) -> str:
+    return f"Tool: {output}\n\n{task}" if output else task
+
+
+def agent(url: str, chat: bool) -> Result:
+    """The agent's turns, its whole history resent each turn: as one raw prompt, or as chat
+    messages (the tool's output and the next task in one user message)."""
     result = Result()
     history = AGENT_SYSTEM
+    messages, pending = agent_messages()
     for task, call, output in AGENT_TURNS:
-        history += f"\nUser: {task}\nAssistant: "
-        complete(url, history, AGENT_MAX_TOKENS, result, {"stop": ["\n"]})
-        history += f"{call}\nTool: {output}\n"
+        if chat:
+            messages.append({"role": "user", "content": tool_and_task(pending, task)})
+            complete(url, messages, AGENT_MAX_TOKENS, result)
+            messages.append({"role": "assistant", "content": call})
+            pending = output
+        else:
+            history += f"\nUser: {task}\nAssistant: "
+            complete(url, history, AGENT_MAX_TOKENS, result, {"stop": ["\n"]})
+            history += f"{call}\nTool: {output}\n"
     return result
 
 
@@ -236,12 +270,26 @@ def edit_prompt(old: str, new: str, code: str) -> str:
     return f"# The same code with `{old}` renamed to `{new}` everywhere.\n\n# Before:\n{code}\n# After:\n"
 
 
-def edits(url: str, predict: bool) -> Result:
+def edit_messages(old: str, new: str, code: str) -> list[dict]:
+    return [{"role": "user", "content": f"Rename `{old}` to `{new}` everywhere in this code. Reply with the whole "
+                                        f"code only.\n\n```python\n{code}```"}]
+
+
+def edits(url: str, predict: bool, chat: bool) -> Result:
+    """Each edit once; with `predict`, the correctly edited code goes along as the prediction
+    (in a fenced block for chat, as an instruction model answers)."""
     result = Result()
     for old, new, code in EDIT_SOURCES:
         edited = re.sub(rf"\b{old}\b", new, code)
-        extra = {"prediction": {"type": "content", "content": edited}} if predict else None
-        complete(url, edit_prompt(old, new, code), 200, result, {"stop": ["\n# ", "\n\n\n\n"], **(extra or {})})
+        if chat:
+            prediction = f"```python\n{edited}```"
+            prompt, extra = edit_messages(old, new, code), {}
+        else:
+            prediction = edited
+            prompt, extra = edit_prompt(old, new, code), {"stop": ["\n# ", "\n\n\n\n"]}
+        if predict:
+            extra["prediction"] = {"type": "content", "content": prediction}
+        complete(url, prompt, 200, result, extra)
     return result
 
 
@@ -262,19 +310,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--llama-server", type=Path, help="llama-server binary (leave out to measure specli only).")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-c", "--ctx-size", type=int, default=4096)
+    parser.add_argument("--chat", action="store_true",
+                        help="Send chat messages to /v1/chat/completions (an instruction model with a chat template).")
     parser.add_argument("--json", type=Path, help="Write every measurement here.")
     args = parser.parse_args(argv)
 
     configs = list(configurations(args.target, args.llama_server, args.ctx_size))
-    traffic = {"agent": agent, "edit": lambda url: edits(url, False), "edit + prediction": lambda url: edits(url, True)}
+    chat = args.chat
+    traffic = {"agent": lambda url: agent(url, chat), "edit": lambda url: edits(url, False, chat),
+               "edit + prediction": lambda url: edits(url, True, chat)}
     rounds: dict[tuple[str, str], list[Result]] = {}
     for round_index in range(args.rounds):
         shift = round_index % len(configs)
         for name, server, is_specli in configs[shift:] + configs[:shift]:
-            with server() as url:
-                for kind, replay in traffic.items():
-                    if kind == "edit + prediction" and not is_specli:
-                        continue
+            # A fresh server for each kind of traffic: no KV cache or suffix memory from one
+            # replay helps the next (the edits with a prediction repeat the edits' prompts).
+            for kind, replay in traffic.items():
+                if kind == "edit + prediction" and not is_specli:
+                    continue
+                with server() as url:
                     rounds.setdefault((name, kind), []).append(replay(url))
             print(f"serve_bench: round {round_index + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
 
