@@ -184,9 +184,15 @@ def test_spans_join_to_the_content_and_chunks_carry_their_source(gemma_server):
     assert {span["source"] for span in spans} == {"draft", "target"}, "a copy is drafted"
     assert whole.usage.completion_tokens_details.accepted_prediction_tokens > 0
     assert whole.timings["draft_n_accepted"] == whole.usage.completion_tokens_details.accepted_prediction_tokens
-    chunks = [c for c in client.completions.create(model="x", prompt=CODE + "\n" + CODE[:40], max_tokens=30,
-                                                   stream=True) if c.choices and c.choices[0].text]
-    assert {chunk.choices[0].source for chunk in chunks} == {"draft", "target"}
+    # The copy under way from the prompt's first token: the first step drafts and keeps several.
+    chunks = [c for c in client.completions.create(model="x", prompt=CODE + "\n\n" + CODE[:9], max_tokens=30,
+                                                   stream=True, extra_body={"draft_tokens": 8})
+              if c.choices and c.choices[0].text]
+    sources = [chunk.choices[0].source for chunk in chunks]
+    assert set(sources) == {"draft", "target"}
+    # One chunk per run of a source: a step's kept draft tokens together (every step ends with
+    # the target's token), the first step's too.
+    assert all(not (a == b == "draft") for a, b in zip(sources, sources[1:])), sources
 
 
 # --- Predicted Outputs and the caches --------------------------------------------------

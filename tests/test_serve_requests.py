@@ -47,6 +47,16 @@ def test_fields_that_change_nothing_are_ignored():
     assert refused_param(request) is None
 
 
+def test_llama_server_fields_at_their_defaults_are_served():
+    """A client that sends every llama-server field with its default value changes nothing:
+    a sampler switched off, and that sampler's own settings."""
+    defaults = dict(ignore_eos=False, n_probs=0, mirostat=0, mirostat_tau=5.0, mirostat_eta=0.1, typical_p=1.0,
+                    top_n_sigma=-1.0, dynatemp_range=0.0, dynatemp_exponent=1.0, dry_multiplier=0.0, dry_base=1.75,
+                    dry_allowed_length=2, xtc_probability=0.0, xtc_threshold=0.1, min_tokens=0)
+    assert refused_param(ChatRequest(messages=MESSAGES, **defaults)) is None
+    assert refused_param(CompletionRequest(prompt="hi", **{**defaults, "mirostat": 1})) == "mirostat"
+
+
 def test_an_assistant_message_with_tool_calls_is_refused():
     messages = [*MESSAGES, {"role": "assistant", "content": None,
                             "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]

@@ -245,18 +245,18 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
         if chat:
             yield chunk("", None, first=True)
         pending: list[Token] = []
-        stepped = False  # a StepRecord has come: tokens before it are the prompt decode's one token
+        first = True  # the prompt decode's token: out at once, not after the first step's tokens
         while True:
             event = await events.get()
-            if isinstance(event, Token) and not stepped:
-                if event.text:  # the first token goes out at once, not after the first step
+            if isinstance(event, Token) and first:
+                first = False
+                if event.text:
                     yield chunk(event.text, event.source)
                 continue
             if isinstance(event, Token):
                 if event.text:
                     pending.append(event)
                 continue
-            stepped = True
             for text, source in _merge(pending):  # a StepRecord, or the end (None)
                 yield chunk(text, source)
             pending = []

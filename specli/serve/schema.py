@@ -70,13 +70,20 @@ class Prediction(BaseModel):
 
 
 # Fields other servers take (OpenAI's newer ones, llama-server's sampling and grammar
-# extensions) that would change what is generated: refused by name, never ignored.
+# extensions) that would change what is generated: refused by name, never ignored. The
+# settings of a sampler that one of these switches on (mirostat_tau, dry_base, xtc_threshold...)
+# change nothing while it is off, so they are ignored like any other field.
 REFUSED_EXTRAS = {
     "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options", "grammar", "json_schema",
-    "ignore_eos", "n_predict", "n_probs", "mirostat", "mirostat_tau", "mirostat_eta", "typical_p", "top_n_sigma",
-    "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "samplers", "penalty_last_n", "repeat_last_n",
-    "logit_bias_eog", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
+    "ignore_eos", "n_predict", "n_probs", "mirostat", "typical_p", "top_n_sigma", "dynatemp_range",
+    "dry_multiplier", "xtc_probability", "samplers", "penalty_last_n", "repeat_last_n", "logit_bias_eog",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
+}
+# The values of those that leave generation as it is (llama-server's defaults): clients that
+# send every field with its default are served.
+NEUTRAL_EXTRAS = {
+    "ignore_eos": False, "n_probs": 0, "mirostat": 0, "typical_p": 1.0, "top_n_sigma": -1.0, "dynatemp_range": 0.0,
+    "dry_multiplier": 0.0, "xtc_probability": 0.0, "min_tokens": 0,
 }
 
 
@@ -129,8 +136,10 @@ class _Generation(BaseModel):
     def refused(self) -> None:
         """Raise RequestError for the first field that would change the output in a way
         specli does not do."""
-        for name in sorted(set(self.model_extra or {}) & REFUSED_EXTRAS):
-            if (self.model_extra or {})[name] is not None:
+        extras = self.model_extra or {}
+        for name in sorted(set(extras) & REFUSED_EXTRAS):
+            value = extras[name]
+            if value is not None and not (name in NEUTRAL_EXTRAS and value == NEUTRAL_EXTRAS[name]):
                 raise RequestError(f"{name} is not supported by specli serve", name)
         if self.n not in (None, 1):
             raise RequestError("n > 1 is not supported: one choice per request", "n")

@@ -177,19 +177,25 @@ class Worker:
     async def _wait_for_turn(self, gone: Callable[[], Awaitable[bool]] | None) -> None:
         """Acquire the turn; every WAIT_POLL seconds, ask whether the client has left."""
         assert self._turn is not None
-        turn = asyncio.ensure_future(self._turn.acquire())
-        while True:
-            done, _ = await asyncio.wait({turn}, timeout=WAIT_POLL)
-            if done:
-                return
-            if gone is not None and await gone():
-                turn.cancel()
-                try:
-                    await turn
-                except asyncio.CancelledError:
-                    raise Gone from None
-                self._turn.release()  # it was acquired as it was cancelled
-                raise Gone
+        lock = self._turn
+        turn = asyncio.ensure_future(lock.acquire())
+        try:
+            while True:
+                done, _ = await asyncio.wait({turn}, timeout=WAIT_POLL)
+                if done:
+                    return
+                if gone is not None and await gone():
+                    raise Gone
+        except BaseException:  # it left, or this handler was cancelled (shutdown), or gone() failed
+            # The acquire must not outlive it: cancelled, or, where it got the turn all the
+            # same (as it was cancelled), given the turn back at once.
+            def give_back(task: asyncio.Future) -> None:
+                if not task.cancelled() and task.exception() is None:
+                    lock.release()
+
+            turn.cancel()
+            turn.add_done_callback(give_back)
+            raise
 
     def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
         """In the worker thread: the job's proposer and policy on the kept engine, then stream."""
