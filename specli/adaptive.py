@@ -146,7 +146,8 @@ class AdaptiveDraftPolicy:
     def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
-        free_k, free_rate = self._best(free.key, free.extent, min(self.draft_tokens, len(free.tokens)), free.support)
+        limit = self._affordable(free.key, min(self.draft_tokens, len(free.tokens)))
+        free_k, free_rate = self._best(free.key, free.extent, limit, free.support) if limit > 0 else (0, 0.0)
         self._behind = behind
         _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
         self._behind = 0
@@ -248,11 +249,15 @@ class AdaptiveDraftPolicy:
         """Learn from what the step kept. Its measured times are not used: see the module doc."""
         drafted, accepted = step.drafted, step.accepted
         cost = self._step_cost(drafted, step.key)
+        if step.key is None and not drafted and step.asked:  # decodes that brought no token to verify
+            cost += self._catch_up * self._behind + self._draft_per_token * step.asked
         self._seconds += cost
-        if not drafted:
+        if not drafted and not step.asked:
             return
         # The accepted + 1 tokens would have taken as many plain steps.
         self._drafting_loss += cost - (accepted + 1) * self._step_cost(0)
+        # A draft model asked for tokens that brought none missed at its first.
+        drafted = max(drafted, 1)
         hazards = self._hazards(step.key, step.extent, min(drafted, accepted + 1), step.support)
         state = self._state(step.key)
         state.observe(hazards, drafted, accepted)

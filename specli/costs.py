@@ -69,10 +69,11 @@ class StepCosts:
 
 def prior_costs(gpu: bool, draft_size_ratio: float = 0.0) -> StepCosts:
     """Costs before anything is measured, in units of a one-token decode. A draft model is
-    priced by its file size against the target's: a decode reads every weight once."""
+    priced by its file size against the target's: a decode reads every weight once (its
+    catch-up too, a token at a decode's cost, as Session prices an unmeasured draft)."""
     scale, power = PRIOR_CURVE["gpu" if gpu else "cpu"]
     verify = {size: 1.0 + scale * (size - 1) ** power for size in CALIBRATION_SIZES}
-    return StepCosts(verify, draft_size_ratio, PRIOR_LOOP, "prior")
+    return StepCosts(verify, draft_size_ratio, PRIOR_LOOP, "prior", draft_catch_up=draft_size_ratio)
 
 
 class VerifyCurve:

@@ -1,7 +1,8 @@
 """The speculative loop. A generator of small events; it never prints.
 
-The prompt is decoded in one batch and its last row writes the first token, as in
-llama.cpp's own tools, so plain and speculative runs start from the same token. Then
+The prompt (what the cache does not already hold of it) is decoded in one batch and its
+last row writes the first token, as in llama.cpp's own tools, so plain and speculative runs
+start from the same token; the same prompt again reuses that row. Then
 each step: the proposer drafts up to K tokens; the target decodes [last] + draft in one
 batch with logits at every position; verification keeps the longest valid prefix and
 the target writes the next token itself (the correction, or a bonus token when every
@@ -71,6 +72,9 @@ class StepRecord:
     extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
     proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
     support: tuple[float, ...] = ()  # the proposal's vote share per drafted token (Proposal.support)
+    # The draft model's tokens the policy asked for (0: lookup's or a plain step). Through text
+    # it may bring none (its text ended inside a character), though its decodes were paid.
+    asked: int = 0
 
     @property
     def rows_read(self) -> int:
@@ -406,29 +410,29 @@ class Engine:
             return int(np.argmax(row))
         return keyed_choice(warp(row, self.options.sampling), self.seed, position)
 
-    def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int]]:
-        """The proposal and the part of it to verify (at most `room` tokens: what the output
-        budget and the context leave)."""
+    def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int], int]:
+        """The proposal, the part of it to verify (at most `room` tokens: what the output
+        budget and the context leave), and how many tokens the draft model was asked for."""
         policy = self.policy
         available = min(room, policy.draft_tokens)
         if available <= 0:
-            return Proposal(), []
+            return Proposal(), [], 0
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
         proposal = self.proposer.lookup(tokens, available)
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
         if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support) if proposal.tokens else 0
-        else:
-            k = policy.choose(None, 0, available, behind=behind)
-            proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
-        return proposal, proposal.tokens[:k]
+            return proposal, proposal.tokens[:k], 0
+        k = policy.choose(None, 0, available, behind=behind)
+        proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
+        return proposal, proposal.tokens[:k], k
 
     def _step(self, tokens: list[int], last: int, room: int) -> tuple[list[int], list[Source], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
         target = self.target
         t0 = time.perf_counter()
-        proposal, draft = self._propose(tokens, room)
+        proposal, draft, asked = self._propose(tokens, room)
         t1 = time.perf_counter()
         batch = [last] + draft  # row i: after last + draft[:i]
         rows = target.decode_argmax(batch, all_rows=True) if self._on_device else target.decode(batch, all_logits=True)
@@ -441,7 +445,7 @@ class Engine:
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
-                          proposal.proposer if draft else "", proposal.support[: len(draft)])
+                          proposal.proposer if draft else "", proposal.support[: len(draft)], asked)
         self.stats.record(step)
         self.policy.record(step)
         committed = draft[:accepted] + [written]

@@ -31,6 +31,7 @@ class Proposal:
 class Proposer(Protocol):
     name: str
     cheap: bool  # True: proposing costs next to nothing, so `lookup` is all there is
+    translated: bool  # True: a draft model of another vocabulary, drafting through text
     # The chance that a drafted token is kept, by proposal key and copy length (see
     # NGramProposer.prior); None: the draft-length policy's own prior.
     prior: Callable[[object, int], float] | None
@@ -60,6 +61,7 @@ class NoProposer:
 
     name = "none"
     cheap = True
+    translated = False
     prior = None
 
     def prepare(self, prompt: list[int]) -> None:
@@ -106,6 +108,7 @@ class NGramProposer:
 
     name = "ngram"
     cheap = True
+    translated = False
     LENGTHS = (12, 8, 6, 4, 3, 2, 1)
 
     def __init__(self, lengths: tuple[int, ...] = LENGTHS, references: Sequence[TokenIndex] = ()) -> None:
@@ -303,6 +306,7 @@ class DraftModelProposer:
 
     name = "draft"
     cheap = False
+    translated = False
     prior = None
 
     def __init__(self, model, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0) -> None:
@@ -421,9 +425,9 @@ def draft_model_of(proposer: Proposer) -> DraftModelProposer | None:
     return inner
 
 
-def translates(proposer: object) -> bool:
+def translates(proposer: Proposer) -> bool:
     """Whether the proposer drafts through text (a draft model with another vocabulary)."""
-    return bool(getattr(proposer, "translated", False))
+    return proposer.translated
 
 
 def _top_probability(logits: np.ndarray) -> float:

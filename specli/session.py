@@ -20,7 +20,7 @@ from specli.exact import exact_batch_size
 from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
                               translates)
 from specli.sampling import SamplingSettings
-from specli.translate import TranslatedDraft, cost_per_target_token, tokens_per_target_token
+from specli.translate import TranslatedDraft, cost_per_target_token
 from specli.vocab import check_vocab_compatible
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
@@ -130,8 +130,9 @@ class Session:
     def _calibrate_draft(self) -> float:
         """Time the draft model's one-token decode and store it as its cost per drafted token.
         Its own time, where it runs: its file size against the target's says nothing when the
-        target's decodes cross a network (--rpc). Through text, it is priced per target token,
-        with the round trip through both tokenizers."""
+        target's decodes cross a network (--rpc). Through text, a drafted token is priced per
+        target token, with the round trip through both tokenizers; its catch-up stays per draft
+        token, as Proposer.behind counts the draft's own tokens."""
         drafter = draft_model_of(self.proposer)
         assert drafter is not None
         drafter.forget()
@@ -141,7 +142,6 @@ class Session:
         seconds, catch_up = timed[1], timed[CATCH_UP_BATCH] / CATCH_UP_BATCH
         if translates(self.proposer):
             seconds = cost_per_target_token(self.target, draft, seconds)
-            catch_up *= tokens_per_target_token(self.target, draft)
         else:  # the same tokens mean the same to both: how often their greedy choices agree
             self._store().put(self._draft_key() + "|acceptance", greedy_agreement(self.target, draft))
         self._store().put(self._draft_key() + "|catch_up", catch_up)
@@ -267,12 +267,13 @@ def _open_proposer(spec: SessionSpec, target: Model, seed: int,
     draft = Model(spec.draft, spec.draft_load, verbose=spec.verbose)
     model: Proposer = DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
     try:
-        check_vocab_compatible(target, draft)
-    except VocabMismatchError as refused:
-        # Its tokens mean nothing to the target: it drafts through text instead.
-        if notice is not None:
-            notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
-        model = TranslatedDraft(target, model)
+        try:
+            check_vocab_compatible(target, draft)
+        except VocabMismatchError as refused:
+            # Its tokens mean nothing to the target: it drafts through text instead.
+            if notice is not None:
+                notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
+            model = TranslatedDraft(target, model)
     except BaseException:
         draft.close()
         raise

@@ -116,6 +116,19 @@ def test_one_early_miss_does_not_stop_a_draft_model_whose_agreement_was_measured
     assert measured.choose(None, 0, 16) > 0
 
 
+def test_a_draft_model_that_brings_nothing_when_asked_is_asked_less():
+    """Through text, a draft model's decodes may bring no target token (its text ends inside
+    a character): a miss at the first token, and decodes paid for nothing."""
+    policy = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), draft_tokens=16)
+    asked = []
+    for _ in range(60):
+        k = policy.choose(None, 0, 16)
+        asked.append(k)
+        policy.record(StepRecord(0, 0, 0.0, 0.0, 0.0, 0.0, None, asked=k))
+    assert asked[0] > 0
+    assert asked[20:].count(0) >= 0.9 * 40, asked
+
+
 def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
     policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
     assert policy.choose(12, 40, 16) == 16

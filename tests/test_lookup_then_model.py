@@ -53,6 +53,21 @@ def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_sho
     assert not policy.prefers(Proposal([3], key=1, extent=0, proposer="ngram"), 16), "a cheap draft model is worth more"
 
 
+def test_a_copy_the_runs_budget_cannot_afford_leaves_the_step_to_the_draft_model():
+    """After lookup's drafts failed, the run's budget caps what lookup may draft: `prefers`
+    prices the copy as `choose` would, so the draft model is asked instead of a cut-down copy."""
+    from specli.engine import StepRecord
+    from specli.proposers import Proposal
+
+    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
+    copy = Proposal(list(range(16)), key=12, extent=40, proposer="ngram")
+    assert policy.prefers(copy, 16)
+    for _ in range(3):
+        policy.record(StepRecord(16, 0, 0.0, 0.0, 0.0, 0.0, 12, 40))  # long copies rejected at once
+    assert policy._affordable(12, 16) == 0
+    assert not policy.prefers(copy, 16)
+
+
 @pytest.mark.slow  # two real models
 def test_a_real_draft_model_with_lookup_equals_plain_and_reports_each_proposer(gemma_path):
     """Gemma drafting for itself (the vocabulary rule holds), lookup in front, on a prompt that copies."""

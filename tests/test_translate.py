@@ -187,6 +187,17 @@ def test_the_cli_drafts_through_text_says_why_and_exact_is_bit_for_bit(gemma_pat
     exact_draft = cli(*common, "--draft", str(draft), "--exact", "-k", "4", GROUNDED)
     assert exact_plain.returncode == 0 and exact_draft.returncode == 0, exact_draft.stderr
     assert exact_draft.stdout == exact_plain.stdout, "--exact: the same text whatever the draft"
+    # Sampled: the target's own keyed draws, so the text plain decoding samples with that seed
+    # (a verify that kept a draft token the target did not draw would write another).
+    seeded = [*common[:-2], "--temp", "0.8", "--seed", "7", "--exact"]
+    sampled_plain = cli(*seeded, "--draft", "none", "--json", GROUNDED)
+    sampled_draft = cli(*seeded, "--draft", str(draft), "-k", "4", "--json", GROUNDED)
+    assert sampled_plain.returncode == 0 and sampled_draft.returncode == 0, sampled_draft.stderr
+    plain_records, draft_records = ([json.loads(line) for line in run.stdout.splitlines()]
+                                    for run in (sampled_plain, sampled_draft))
+    assert [r["id"] for r in draft_records if r["type"] == "token"] == \
+        [r["id"] for r in plain_records if r["type"] == "token"]
+    assert draft_records[-1]["drafted"] > 0
     notes = [line for line in exact_draft.stderr.splitlines() if "drafting through text" in line]
     assert len(notes) == 1 and "use different tokenizers" in notes[0], exact_draft.stderr
     as_json = cli(*common, "--draft", str(draft), "-k", "4", "--json", GROUNDED)
@@ -195,3 +206,20 @@ def test_the_cli_drafts_through_text_says_why_and_exact_is_bit_for_bit(gemma_pat
     assert stats["type"] == "stats" and stats["translated"] is True and stats["drafted"] > 0
     shown = cli(*common, "--draft", str(draft), "-k", "4", GROUNDED)
     assert "draft+ngram through text: drafted" in shown.stderr, "the stats line says the pair is translated"
+
+
+@pytest.mark.slow
+def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smollm_path, monkeypatch):
+    """Proposer.behind counts the draft's own tokens, so its catch-up cost is stored per draft
+    token as timed; a drafted token is priced per target token (the tokenizers' ratio)."""
+    from specli import session as session_module
+    from specli.translate import cost_per_target_token
+
+    timings = {1: 0.010, session_module.CATCH_UP_BATCH: 0.048}
+    monkeypatch.setattr(session_module, "calibrate", lambda decode, rewind, token, sizes, repeats: timings)
+    spec = session_module.SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
+    with session_module.open_session(spec) as opened:
+        assert opened.proposer.translated
+        draft = session_module.draft_model_of(opened.proposer).model
+        assert opened._calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010))
+        assert opened._store().get(opened._draft_key() + "|catch_up") == pytest.approx(0.048 / session_module.CATCH_UP_BATCH)
