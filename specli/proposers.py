@@ -101,9 +101,9 @@ class NGramProposer:
     right after its latest MAX_OCCURRENCES occurrences.
 
     `references` are other token sequences to look in (a Predicted Output, the server's
-    memory of recent answers), each a TokenIndex built once: where the committed text has
-    no match of some n, the first reference that has one proposes what followed it there.
-    They are never decoded: only what they propose and the target keeps is written.
+    memory of recent answers), each a TokenIndex built once: their occurrences of the
+    n-gram vote beside the committed text's, the deepest match first wherever it is. They
+    are never decoded: only what they propose and the target keeps is written.
     """
 
     name = "ngram"
@@ -133,21 +133,22 @@ class NGramProposer:
             if n >= end:
                 continue
             tail = tuple(tokens[end - n :])
-            starts = self._index[n].get(tail)
-            reference: TokenIndex | None = None
-            if not starts:
-                found = next(((ref, at) for ref in self.references if (at := ref.find_all(tail))), None)
-                if found is None:
-                    continue
-                reference, starts = found
-            source: Sequence[int] = tokens if reference is None else reference.tokens
+            # Occurrences in the committed text (latest first), then in each reference.
+            found: list[tuple[TokenIndex | None, int]] = [(None, start) for start in reversed(self._index[n].get(tail) or [])]
+            for reference in self.references:
+                found += [(reference, start) for start in reversed(reference.find_all(tail))]
+            if not found:
+                continue
             # The occurrences whose match reaches furthest back vote (a suffix tree's deepest
-            # node): in a copy that is the one being copied; in a repeated layout, its rows.
-            extents = [_match_extent(source, start, tokens, end, n) for start in reversed(starts)]
+            # node), wherever they are: in a copy, the text being copied; in a repeated layout,
+            # its rows; in an edit, the prediction past the edited name, where the prompt's
+            # original stops matching.
+            extents = [_match_extent(tokens if reference is None else reference.tokens, start, tokens, end, n)
+                       for reference, start in found]
             longest = max(extents)
-            voters = [start for start, extent in zip(reversed(starts), extents) if extent == longest]
+            voters = [occurrence for occurrence, extent in zip(found, extents) if extent == longest]
             continuations = [_continuation(tokens, start, draft_tokens) if reference is None
-                             else reference.continuation(start, draft_tokens) for start in voters]
+                             else reference.continuation(start, draft_tokens) for reference, start in voters]
             draft, support = _vote(continuations)
             if not draft:
                 continue

@@ -83,13 +83,27 @@ def test_a_reference_proposes_where_the_text_has_no_match():
     assert proposer.last_match_extent == 2
 
 
-def test_the_committed_text_wins_over_a_reference_at_the_same_n():
+def test_the_committed_text_outweighs_a_reference_whose_match_goes_as_far_back():
     from specli.proposers import TokenIndex
 
     proposer = NGramProposer(lengths=(2, 1), references=[TokenIndex([5, 6, 1, 1])])
     tokens = [5, 6, 7, 0, 5, 6]
     proposer.prepare(tokens)
     assert proposer.propose(tokens, 2).tokens == [7, 0]
+
+
+def test_a_reference_whose_match_goes_further_back_wins_over_the_committed_text():
+    """An edit: the prompt holds the original (name 50), the prediction the edited code (name
+    60). Past the edited name, the prediction's match reaches back over it and the prompt's
+    stops there: the prediction drafts, and where the two differ later, its text is drafted."""
+    from specli.proposers import TokenIndex
+
+    original, edited = [1, 50, 2, 3, 4, 50, 5], [1, 60, 2, 3, 4, 60, 5]
+    proposer = NGramProposer(lengths=(2, 1), references=[TokenIndex(edited)])
+    tokens = [9, *original, 8, 1, 60, 2, 3]  # the prompt, then the answer so far
+    proposer.prepare(tokens)
+    proposal = proposer.propose(tokens, 3)
+    assert proposal.tokens == [4, 60, 5] and proposer.last_match_extent == 4
 
 
 def test_a_reference_continuation_stops_where_its_text_ends():

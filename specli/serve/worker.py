@@ -212,7 +212,10 @@ class Worker:
     def _proposer(self, job: Job) -> Proposer:
         if job.draft == "none":
             return NoProposer()
-        references = [TokenIndex(job.prediction)] if job.prediction else []
+        # The prediction is where the answer is expected to go, right after the prompt: indexed
+        # behind the prompt's last tokens, it drafts the answer's opening too.
+        opening = job.tokens[-NGramProposer.LENGTHS[0] :]
+        references = [TokenIndex(opening + job.prediction)] if job.prediction else []
         if self.memory is not None:
             references.append(self.memory.index)
         lookup = NGramProposer(references=references)
