@@ -81,6 +81,7 @@ AGENT_TURNS = [
      "import argparse\nfrom app.config import load_config\n"),
 ]
 AGENT_MAX_TOKENS = 48
+EDIT_MAX_TOKENS = 200
 
 EDIT_SOURCES = [
     ("total", "amount", '''def apply_discount(items, total, rate):
@@ -275,22 +276,25 @@ def edit_messages(old: str, new: str, code: str) -> list[dict]:
                                         f"code only.\n\n```python\n{code}```"}]
 
 
-def edits(url: str, predict: bool, chat: bool) -> Result:
-    """Each edit once; with `predict`, the correctly edited code goes along as the prediction
-    (in a fenced block for chat, as an instruction model answers)."""
+def edits(url: str, chat: bool, predictions: Sequence[str] | None = None) -> Result:
+    """Each edit once, with `predictions` (one per edit) as Predicted Outputs if given."""
     result = Result()
-    for old, new, code in EDIT_SOURCES:
-        edited = re.sub(rf"\b{old}\b", new, code)
+    for index, (old, new, code) in enumerate(EDIT_SOURCES):
         if chat:
-            prediction = f"```python\n{edited}```"
             prompt, extra = edit_messages(old, new, code), {}
         else:
-            prediction = edited
             prompt, extra = edit_prompt(old, new, code), {"stop": ["\n# ", "\n\n\n\n"]}
-        if predict:
-            extra["prediction"] = {"type": "content", "content": prediction}
-        complete(url, prompt, 200, result, extra)
+        if predictions is not None:
+            extra["prediction"] = {"type": "content", "content": predictions[index]}
+        complete(url, prompt, EDIT_MAX_TOKENS, result, extra)
     return result
+
+
+def edited_code(chat: bool) -> list[str]:
+    """The edits done right: each name renamed (fenced for chat, as an instruction model
+    answers). What an editor sends as the prediction."""
+    edited = [re.sub(rf"\b{old}\b", new, code) for old, new, code in EDIT_SOURCES]
+    return [f"```python\n{code}```" if chat else code for code in edited]
 
 
 def configurations(target: Path, binary: Path | None, ctx: int):
@@ -317,8 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configs = list(configurations(args.target, args.llama_server, args.ctx_size))
     chat = args.chat
-    traffic = {"agent": lambda url: agent(url, chat), "edit": lambda url: edits(url, False, chat),
-               "edit + prediction": lambda url: edits(url, True, chat)}
+    # The edits are sent three ways: alone; with the edit done right as the prediction (what an
+    # editor sends, though a small model may not do the edit); and with the text the target
+    # writes itself as the prediction (a prediction that is right: the most drafting can
+    # gain on this machine). That text comes from a specli plain server before the rounds.
+    with configs[0][1]() as url:
+        own_text = edits(url, chat).texts
+    traffic = {"agent": lambda url: agent(url, chat), "edit": lambda url: edits(url, chat),
+               "edit + prediction": lambda url: edits(url, chat, edited_code(chat)),
+               "edit + its own text as prediction": lambda url: edits(url, chat, own_text)}
     rounds: dict[tuple[str, str], list[Result]] = {}
     for round_index in range(args.rounds):
         shift = round_index % len(configs)
@@ -326,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A fresh server for each kind of traffic: no KV cache or suffix memory from one
             # replay helps the next (the edits with a prediction repeat the edits' prompts).
             for kind, replay in traffic.items():
-                if kind == "edit + prediction" and not is_specli:
+                if "prediction" in kind and not is_specli:
                     continue
                 with server() as url:
                     rounds.setdefault((name, kind), []).append(replay(url))
@@ -334,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = []
     for (name, kind), results in rounds.items():
-        reference = rounds.get(("specli plain", kind if kind != "edit + prediction" else "edit"))
+        reference = rounds.get(("specli plain", "edit" if "prediction" in kind else kind))
         same = reference is not None and all(r.texts == reference[0].texts for r in results)
         report.append({
             "config": name, "traffic": kind,
@@ -344,11 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                            if sum(r.drafted for r in results) else None),
             "same_text_as_specli_plain": same,
             "runs": [r.tokens_per_second for r in results],
+            "texts": results[0].texts,
         })
     for kind in traffic:
         rows = [row for row in report if row["traffic"] == kind]
         plain = next((row["tokens_per_second"] for row in rows if row["config"] == "specli plain"), None)
-        if kind == "edit + prediction":
+        if "prediction" in kind:  # against the edits' own plain decoding, with no prediction
             plain = next((row["tokens_per_second"] for row in report
                           if row["traffic"] == "edit" and row["config"] == "specli plain"), None)
         print(f"\n{kind}\n| config | tok/s | vs specli plain | first token ms | acceptance | = specli plain |")
