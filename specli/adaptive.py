@@ -16,7 +16,10 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   weighted most, and before a key has a record of its own, the same ratio over the run's
   other keys. These are counts of the run's tokens, so they repeat exactly too. Where
   several earlier occurrences voted on a draft, a token's acceptance is scaled by the share
-  of the vote it won (Proposal.support).
+  of the vote it won (Proposal.support), and its hazard by (2 / (m + 1))**AGREEMENT_POWER
+  where m >= 2 occurrences all continued with it (Proposal.agreeing): a line that a list
+  has repeated four times is trusted though this key's earlier drafts, on its first
+  occurrences, failed.
 - What a miss costs bounds how long an n-gram draft may be: it is made only if, rejected
   outright, it keeps drafting's net loss so far (in modelled seconds: what drafting steps
   cost beyond the plain steps they replaced) within RISK_ALLOWANCE plain steps plus
@@ -70,6 +73,9 @@ MAX_DRAFT = 48  # longest draft considered
 # RISK_ALLOWANCE plain steps plus RISK_SHARE of the run's time: the most a run can lose.
 RISK_ALLOWANCE = 2.0
 RISK_SHARE = 0.05
+# How much m agreeing occurrences lower a drafted token's hazard: by (2 / (m + 1))**power, so
+# 0.44 for two, 0.16 for four (chosen on the development prompts: benchmarks/README.md, 17).
+AGREEMENT_POWER = 2.0
 
 
 @dataclass
@@ -114,11 +120,12 @@ class AdaptiveDraftPolicy:
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
     def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
-               behind: int = 0) -> int:
+               behind: int = 0, agreeing: Sequence[int] = ()) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step). key None: a
         draft model's tokens, priced at its cost per token after catching up with the `behind`
         tokens committed since it last drafted; any other key is n-gram lookup's, free to make,
-        and `support` its vote share per token (Proposal.support)."""
+        with `support` its vote share per token and `agreeing` the occurrences behind each
+        (Proposal.support, .agreeing)."""
         self._behind = behind if key is None else 0
         state = self._state(key)
         limit = min(self.draft_tokens, available)
@@ -126,7 +133,7 @@ class AdaptiveDraftPolicy:
             limit = self._affordable(key, limit)
         if limit <= 0:
             return 0
-        best_k, best_rate = self._best(key, extent, limit, support)
+        best_k, best_rate = self._best(key, extent, limit, support, agreeing)
         if best_k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
@@ -147,19 +154,21 @@ class AdaptiveDraftPolicy:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
         limit = self._affordable(free.key, min(self.draft_tokens, len(free.tokens)))
-        free_k, free_rate = self._best(free.key, free.extent, limit, free.support) if limit > 0 else (0, 0.0)
+        free_k, free_rate = (self._best(free.key, free.extent, limit, free.support, free.agreeing)
+                             if limit > 0 else (0, 0.0))
         self._behind = behind
         _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
         self._behind = 0
         return free_k > 0 and free_rate >= model_rate
 
-    def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = ()) -> tuple[int, float]:
+    def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = (),
+              agreeing: Sequence[int] = ()) -> tuple[int, float]:
         """The draft length with the most expected tokens a second, and that rate (k = 0: a
         plain step)."""
         ratio = self._hazard_ratio(self._state(key), MODEL_WEIGHT if key is None and self._measured else KEY_WEIGHT)
         rates = [1.0 / self._step_cost(0)]
         expected, chain = 1.0, 1.0
-        for k, hazard in enumerate(self._hazards(key, extent, limit, support), start=1):
+        for k, hazard in enumerate(self._hazards(key, extent, limit, support, agreeing), start=1):
             chain *= max(0.0, 1.0 - ratio * hazard)
             expected += chain
             rates.append(expected / self._step_cost(k, key))
@@ -168,17 +177,22 @@ class AdaptiveDraftPolicy:
             best_k = 0
         return best_k, rates[best_k]
 
-    def _hazards(self, key: object, extent: int, count: int, support: Sequence[float] = ()) -> list[float]:
+    def _hazards(self, key: object, extent: int, count: int, support: Sequence[float] = (),
+                 agreeing: Sequence[int] = ()) -> list[float]:
         """The prior chance that each of `count` drafted positions is rejected once the
         ones before it were kept. In a copy in progress (extent > 0) position i follows a
         match of extent + i tokens; otherwise every position gets the key's prior (short
         matches are often coincidences: a kept token does not make them a copy). Where
-        earlier occurrences split their vote, a position's acceptance is scaled by the share
-        its token won (its support)."""
+        several earlier occurrences all continued with a position's token, its hazard is
+        lowered (AGREEMENT_POWER); where they split their vote, its acceptance is scaled by
+        the share its token won (its support)."""
         if self._prior is None or key is None:  # a draft model's tokens
             return [1.0 - self._model_acceptance] * count
         table = self._hazard_table(key, extent + count)
         hazards = [table[0]] * count if extent <= 0 else table[extent : extent + count]
+        if agreeing:
+            hazards = [h * (2.0 / (m + 1)) ** AGREEMENT_POWER if m >= 2 else h
+                       for h, m in zip(hazards, agreeing)] + hazards[len(agreeing) :]
         if support:
             hazards = [1.0 - (1.0 - h) * share for h, share in zip(hazards, support)] + hazards[len(support) :]
         return hazards
@@ -258,7 +272,7 @@ class AdaptiveDraftPolicy:
         self._drafting_loss += cost - (accepted + 1) * self._step_cost(0)
         # A draft model asked for tokens that brought none missed at its first.
         drafted = max(drafted, 1)
-        hazards = self._hazards(step.key, step.extent, min(drafted, accepted + 1), step.support)
+        hazards = self._hazards(step.key, step.extent, min(drafted, accepted + 1), step.support, step.agreeing)
         state = self._state(step.key)
         state.observe(hazards, drafted, accepted)
         self._run.observe(hazards, drafted, accepted)

@@ -72,6 +72,7 @@ class StepRecord:
     extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
     proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
     support: tuple[float, ...] = ()  # the proposal's vote share per drafted token (Proposal.support)
+    agreeing: tuple[int, ...] = ()  # the occurrences in agreement per drafted token (Proposal.agreeing)
     # The draft model's tokens the policy asked for (0: lookup's or a plain step). Through text
     # it may bring none (its text ended inside a character), though its decodes were paid.
     asked: int = 0
@@ -236,9 +237,9 @@ class DraftPolicy(Protocol):
     draft_tokens: int  # the most a step drafts
 
     def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
-               behind: int = 0) -> int:
+               behind: int = 0, agreeing: Sequence[int] = ()) -> int:
         """How many of the `available` draft tokens to verify (0: a plain step).
-        key, extent and support: the proposal's (Proposal.key, .extent, .support); key None: a
+        key, extent, support and agreeing: the proposal's (Proposal.key, ...); key None: a
         draft model's tokens, which cost a decode each, after the `behind` tokens it must
         decode first to catch up with the committed text (Proposer.behind)."""
         ...
@@ -256,7 +257,7 @@ class FixedDraftPolicy:
     draft_tokens: int
 
     def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
-               behind: int = 0) -> int:
+               behind: int = 0, agreeing: Sequence[int] = ()) -> int:
         return min(self.draft_tokens, available)
 
     def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
@@ -422,7 +423,8 @@ class Engine:
         proposal = self.proposer.lookup(tokens, available)
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
         if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
-            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support) if proposal.tokens else 0
+            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
+                              agreeing=proposal.agreeing) if proposal.tokens else 0
             return proposal, proposal.tokens[:k], 0
         k = policy.choose(None, 0, available, behind=behind)
         proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
@@ -445,7 +447,8 @@ class Engine:
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
-                          proposal.proposer if draft else "", proposal.support[: len(draft)], asked)
+                          proposal.proposer if draft else "", proposal.support[: len(draft)],
+                          proposal.agreeing[: len(draft)], asked)
         self.stats.record(step)
         self.policy.record(step)
         committed = draft[:accepted] + [written]

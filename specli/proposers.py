@@ -24,8 +24,10 @@ class Proposal:
     extent: int = 0
     proposer: str = ""  # who drafted it: "ngram" or "draft" (the draft model)
     # N-gram lookup with several earlier occurrences: per drafted token, the (recency-weighted)
-    # share of the occurrences still in agreement that continue with it. Empty: no vote (1.0).
+    # share of the occurrences still in agreement that continue with it, and how many of them
+    # continue with it (they agree with the whole draft up to it). Empty: one occurrence.
     support: tuple[float, ...] = ()
+    agreeing: tuple[int, ...] = ()
 
 
 class Proposer(Protocol):
@@ -91,7 +93,9 @@ class NGramProposer:
     the proposal's `support` at that position, and occurrences that disagree drop out. Where
     a prompt repeats a layout with different values (records, tables, tool calls) they agree
     on the layout and split on the values, so the policy drafts up to the fork and no further.
-    With one occurrence the proposal is what followed it, support 1 throughout.
+    How many agree is evidence too (`agreeing`): a continuation that four earlier occurrences
+    all took is likelier than one seen once. With one occurrence the proposal is what
+    followed it, support 1 throughout.
 
     A longer match predicts better. The proposal's key is the n that matched (the policy
     keeps a record per key). A match of the longest n is a copy in progress, and the
@@ -149,12 +153,12 @@ class NGramProposer:
             voters = [occurrence for occurrence, extent in zip(found, extents) if extent == longest]
             continuations = [_continuation(tokens, start, draft_tokens) if reference is None
                              else reference.continuation(start, draft_tokens) for reference, start in voters]
-            draft, support = _vote(continuations)
+            draft, support, agreeing = _vote(continuations)
             if not draft:
                 continue
             self.last_match_extent = longest
             extent = longest if n == self.lengths[0] else 0
-            return Proposal(draft, key=n, extent=extent, proposer="ngram", support=support)
+            return Proposal(draft, key=n, extent=extent, proposer="ngram", support=support, agreeing=agreeing)
         return Proposal()
 
     lookup = propose
@@ -206,18 +210,20 @@ def _remember(table: dict[tuple[int, ...], list[int]], gram: tuple[int, ...], po
         del starts[0]
 
 
-def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...]]:
-    """(draft, support) from the continuations of several occurrences, latest first.
+def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...], tuple[int, ...]]:
+    """(draft, support, agreeing) from the continuations of several occurrences, latest first.
 
     Position by position, the occurrences that agreed with every drafted token so far vote
     for the next one, weighted RECENCY**rank (rank 0: the latest); the heaviest token is
-    drafted (the later occurrence's on a tie) and its share of the vote is its support."""
+    drafted (the later occurrence's on a tie), its share of the vote is its support, and the
+    occurrences that voted for it are its agreeing count."""
     if len(continuations) == 1:
-        return continuations[0], ()
+        return continuations[0], (), ()
     weights = [RECENCY**rank for rank in range(len(continuations))]
     alive = list(range(len(continuations)))
     draft: list[int] = []
     support: list[float] = []
+    agreeing: list[int] = []
     for position in range(max(len(c) for c in continuations)):
         votes: dict[int, float] = {}
         for rank in alive:
@@ -231,7 +237,8 @@ def _vote(continuations: list[list[int]]) -> tuple[list[int], tuple[float, ...]]
         draft.append(token)
         support.append(votes[token] / sum(votes.values()))
         alive = [rank for rank in alive if position < len(continuations[rank]) and continuations[rank][position] == token]
-    return draft, tuple(support)
+        agreeing.append(len(alive))
+    return draft, tuple(support), tuple(agreeing)
 
 
 def _match_extent(source: Sequence[int], start: int, tokens: list[int], end: int, n: int) -> int:

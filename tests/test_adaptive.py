@@ -129,6 +129,19 @@ def test_a_draft_model_that_brings_nothing_when_asked_is_asked_less():
     assert asked[20:].count(0) >= 0.9 * 40, asked
 
 
+def test_a_continuation_that_several_occurrences_agree_on_is_trusted_after_this_keys_misses():
+    """A list that repeats a line: this key's first drafts, on lines seen once, failed, and
+    the same key proposing a line that four earlier lines all continued with is drafted (the
+    one occurrence that was seen once still is not)."""
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=NGramProposer.prior, draft_tokens=16)
+    for _ in range(3):
+        policy.record(step(3, 0, key=6))
+    for _ in range(40):
+        policy.record(step(0, 0))  # plain steps: the run's risk budget grows again
+    assert policy.choose(6, 0, 7) == 0
+    assert policy.choose(6, 0, 7, support=(1.0,) * 7, agreeing=(4,) * 7) == 5
+
+
 def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
     policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
     assert policy.choose(12, 40, 16) == 16

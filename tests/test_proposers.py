@@ -133,6 +133,7 @@ def test_occurrences_vote_and_a_split_vote_lowers_support():
     assert proposal.support[0] == 1.0, "every record has the colon after the name"
     assert proposal.support[1] == pytest.approx((RECENCY**1 + RECENCY**2) / (1 + RECENCY + RECENCY**2))
     assert proposal.support[2:] == (1.0, 1.0), "after the value, those that agreed on it are unanimous"
+    assert proposal.agreeing == (3, 2, 2, 2), "all three took the colon, the two older ones the 8"
 
 
 def test_only_the_occurrences_that_match_furthest_back_vote():
