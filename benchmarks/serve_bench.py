@@ -6,8 +6,9 @@ messages), streamed (so the time to the first token is seen), greedy:
 - agent: a coding agent's conversation that resends its whole history every turn and
   writes one JSON tool call per turn. The history is scripted (the same prompts reach every
   server); each turn's answer is measured, then the scripted answer is appended.
-- edit: code edits (rename a name in a function), sent without and with a Predicted Output
-  (`prediction`: the edited code); llama-server has no `prediction`, so it gets none.
+- edit: code edits (rename a name in a function), sent without a Predicted Output, with one
+  (`prediction`: the edited code), and with the target's own answer as the prediction (one
+  that is right); llama-server has no `prediction`, so it gets the edits alone.
 
 Configurations: specli plain (`--draft none`), specli with n-gram drafting and its suffix
 memory on and off, and llama-server plain and with each n-gram `--spec-type` (and the

@@ -336,7 +336,8 @@ class Engine:
         # and a near-tie could flip: the same request sent again writes the same text).
         cached = common_prefix_length(self._cached, prompt) if options.reuse_cache else 0
         last_prompt, last_on_device, last_row = self._prompt_row
-        again = options.max_tokens > 0 and cached == len(prompt) and last_prompt == prompt and last_on_device == self._on_device
+        again = (options.max_tokens > 0 and cached == len(prompt) and last_prompt == prompt
+                 and last_on_device == self._on_device)
         keep = len(prompt) if again else min(cached, len(prompt) - 1)
         target.rewind(keep)
         stats.prompt_cached = keep

@@ -138,7 +138,8 @@ class NGramProposer:
                 continue
             tail = tuple(tokens[end - n :])
             # Occurrences in the committed text (latest first), then in each reference.
-            found: list[tuple[TokenIndex | None, int]] = [(None, start) for start in reversed(self._index[n].get(tail) or [])]
+            found: list[tuple[TokenIndex | None, int]] = [(None, start)
+                                                          for start in reversed(self._index[n].get(tail) or [])]
             for reference in self.references:
                 found += [(reference, start) for start in reversed(reference.find_all(tail))]
             if not found:

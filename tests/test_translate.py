@@ -223,4 +223,5 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
         draft = session_module.draft_model_of(opened.proposer).model
         # (the round trip through both tokenizers is timed each time: a little noise)
         assert opened._calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010), rel=0.02)
-        assert opened._store().get(opened._draft_key() + "|catch_up") == pytest.approx(0.048 / session_module.CATCH_UP_BATCH)
+        catch_up = opened._store().get(opened._draft_key() + "|catch_up")
+        assert catch_up == pytest.approx(0.048 / session_module.CATCH_UP_BATCH)
