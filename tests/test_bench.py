@@ -104,7 +104,10 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
             # on a busy box can say a short draft does not pay.)
             assert measured["mean_accepted_length"] > 1.0, measured
         # The Python time per step splits into the loop's part and the logits rows read.
-        assert measured["rows_read_per_step"] > 1  # drafting steps verify several rows
+        # Every step reads one row, and one more per kept draft token (none past a rejection):
+        # a -k auto run whose few probes all missed at the first token reads one row a step.
+        assert measured["rows_read_per_step"] >= 1
+        assert (measured["rows_read_per_step"] > 1) == (measured["acceptance_rate"] > 0)
         assert measured["python_overhead_ms_per_step"] == pytest.approx(
             measured["loop_overhead_ms_per_step"] + measured["rows_read_per_step"] * measured["read_us_per_row"] / 1000)
         # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
