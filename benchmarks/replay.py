@@ -21,7 +21,9 @@ For each workload the report gives the speedup over plain decoding of `-k auto`,
 ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
 otherwise a plain step), of the best fixed K and of a clairvoyant policy (the same
 proposals, each verified to exactly the length that will be kept: a bound no real policy
-reaches), and the geometric mean over workloads.
+reaches), of a copy bound (at every position, the earlier span that continues the text
+furthest, verified to its kept length: a bound on any drafter that copies from the text,
+llama.cpp's n-gram modes included), and the geometric mean over workloads.
 
 What it leaves out: greedy near-ties that a batched verify resolves differently from
 plain decoding (the replay follows plain's text), the first use of a batch size in a
@@ -43,6 +45,7 @@ time (the loop's `--loop-ms` per step plus `--row-us` per logits row read).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -53,6 +56,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.costs import CALIBRATION_SIZES, StepCosts
@@ -271,9 +279,66 @@ def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
     return Replayed(end - 1, best[end], steps[::-1])
 
 
+def longest_copies(prompt: list[int], output: list[int], end: int, longest: int = MAX_DRAFT) -> list[int]:
+    """For each position t of the output, how many of the tokens from t on appear in a row
+    somewhere in what precedes them (prompt and output[:t]), the copy allowed to run on into
+    the tokens it writes (a repeating pattern copies itself). At most `longest`."""
+    lengths = [0] * (end + 1)
+    for t in range(1, end):
+        context = prompt + output[:t]
+        want = output[t:min(end, t + longest)]
+        best = 0
+        for start in range(len(context)):
+            n = 0
+            while n < len(want):
+                source = start + n
+                token = context[source] if source < len(context) else want[source - len(context)]
+                if token != want[n]:
+                    break
+                n += 1
+            best = max(best, n)
+            if best == len(want):
+                break
+        lengths[t] = best
+    return lengths
+
+
+def copy_bound(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
+               row_seconds: float = ROW_SECONDS) -> Replayed:
+    """The fastest any drafter that copies from the text could be: at every position it
+    knows which earlier span (of the prompt or the output so far) continues the text
+    furthest, and how much of it to verify. It bounds every n-gram lookup, specli's and
+    llama.cpp's modes alike (each drafts a copy of some earlier span; ngram-mod's chains of
+    one-token continuations can splice several, which this does not count), whatever its
+    keys, votes and draft-length policy. Same schedule as `clairvoyant`."""
+    output = case.output
+    end = min(case.max_tokens, len(output))
+    if end < 1:
+        return Replayed(0, 0.0, [])
+    reach = longest_copies(case.prompt, output, end)
+    best = [math.inf] * (end + 1)
+    choice: list[tuple[int, int] | None] = [None] * (end + 1)  # (from, kept)
+    best[1] = 0.0
+    for t in range(1, end):
+        if best[t] == math.inf:
+            continue
+        for kept in range(min(reach[t], case.max_tokens - t - 1) + 1):
+            after = min(t + kept + 1, end)
+            seconds = best[t] + costs(kept + 1) + loop_seconds + row_seconds * (kept + 1)
+            if seconds < best[after]:
+                best[after], choice[after] = seconds, (t, kept)
+    steps = []
+    t = end
+    while t > 1:
+        start, kept = choice[t]
+        steps.append(("copy" if kept else None, kept, kept))
+        t = start
+    return Replayed(end - 1, best[end], steps[::-1])
+
+
 # --- record -------------------------------------------------------------------------
 
-def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
+def record(model: Path, prompt_files: list[Path | None], repeats: int, max_tokens: int | None = None) -> dict:
     from specli.bench import load_workloads
     from specli.engine import FixedDraftPolicy, GenerationOptions, Token
     from specli.prompt import prompt_tokens
@@ -285,10 +350,11 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int) -> dict:
         for prompt_file in prompt_files:
             for workload in load_workloads(prompt_file):
                 prompt = prompt_tokens(target, workload.prompt, chat=workload.chat)
-                engine = session.engine(FixedDraftPolicy(0), GenerationOptions(max_tokens=workload.max_tokens))
+                budget = max_tokens or workload.max_tokens
+                engine = session.engine(FixedDraftPolicy(0), GenerationOptions(max_tokens=budget))
                 output = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
-                                  max_tokens=workload.max_tokens))
+                                  max_tokens=budget))
                 print(f"recorded {workload.name}: {len(prompt)} + {len(output)} tokens", file=sys.stderr)
         calibration = session.calibrate().verify
         # In situ: after a context as long as a typical prompt, in the engine's order of
@@ -396,12 +462,13 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
 
         best_k, best = max(((k, speedup(k)) for k in fixed_ks), key=lambda pair: pair[1])
         bound = clairvoyant(case, costs, **options).tokens_per_second / plain
+        copying = copy_bound(case, costs, **options).tokens_per_second / plain
         # What -k auto does, on the noiseless replay: its draft lengths and Python's share.
         auto = replay(case, "auto", costs, calibration, **options)
         drafts = [drafted for _, drafted, _ in auto.steps if drafted]
         kept = sum(accepted for _, _, accepted in auto.steps)
         rows.append(dict(name=case.name, kind=case.kind, auto=speedup("auto"), ngram_simple=speedup("ngram-simple"),
-                         best_k=best_k, best_fixed=best, clairvoyant=bound,
+                         best_k=best_k, best_fixed=best, clairvoyant=bound, copy_bound=copying,
                          steps=len(auto.steps), drafting_steps=len(drafts),
                          mean_draft=statistics.fmean(drafts) if drafts else 0.0,
                          median_draft=statistics.median(drafts) if drafts else 0,
@@ -415,6 +482,76 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
     return rows
 
 
+# --- native -------------------------------------------------------------------------
+
+def _json_rows(path: Path) -> dict[str, dict]:
+    """The latest row of each prompt in a JSON-lines file, by name."""
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["name"]] = row
+    return rows
+
+
+def against_native(recording: dict, native_rows: dict[str, dict], equal_rows: dict[str, dict], costs: Costs,
+                   calibration: dict[int, float], loop_seconds: float = LOOP_SECONDS,
+                   row_seconds: float = ROW_SECONDS) -> list[dict]:
+    """Per prompt where llama.cpp's best n-gram mode and specli wrote the same text
+    (compare_llamacpp.py --equal-length): how fast that mode ran, and how fast specli did and
+    at best could, each over specli's plain decoding, all over the same number of tokens.
+    The measured side: the mode's and specli's tokens a second from the equal-length rows,
+    over specli plain's from the --native-modes rows (plain decoding's rate hardly depends on
+    the length). The replayed side, over the recorded output cut to that length: `-k auto`,
+    the clairvoyant schedule over specli's proposals and the copy bound. The recording must
+    reach the longest of those lengths (record --max-tokens)."""
+    cases = {data["name"]: Case(**data) for data in recording["workloads"]}
+    rows = []
+    for name, equal in equal_rows.items():
+        if not equal.get("texts_agree") or name not in cases or name not in native_rows:
+            continue
+        mode = equal["mode"]
+        tokens = int(equal["tokens"][mode])
+        whole = cases[name]
+        if tokens > len(whole.output) >= whole.max_tokens:  # the recording stopped at its budget, not at an end
+            raise ValueError(f"{name}: the recording holds {len(whole.output)} tokens, the equal-length run {tokens}")
+        case = dataclasses.replace(whole, output=whole.output[:tokens], max_tokens=tokens)
+        options = dict(loop_seconds=loop_seconds, row_seconds=row_seconds)
+        plain = replay(case, 0, costs, **options).tokens_per_second
+        specli_plain = native_rows[name]["tokens_per_second"]["specli plain"]
+        rows.append(dict(
+            name=name, kind=whole.kind, mode=mode, tokens=tokens,
+            native=equal["tokens_per_second"][mode] / specli_plain,
+            specli=equal["tokens_per_second"]["specli"] / specli_plain,
+            auto=replay(case, "auto", costs, calibration, **options).tokens_per_second / plain,
+            clairvoyant=clairvoyant(case, costs, **options).tokens_per_second / plain,
+            copy_bound=copy_bound(case, costs, **options).tokens_per_second / plain,
+        ))
+    return rows
+
+
+def native_report(rows: list[dict], sets: list[tuple[str, set[str]]]) -> None:
+    def geomean(values: list[float]) -> float:
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    print(f"{'prompt':26} {'mode':22} {'tokens':>6} | over specli plain: {'native':>6} {'specli':>6} | "
+          f"replayed: {'auto':>5} {'clairv.':>7} {'copy':>5} | over native: {'specli':>6} {'clairv.':>7} {'copy':>5}")
+    for label, names in sets:
+        part = [row for row in rows if row["name"] in names]
+        if not part:
+            continue
+        for row in part:
+            print(f"{row['name']:26} {row['mode']:22} {row['tokens']:6d} | {'':19} {row['native']:6.2f} "
+                  f"{row['specli']:6.2f} | {'':9} {row['auto']:5.2f} {row['clairvoyant']:7.2f} {row['copy_bound']:5.2f} | "
+                  f"{'':13} {row['specli'] / row['native']:6.2f} {row['clairvoyant'] / row['native']:7.2f} "
+                  f"{row['copy_bound'] / row['native']:5.2f}")
+        print(f"== {label}, {len(part)} prompts, geometric means over native: measured specli "
+              f"{geomean([r['specli'] / r['native'] for r in part]):.3f}, replayed -k auto "
+              f"{geomean([r['auto'] / r['native'] for r in part]):.3f}, clairvoyant "
+              f"{geomean([r['clairvoyant'] / r['native'] for r in part]):.3f}, copy bound "
+              f"{geomean([r['copy_bound'] / r['native'] for r in part]):.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -422,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("-m", "--model", type=Path, required=True)
     rec.add_argument("--prompts", type=Path, action="append", help="workloads TOML (repeatable; default: the shipped ones)")
     rec.add_argument("--repeats", type=int, default=3, help="timings per batch size (median kept)")
+    rec.add_argument("--max-tokens", type=int, help="each workload's token budget instead of its own")
     rec.add_argument("-o", "--output", type=Path, required=True)
     rep = commands.add_parser("replay", help="replay the policies against a recording")
     rep.add_argument("recording", type=Path)
@@ -438,10 +576,18 @@ def main(argv: list[str] | None = None) -> int:
     haz = commands.add_parser("hazard", help="how often a drafted n-gram token is rejected, by context length, "
                                              "and the fit behind NGramProposer.prior")
     haz.add_argument("recording", type=Path)
+    nat = commands.add_parser("native", help="llama.cpp's best n-gram mode against specli measured, replayed, "
+                                             "and its bounds, over the same tokens")
+    nat.add_argument("recording", type=Path)
+    nat.add_argument("--rows", type=Path, required=True, help="compare_llamacpp.py --native-modes --rows FILE")
+    nat.add_argument("--equal", type=Path, required=True, help="compare_llamacpp.py --equal-length's rows")
+    nat.add_argument("--prompts", type=Path, action="append", default=[],
+                     help="a prompt set (TOML) to report apart (repeatable; default: all together)")
+    nat.add_argument("--costs", help="verify costs to replay on (as for replay; default: the recorded ones)")
     args = parser.parse_args(argv)
 
     if args.command == "record":
-        recording = record(args.model, args.prompts or [None], args.repeats)
+        recording = record(args.model, args.prompts or [None], args.repeats, args.max_tokens)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         temporary = args.output.with_name(args.output.name + ".tmp")
         temporary.write_text(json.dumps(recording))
@@ -453,31 +599,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "hazard":
         hazard_report(recording)
         return 0
+    if args.command == "native":
+        costs = Costs(load_costs(args.costs)[0] if args.costs else {int(k): v for k, v in recording["costs"].items()})
+        calibration = {int(size): costs(int(size)) for size in recording["calibration"]}
+        rows = against_native(recording, _json_rows(args.rows), _json_rows(args.equal), costs, calibration)
+        sets = [(path.stem, {w["name"] for w in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]})
+                for path in args.prompts] or [("all", {row["name"] for row in rows})]
+        native_report(rows, sets)
+        return 0
     curve, source = (None, "recorded") if args.costs is None else load_costs(args.costs, args.decode_ms)
     loop, row_seconds = args.loop_ms / 1e3, args.row_us / 1e6
     rows = report(recording, args.seeds, args.noise, [int(k) for k in args.k.split(",")], loop, row_seconds, curve)
     geomean = math.exp(statistics.fmean(math.log(row["auto"]) for row in rows)) if rows else 0.0
     bound = math.exp(statistics.fmean(math.log(row["clairvoyant"]) for row in rows)) if rows else 0.0
+    copying = math.exp(statistics.fmean(math.log(row["copy_bound"]) for row in rows)) if rows else 0.0
     one_token = (Costs(curve) if curve else Costs({int(k): v for k, v in recording["costs"].items()}))(1)
     shares = dict(
         python_share=sum(r["python_seconds"] for r in rows) / sum(r["auto_seconds"] for r in rows) if rows else 0.0,
         plain_python_share=(loop + row_seconds) / (one_token + loop + row_seconds),
     )
     if args.json:
-        print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound, costs_source=source,
+        print(json.dumps(dict(workloads=rows, auto_geomean=geomean, clairvoyant_geomean=bound, copy_bound_geomean=copying,
+                              costs_source=source,
                               decode_ms=one_token * 1e3, loop_ms=args.loop_ms, row_us=args.row_us, **shares)))
         return 0
     print(f"verify costs: {source}; one token {one_token * 1e3:.2f} ms; Python {args.loop_ms:g} ms a step "
           f"+ {args.row_us:g} us a row read")
     print(f"{'workload':16} {'kind':9} {'auto':>6} {'ngram-simple':>12} {'auto/ngs':>8} {'best fixed K':>13} "
-          f"{'clairvoyant':>11} {'auto drafts: mean/max (of steps)':>33} {'py share':>8}")
+          f"{'clairvoyant':>11} {'copy bound':>10} {'auto drafts: mean/max (of steps)':>33} {'py share':>8}")
     for row in rows:
         drafts = f"{row['mean_draft']:.1f}/{row['max_draft']} ({row['drafting_steps']}/{row['steps']})"
         print(f"{row['name']:16} {row['kind']:9} {row['auto']:5.2f}x {row['ngram_simple']:11.2f}x "
               f"{row['auto'] / row['ngram_simple']:8.2f} {'K=' + str(row['best_k']) + ':':>7}{row['best_fixed']:5.2f}x "
-              f"{row['clairvoyant']:10.2f}x {drafts:>33} {row['python_share']:8.1%}")
+              f"{row['clairvoyant']:10.2f}x {row['copy_bound']:9.2f}x {drafts:>33} {row['python_share']:8.1%}")
     print(f"geometric mean of auto: {geomean:.3f}x plain; lowest {min(r['auto'] for r in rows):.2f}x; "
-          f"clairvoyant bound {bound:.3f}x")
+          f"clairvoyant bound {bound:.3f}x; copy bound {copying:.3f}x")
     print(f"Python's share of auto's time: {shares['python_share']:.1%} (plain decoding: "
           f"{shares['plain_python_share']:.1%})")
     return 0

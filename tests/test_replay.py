@@ -12,6 +12,8 @@ from benchmarks.replay import (
     Case,
     Costs,
     clairvoyant,
+    copy_bound,
+    longest_copies,
     load_costs,
     paper_costs,
     python_seconds,
@@ -102,6 +104,29 @@ def test_the_clairvoyant_schedule_bounds_every_policy_and_verifies_only_what_is_
     # On this curve verifying more rows always pays once they will be kept: the 17 passage
     # tokens left go in one step (a longer draft would only be cut by the text's end).
     assert bound.steps[0] == (12, 17, 17)
+
+
+def test_longest_copies_find_any_earlier_span_and_let_a_repeat_run_on():
+    # Output 1 2 3 9 after prompt 5 1 2 3 4: at position 1 ("2 3 9" follows) "2 3" occurs in
+    # the prompt, not "2 3 9"; at position 3 the 9 has occurred nowhere before.
+    assert longest_copies([5, 1, 2, 3, 4], [1, 2, 3, 9], 4) == [0, 2, 1, 0, 0]
+    # A pattern that repeats copies itself past the end of what precedes it (a period of 2).
+    assert longest_copies([7, 8], [7, 8, 7, 8, 7, 8], 6) == [0, 5, 4, 3, 2, 1, 0]
+    assert longest_copies([7, 8], [7, 8, 7, 8, 7, 8], 6, longest=2)[1] == 2
+
+
+def test_the_copy_bound_is_below_the_same_proposals_clairvoyant_schedule():
+    case = copy_case()
+    bound = copy_bound(case, COSTS, loop_seconds=0.001, row_seconds=0.0)
+    same_proposals = clairvoyant(case, COSTS, loop_seconds=0.001, row_seconds=0.0)
+    assert bound.tokens == same_proposals.tokens == 59
+    assert bound.seconds <= same_proposals.seconds + 1e-12
+    assert sum(kept + 1 for _, _, kept in bound.steps) == 59
+    # The passage's other 17 tokens in one step, then the repeated 5s, one span at a time.
+    assert bound.steps[0] == ("copy", 17, 17)
+    # Text that repeats nothing can only be written plainly.
+    fresh = Case("fresh", "creative", prompt=[1, 2, 3], output=list(range(10, 40)), max_tokens=30)
+    assert all(kept == 0 for _, _, kept in copy_bound(fresh, COSTS).steps)
 
 
 def test_the_paper_curve_is_the_published_figures_scaled_to_the_decode_time():
