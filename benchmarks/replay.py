@@ -513,7 +513,7 @@ def against_native(recording: dict, native_rows: dict[str, dict], equal_rows: di
         mode = equal["mode"]
         tokens = int(equal["tokens"][mode])
         whole = cases[name]
-        if tokens > len(whole.output) >= whole.max_tokens:  # the recording stopped at its budget, not at an end
+        if tokens > whole.max_tokens and len(whole.output) >= whole.max_tokens:  # stopped at its budget, not an end
             raise ValueError(f"{name}: the recording holds {len(whole.output)} tokens, the equal-length run {tokens}")
         case = dataclasses.replace(whole, output=whole.output[:tokens], max_tokens=tokens)
         options = dict(loop_seconds=loop_seconds, row_seconds=row_seconds)
@@ -602,7 +602,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "native":
         costs = Costs(load_costs(args.costs)[0] if args.costs else {int(k): v for k, v in recording["costs"].items()})
         calibration = {int(size): costs(int(size)) for size in recording["calibration"]}
-        rows = against_native(recording, _json_rows(args.rows), _json_rows(args.equal), costs, calibration)
+        try:
+            rows = against_native(recording, _json_rows(args.rows), _json_rows(args.equal), costs, calibration)
+        except ValueError as error:
+            print(f"replay.py: {error} (record with --max-tokens)", file=sys.stderr)
+            return 2
         sets = [(path.stem, {w["name"] for w in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]})
                 for path in args.prompts] or [("all", {row["name"] for row in rows})]
         native_report(rows, sets)

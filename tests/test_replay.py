@@ -11,6 +11,7 @@ from benchmarks.replay import (
     RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND,
     Case,
     Costs,
+    against_native,
     clairvoyant,
     copy_bound,
     longest_copies,
@@ -127,6 +128,30 @@ def test_the_copy_bound_is_below_the_same_proposals_clairvoyant_schedule():
     # Text that repeats nothing can only be written plainly.
     fresh = Case("fresh", "creative", prompt=[1, 2, 3], output=list(range(10, 40)), max_tokens=30)
     assert all(kept == 0 for _, _, kept in copy_bound(fresh, COSTS).steps)
+
+
+def test_against_native_cuts_the_recording_to_the_equal_length_and_skips_other_texts():
+    case = copy_case(max_tokens=60)
+    recording = {"workloads": [dataclasses.asdict(case), dict(dataclasses.asdict(case), name="other")]}
+    native_rows = {name: {"tokens_per_second": {"specli plain": 100.0}} for name in ("copy", "other")}
+    equal_rows = {
+        "copy": {"mode": "ngram-mod", "texts_agree": True, "tokens": {"ngram-mod": 20, "specli": 21},
+                 "tokens_per_second": {"ngram-mod": 150.0, "specli": 180.0}},
+        "other": {"mode": "ngram-mod", "texts_agree": False, "tokens": {"ngram-mod": 20},
+                  "tokens_per_second": {"ngram-mod": 150.0, "specli": 180.0}},
+    }
+    (row,) = against_native(recording, native_rows, equal_rows, COSTS, {}, loop_seconds=0.001, row_seconds=0.0)
+    assert row["name"] == "copy" and row["tokens"] == 20
+    assert row["native"] == pytest.approx(1.5) and row["specli"] == pytest.approx(1.8)
+    short = dataclasses.replace(case, output=case.output[:20], max_tokens=20)
+    plain = replay(short, 0, COSTS, loop_seconds=0.001, row_seconds=0.0).tokens_per_second
+    assert row["clairvoyant"] == pytest.approx(clairvoyant(short, COSTS, loop_seconds=0.001, row_seconds=0.0)
+                                               .tokens_per_second / plain)
+    assert 1.0 < row["auto"] <= row["clairvoyant"] <= row["copy_bound"] + 1e-9
+    # A recording that stopped at its budget cannot stand for a longer run.
+    equal_rows["copy"]["tokens"]["ngram-mod"] = 61
+    with pytest.raises(ValueError):
+        against_native(recording, native_rows, equal_rows, COSTS, {})
 
 
 def test_the_paper_curve_is_the_published_figures_scaled_to_the_decode_time():
