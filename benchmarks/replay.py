@@ -600,8 +600,14 @@ def main(argv: list[str] | None = None) -> int:
         hazard_report(recording)
         return 0
     if args.command == "native":
-        costs = Costs(load_costs(args.costs)[0] if args.costs else {int(k): v for k, v in recording["costs"].items()})
-        calibration = {int(size): costs(int(size)) for size in recording["calibration"]}
+        # As `replay` does: the recorded calibration (what `specli run` read from its stored
+        # costs), or one read off another curve at the same sizes.
+        if args.costs:
+            costs = Costs(load_costs(args.costs)[0])
+            calibration = {int(size): costs(int(size)) for size in recording["calibration"]}
+        else:
+            costs = Costs({int(k): v for k, v in recording["costs"].items()})
+            calibration = {int(k): v for k, v in recording["calibration"].items()}
         try:
             rows = against_native(recording, _json_rows(args.rows), _json_rows(args.equal), costs, calibration)
         except ValueError as error:
