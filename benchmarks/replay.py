@@ -16,6 +16,7 @@ those costs; `-k auto` does not see them, so it moves the timing only.
         --prompts benchmarks/workloads.toml --prompts benchmarks/heldout.toml
     python benchmarks/replay.py replay benchmarks/out/replay.json --seeds 12
     python benchmarks/replay.py hazard benchmarks/out/replay.json   # the data behind the n-gram prior
+    python benchmarks/replay.py native replay-200.json --rows native-rows.jsonl --equal equal-rows.jsonl
 
 For each workload the report gives the speedup over plain decoding of `-k auto`, of an
 ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
@@ -40,6 +41,10 @@ batch size, such as the one benchmarks/gpu/run.sh measures with llama-bench:
 
 The report then also gives the draft lengths `-k auto` chose and Python's share of its
 time (the loop's `--loop-ms` per step plus `--row-us` per logits row read).
+
+`native` sets llama.cpp's best n-gram mode per prompt (compare_llamacpp.py's `--native-modes`
+and `--equal-length` rows) beside specli measured, `-k auto` replayed, and both bounds, over
+the same number of tokens (a recording made with `record --max-tokens` long enough).
 """
 
 from __future__ import annotations
