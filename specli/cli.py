@@ -132,6 +132,14 @@ app = typer.Typer(
 )
 
 
+def _report_console():
+    """A Rich console for a report on stdout. In a pipe, as wide as the lines need (Rich would
+    squeeze them into 80 columns and cut the values short), for grep, tee and copy."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"specli {__version__}")
@@ -350,10 +358,7 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        from rich.console import Console
-
-        # In a pipe, long values (install commands, paths) stay on one line for grep and copy.
-        print_report(report, Console(highlight=False, width=None if sys.stdout.isatty() else 1000))
+        print_report(report, _report_console())
     raise typer.Exit(1 if report.problems else 0)
 
 
@@ -391,8 +396,6 @@ def bench(
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json
 
-    from rich.console import Console
-
     from specli import resolve
     from specli.bench import benchmark, load_workloads, parse_configs, print_progress, render_report
 
@@ -410,7 +413,7 @@ def bench(
     if json_output:
         print(json.dumps(report, indent=1))
     else:
-        render_report(report, Console())
+        render_report(report, _report_console())
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ speculative output leaves plain's, how close to a tie plain's choice was there."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -122,6 +123,23 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         assert 0 < shared["min"] <= shared["median"] <= shared["max"]
         assert 2 <= measured["plain_text_tokens"] <= plain["tokens"]["max"]
     assert len(fixed["acceptance_by_position"]) == 4
+
+
+@pytest.mark.slow
+def test_the_bench_table_in_a_pipe_keeps_every_value_whole(gemma_path, tmp_path, monkeypatch):
+    """CliRunner's stdout is not a terminal: the table must not be squeezed into 80 columns,
+    which cut headers and values short ("speed…", "1.80× (1.79…")."""
+    monkeypatch.delenv("COLUMNS")
+    workloads = tmp_path / "workloads.toml"
+    workloads.write_text(COPY_WORKLOAD)
+    result = CliRunner().invoke(app, ["bench", "--target", str(gemma_path), "--draft", "ngram", "--prompts",
+                                      str(workloads), "-k", "4", "--runs", "1"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    header = next(line for line in result.stdout.splitlines() if "config" in line)
+    assert "speedup (min–max)" in header and "py ms/step: loop + reads" in header
+    row = next(line for line in result.stdout.splitlines() if "k=4" in line)
+    assert re.search(r"\d\.\d\d× \(\d\.\d\d–\d\.\d\d\)", row), row
 
 
 @pytest.mark.slow
