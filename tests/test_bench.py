@@ -112,14 +112,18 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         assert measured["python_overhead_ms_per_step"] == pytest.approx(
             measured["loop_overhead_ms_per_step"] + measured["rows_read_per_step"] * measured["read_us_per_row"] / 1000)
         # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
+        # A fixed K gives the same batch shapes every run, and its flips fall under 0.5 logits
+        # (as in test_real_models); -k auto's shapes follow the costs this machine measured,
+        # and mixed shapes were seen to flip a margin of up to 1.03 (benchmarks/README.md).
         if measured["identical_to_plain"]:
             assert measured["runs_differing"] == 0
         else:
             assert 1 <= measured["runs_differing"] <= 2
-            assert measured["plain_margin_at_first_difference"] < 0.5
+            assert measured["plain_margin_at_first_difference"] < (0.5 if measured is fixed else 1.1), measured
         assert measured["tokens"]["min"] >= 1
         # Timed again on the text each run shares with plain: every run shares its opening.
         shared = measured["speedup_on_plain_text"]
+        assert shared is not None, measured
         assert 0 < shared["min"] <= shared["median"] <= shared["max"]
         assert 2 <= measured["plain_text_tokens"] <= plain["tokens"]["max"]
     assert len(fixed["acceptance_by_position"]) == 4
