@@ -62,15 +62,13 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
 
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
-from specli.costs import CALIBRATION_SIZES, StepCosts
-from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord
-from specli.proposers import NGramProposer
+from benchmarks.native_table import load_rows, prompt_set  # noqa: E402
+from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy  # noqa: E402
+from specli.costs import CALIBRATION_SIZES, StepCosts  # noqa: E402
+from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord  # noqa: E402
+from specli.proposers import NGramProposer  # noqa: E402
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
 ROW_SECONDS = 0.000045  # reading one verified logits row (262k vocabulary, 2-core CPU)
@@ -489,16 +487,6 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
 
 # --- native -------------------------------------------------------------------------
 
-def _json_rows(path: Path) -> dict[str, dict]:
-    """The latest row of each prompt in a JSON-lines file, by name."""
-    rows = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["name"]] = row
-    return rows
-
-
 def against_native(recording: dict, native_rows: dict[str, dict], equal_rows: dict[str, dict], costs: Costs,
                    calibration: dict[int, float], loop_seconds: float = LOOP_SECONDS,
                    row_seconds: float = ROW_SECONDS) -> list[dict]:
@@ -614,12 +602,12 @@ def main(argv: list[str] | None = None) -> int:
             costs = Costs({int(k): v for k, v in recording["costs"].items()})
             calibration = {int(k): v for k, v in recording["calibration"].items()}
         try:
-            rows = against_native(recording, _json_rows(args.rows), _json_rows(args.equal), costs, calibration)
+            rows = against_native(recording, load_rows(args.rows), load_rows(args.equal), costs, calibration)
         except ValueError as error:
             print(f"replay.py: {error} (record with --max-tokens)", file=sys.stderr)
             return 2
-        sets = [(path.stem, {w["name"] for w in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]})
-                for path in args.prompts] or [("all", {row["name"] for row in rows})]
+        sets = [(path.stem, {name for name, _ in prompt_set(path)}) for path in args.prompts] \
+            or [("all", {row["name"] for row in rows})]
         native_report(rows, sets)
         return 0
     curve, source = (None, "recorded") if args.costs is None else load_costs(args.costs, args.decode_ms)
