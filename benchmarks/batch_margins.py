@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from specli.backend import LoadSettings, Model
+    from specli.llama.backend import LoadSettings, Model
     from specli.bench import load_workloads
     from specli.prompt import prompt_tokens
 

@@ -15,10 +15,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from specli.backend import LoadSettings
-from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions
+from specli.llama.backend import LoadSettings
+from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions
 from specli.prompt import chat_tokens
-from specli.proposers import NoProposer
+from specli.decode.proposers import NoProposer
 from specli.session import SessionSpec, open_session
 
 FIRST = "Write a short paragraph about lighthouses and the people who kept them."

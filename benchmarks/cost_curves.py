@@ -19,9 +19,9 @@ import platform
 import sys
 from pathlib import Path
 
-from specli.adaptive import MAX_DRAFT
-from specli.backend import LoadSettings
-from specli.costs import calibrate
+from specli.decode.adaptive import MAX_DRAFT
+from specli.llama.backend import LoadSettings
+from specli.decode.costs import calibrate
 from specli.session import SessionSpec, open_session
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.backend import LoadSettings, Model
-from specli.sampling import SamplingSettings, keyed_choice, warp
+from specli.llama.backend import LoadSettings, Model
+from specli.decode.sampling import SamplingSettings, keyed_choice, warp
 
 
 def acceptance(target: Path, draft: Path, prompt: str, tokens: int, settings: SamplingSettings, keys: int,

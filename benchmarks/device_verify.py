@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from specli.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings, Model
 from specli.bench import load_workloads
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, Token
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, Token
 from specli.prompt import prompt_tokens
-from specli.proposers import NGramProposer, NoProposer
+from specli.decode.proposers import NGramProposer, NoProposer
 
 PATHS = ("host", "device")
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.target is None:
-        from specli.demo import embedded_model_path
+        from specli.models.demo import embedded_model_path
 
         args.target = embedded_model_path()
     names = args.workloads.split(",")

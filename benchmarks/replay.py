@@ -65,10 +65,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
 
 from benchmarks.native_table import load_rows, prompt_set  # noqa: E402
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy  # noqa: E402
-from specli.costs import CALIBRATION_SIZES, StepCosts  # noqa: E402
-from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord  # noqa: E402
-from specli.proposers import NGramProposer  # noqa: E402
+from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy  # noqa: E402
+from specli.decode.costs import CALIBRATION_SIZES, StepCosts  # noqa: E402
+from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord  # noqa: E402
+from specli.decode.proposers import NGramProposer  # noqa: E402
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
 ROW_SECONDS = 0.000045  # reading one verified logits row (262k vocabulary, 2-core CPU)
@@ -179,7 +179,7 @@ def python_seconds(result: Replayed, loop_seconds: float, row_seconds: float) ->
 
 class RecordedTarget:
     """A target whose choice after every position is the recorded text's next token, so the
-    engine's own loop (specli.engine) replays a generation: its logits rows are one-hot over
+    engine's own loop (specli.decode.engine) replays a generation: its logits rows are one-hot over
     a compact vocabulary of the tokens the recording holds, plus one end-of-generation token
     where the recorded output ended before its budget. A row after a rejected draft token is
     never read, so rows by position in the recording are all the engine needs."""
@@ -343,7 +343,7 @@ def copy_bound(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 
 def record(model: Path, prompt_files: list[Path | None], repeats: int, max_tokens: int | None = None) -> dict:
     from specli.bench import load_workloads
-    from specli.engine import FixedDraftPolicy, GenerationOptions, Token
+    from specli.decode.engine import FixedDraftPolicy, GenerationOptions, Token
     from specli.prompt import prompt_tokens
     from specli.session import SessionSpec, open_session
 

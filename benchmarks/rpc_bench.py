@@ -82,10 +82,10 @@ def relay_trips(stats_files: list[Path]) -> int:
 # is counted, as a bench's measured runs come after its warm-up.
 TRIPS = """
 import json, sys, time
-from specli import rpc
-from specli.backend import LoadSettings, Model
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions
-from specli.proposers import NGramProposer, NoProposer
+from specli.llama import rpc
+from specli.llama.backend import LoadSettings, Model
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions
+from specli.decode.proposers import NGramProposer, NoProposer
 
 path, endpoints, draft, stats_files = sys.argv[1], tuple(sys.argv[2].split(",")), int(sys.argv[3]), sys.argv[4:]
 prompt = "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,"
@@ -210,7 +210,7 @@ def main() -> int:
     parser.add_argument("--draft", default="ngram", help="Draft GGUF (kept local) or ngram.")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "rpc")
     args = parser.parse_args()
-    from specli.demo import embedded_model_path
+    from specli.models.demo import embedded_model_path
 
     target = args.target or embedded_model_path()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

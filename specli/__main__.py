@@ -1,3 +1,3 @@
-from specli.cli import main
+from specli.commands.app import main
 
 main()

@@ -24,12 +24,12 @@ from typing import Callable
 
 import numpy as np
 
-from specli.backend import library_versions
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
+from specli.llama.backend import library_versions
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
 from specli.errors import ConfigError, UsageError
 from specli.prompt import prompt_tokens
-from specli.proposers import NoProposer, translates
-from specli.sampling import SamplingSettings, top_two_margin
+from specli.decode.proposers import NoProposer, translates
+from specli.decode.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
 from specli.stream import stream
 

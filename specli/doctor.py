@@ -16,7 +16,7 @@ from specli import __version__
 from specli.install import CPU_FEATURES, GPU_INSTALL, RPC_INSTALL, cpu_install_command
 
 if TYPE_CHECKING:
-    from specli.devices import Device
+    from specli.llama.devices import Device
 
 @dataclass
 class Backend:
@@ -131,8 +131,8 @@ def diagnose(rpc: tuple[str, ...] = ()) -> Report:
 
 
 def check_rpc_servers(endpoints: tuple[str, ...]) -> list[RpcServerState]:
-    """Each server's handshake (bounded, see specli.rpc), then its devices and their memory."""
-    from specli import devices, rpc
+    """Each server's handshake (bounded, see specli.llama.rpc), then its devices and their memory."""
+    from specli.llama import devices, rpc
 
     states = []
     for endpoint in endpoints:
@@ -150,7 +150,7 @@ SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
 
 def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     """A model's stored costs and exact batch sizes; with `calibrate`, measured now and stored."""
-    from specli.costs import VerifyCurve
+    from specli.decode.costs import VerifyCurve
     from specli.session import exact_batch_sizes, open_session
 
     exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
@@ -170,7 +170,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
 
 def check_backend() -> Backend:
     try:
-        from specli import backend, devices
+        from specli.llama import backend, devices
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
@@ -213,8 +213,8 @@ def unused_cpu_features(flags: set[str] | None, system_info: str | None) -> list
 
 def check_storage() -> Storage:
     from specli.config import cache_dir, specli_home
-    from specli.demo import embedded_model
-    from specli.hub import free_space, hub_cache_dir
+    from specli.models.demo import embedded_model
+    from specli.models.hub import free_space, hub_cache_dir
 
     hub_cache = hub_cache_dir()
     embedded = embedded_model()
@@ -230,9 +230,9 @@ def check_storage() -> Storage:
 
 
 def check_registry() -> RegistryState:
-    from specli import hub
+    from specli.models import hub
     from specli.errors import SpecliError
-    from specli.registry import load_registry
+    from specli.models.registry import load_registry
 
     try:
         registry = load_registry()
@@ -256,7 +256,7 @@ def print_report(report: Report, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from specli.hub import format_size
+    from specli.models.hub import format_size
 
     backend, storage, registry = report.backend, report.storage, report.registry
     facts = Table(show_header=False, box=None, pad_edge=False)

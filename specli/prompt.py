@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from specli.errors import PromptError
-from specli.template import apply_chat_template
+from specli.llama.template import apply_chat_template
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.llama.backend import Model
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:

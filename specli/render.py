@@ -10,7 +10,7 @@ import json
 import os
 from typing import IO, Callable
 
-from specli.engine import Stats, StepRecord, Token
+from specli.decode.engine import Stats, StepRecord, Token
 
 DRAFT_COLOUR = "\x1b[32m"  # green: drafted and accepted by the target
 TARGET_COLOUR = "\x1b[33m"  # yellow: written by the target itself

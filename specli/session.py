@@ -8,20 +8,20 @@ from typing import Callable, Literal, Union
 
 import numpy as np
 
-from specli.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
-from specli.backend import LoadSettings, Model, library_versions, supports_gpu_offload
-from specli.costs import (CALIBRATION_SIZES, FIRST_RUN_SIZES, PRIOR_LOOP, CostSource, CostStore, StepCosts, VerifyCurve,
+from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
+from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
+from specli.decode.costs import (CALIBRATION_SIZES, FIRST_RUN_SIZES, PRIOR_LOOP, CostSource, CostStore, StepCosts, VerifyCurve,
                           calibrate, draft_key, exact_key, prior_costs, settings_key)
 from specli.config import cache_dir
-from specli.devices import compute_fingerprint
+from specli.llama.devices import compute_fingerprint
 from specli.errors import VocabMismatchError
-from specli.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
-from specli.exact import exact_batch_size
-from specli.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
+from specli.decode.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
+from specli.decode.exact import exact_batch_size
+from specli.decode.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
                               translates)
-from specli.sampling import SamplingSettings
-from specli.translate import TranslatedDraft, cost_per_target_token
-from specli.vocab import check_vocab_compatible
+from specli.decode.sampling import SamplingSettings
+from specli.decode.translate import TranslatedDraft, cost_per_target_token
+from specli.llama.vocab import check_vocab_compatible
 
 DraftSpec = Union[Path, Literal["ngram", "none"]]
 CATCH_UP_BATCH = 16  # a draft model's catch-up is priced per token of a batch this long

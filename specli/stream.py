@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from specli import rpc
-from specli.engine import Engine, Finished, Stats, StepRecord, Token
+from specli.llama import rpc
+from specli.decode.engine import Engine, Finished, Stats, StepRecord, Token
 
 
 class Sink(Protocol):

@@ -9,11 +9,11 @@ import pytest
 
 from fakes import FakeModel, plain_greedy
 
-from specli.adaptive import AdaptiveDraftPolicy
-from specli.costs import CostStore, StepCosts, VerifyCurve, calibrate, prior_costs
-from specli.engine import Engine, GenerationOptions, StepRecord, Token
-from specli.proposers import DraftModelProposer, NGramProposer
-from specli.sampling import SamplingSettings
+from specli.decode.adaptive import AdaptiveDraftPolicy
+from specli.decode.costs import CostStore, StepCosts, VerifyCurve, calibrate, prior_costs
+from specli.decode.engine import Engine, GenerationOptions, StepRecord, Token
+from specli.decode.proposers import DraftModelProposer, NGramProposer
+from specli.decode.sampling import SamplingSettings
 
 
 def costs(curve, draft_per_token: float = 0.0) -> StepCosts:
@@ -62,7 +62,7 @@ def test_a_run_whose_long_drafts_fail_is_held_to_drafts_it_can_afford_to_lose():
     """Drafts whose prior promised almost nothing but acceptance, rejected at once: each is
     no longer than the budget allows (RISK_ALLOWANCE plain steps plus RISK_SHARE of the run,
     less what drafting has lost), so the run's loss to drafting stays within it."""
-    from specli.adaptive import RISK_ALLOWANCE, RISK_SHARE
+    from specli.decode.adaptive import RISK_ALLOWANCE, RISK_SHARE
 
     policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
     plain, spent, lost, drafted = 0.010, 0.0, 0.0, []
@@ -182,7 +182,7 @@ def test_a_first_probe_waits_until_the_run_can_afford_to_lose_it():
     """A short answer that never copies costs nothing: a probe is made only once a rejected
     one would leave drafting's loss within PROBE_BUDGET of the run's time, so the dearer a
     miss, the later the first probe."""
-    from specli.adaptive import FIRST_PROBE_GAP, PROBE_BUDGET
+    from specli.decode.adaptive import FIRST_PROBE_GAP, PROBE_BUDGET
 
     def first_probe(extra: float) -> int:
         curve = costs(lambda size: 0.010 * (1 + extra * (size - 1)))
@@ -200,7 +200,7 @@ def test_a_first_probe_waits_until_the_run_can_afford_to_lose_it():
 def test_a_draft_that_barely_pays_is_not_made():
     """Drafting must beat a plain step by MARGIN: a near-even bet gains little and a miss
     costs a whole verify."""
-    from specli.adaptive import MARGIN
+    from specli.decode.adaptive import MARGIN
 
     costs = cpu_cost()  # verify(2) = 1.3 plain steps
     even = 1.3 - 1.0  # an acceptance at which one drafted token pays exactly its cost
@@ -299,7 +299,7 @@ def test_calibration_measures_again_a_size_that_noise_made_dearer_than_a_longer_
         calls.append(size)
         clock["now"] += timings[size].pop(0) if timings.get(size) else paired_rows_cost(size)
 
-    monkeypatch.setattr("specli.costs.time.perf_counter", lambda: clock["now"])
+    monkeypatch.setattr("specli.decode.costs.time.perf_counter", lambda: clock["now"])
     measured = calibrate(decode, lambda n: None, 1, sizes=(1, 2, 8, 12, 16))
     assert calls[0] == 16, "an untimed decode of the largest size first (llama.cpp grows its buffers once)"
     assert calls[1:11] == [1, 2, 8, 12, 16] * 2  # in turn, not size by size

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.batch_margins import batched_margins, measure
 from specli.bench import plain_greedy
-from specli.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings, Model
 
 pytestmark = pytest.mark.slow  # loads real models
 

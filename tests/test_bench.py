@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 from fakes import FakeModel
 from fakes import plain_greedy as reference_greedy
 from specli.bench import Measurement, _agreement, parse_configs, plain_greedy, shared_text_speedup
-from specli.cli import app
-from specli.engine import Stats
+from specli.commands.app import app
+from specli.decode.engine import Stats
 from specli.errors import UsageError
-from specli.sampling import top_two_margin
+from specli.decode.sampling import top_two_margin
 
 COPY_WORKLOAD = '''
 [[workload]]

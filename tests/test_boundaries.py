@@ -74,29 +74,29 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules():
 
 def test_no_import_cycle_in_specli():
     graph = import_graph()
-    assert "specli.engine" in graph and "specli.backend" in graph["specli.session"], "the graph is read"
+    assert "specli.decode.engine" in graph and "specli.llama.backend" in graph["specli.session"], "the graph is read"
     assert cycle(graph) == []
 
 
 def test_only_backend_imports_llama_cpp():
-    assert importers("llama_cpp") == {"backend.py"}
+    assert importers("llama_cpp") == {"llama/backend.py"}
 
 
 def test_only_hub_imports_huggingface_hub():
-    assert importers("huggingface_hub") and all(module.startswith("hub/") for module in importers("huggingface_hub"))
+    assert importers("huggingface_hub") and all(module.startswith("models/hub/") for module in importers("huggingface_hub"))
 
 
 def test_the_device_probe_and_the_rpc_client_do_not_import_the_binding():
     graph = import_graph()
-    for module in ("specli.devices", "specli.rpc", "specli.install"):
-        assert "specli.backend" not in graph[module], module
+    for module in ("specli.llama.devices", "specli.llama.rpc", "specli.install"):
+        assert "specli.llama.backend" not in graph[module], module
     assert graph["specli.install"] == set(), "install hints are a leaf"
 
 
 def test_sampling_is_pure_numpy_and_the_engine_never_prints():
-    assert {name.split(".")[0] for name in _imported_names(SPECLI / "sampling.py")} <= {
+    assert {name.split(".")[0] for name in _imported_names(SPECLI / "decode" / "sampling.py")} <= {
         "__future__", "dataclasses", "numpy", "typing", "math", "hashlib", "struct"}
-    engine = (SPECLI / "engine.py").read_text(encoding="utf-8")
+    engine = (SPECLI / "decode" / "engine.py").read_text(encoding="utf-8")
     assert "print(" not in engine and "sys.stdout" not in engine and "sys.stderr" not in engine
 
 

@@ -227,7 +227,7 @@ def test_debug_mode_shows_the_traceback():
 
 from typer.testing import CliRunner  # noqa: E402
 
-from specli.cli import app  # noqa: E402
+from specli.commands.app import app  # noqa: E402
 
 
 def invoke(*args: object, stdin: str | bytes | None = None):
@@ -336,7 +336,7 @@ def test_a_draft_with_another_vocabulary_drafts_through_text_and_says_what_diffe
 
 @pytest.mark.slow
 def test_gpu_request_on_a_cpu_build_warns_and_runs(gemma_path):
-    from specli.backend import supports_gpu_offload
+    from specli.llama.backend import supports_gpu_offload
 
     if supports_gpu_offload():
         pytest.skip("this llama-cpp-python build has GPU support")
@@ -393,7 +393,7 @@ def test_doctor_reports_a_broken_registry(monkeypatch, tmp_path):
 def test_text_ends_with_exactly_one_newline(texts, expected):
     import io
 
-    from specli.engine import Stats, Token
+    from specli.decode.engine import Stats, Token
     from specli.render import TextRenderer
 
     out, err = io.StringIO(), io.StringIO()

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel, plain_greedy
-from specli.backend import DEVICE_CANDIDATES, LoadSettings, Model
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
-from specli.sampling import SamplingSettings, verify_greedy_tokens
+from specli.llama.backend import DEVICE_CANDIDATES, LoadSettings, Model
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
+from specli.decode.sampling import SamplingSettings, verify_greedy_tokens
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 
@@ -82,8 +82,8 @@ def test_penalised_and_sampled_runs_keep_the_host_path(sampling):
 
 
 def test_the_bench_option_reaches_the_session_spec():
-    from specli import options
-    from specli.resolve import ResolvedModels
+    from specli.commands import options
+    from specli.models.resolve import ResolvedModels
 
     models = ResolvedModels(Path("target.gguf"), "ngram")
     spec = options.session_spec(models, options.Hardware(verify_on_device=True), SamplingSettings())
@@ -97,7 +97,7 @@ def test_bench_verifies_on_the_device_when_asked(gemma_path, tmp_path, penalty, 
 
     from typer.testing import CliRunner
 
-    from specli.cli import app
+    from specli.commands.app import app
 
     workloads = tmp_path / "workloads.toml"
     workloads.write_text('[[workload]]\nname = "copy"\nmax_tokens = 16\nprompt = "red, green, blue, red, green, blue, red,"\n')

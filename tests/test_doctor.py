@@ -80,7 +80,7 @@ def test_the_report_says_where_the_embedded_model_lives_and_how_big_it_is(monkey
 
 
 def test_the_device_probe_sees_the_cpu_and_the_fingerprint_is_stable():
-    from specli import devices
+    from specli.llama import devices
 
     found = devices.backend_devices()
     assert found is not None and any(device.kind == "cpu" and device.name for device in found)

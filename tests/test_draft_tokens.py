@@ -7,9 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specli import options, resolve
-from specli.cli import app
-from specli.resolve import ResolvedModels
+from specli.commands import options
+from specli.models import resolve
+from specli.commands.app import app
+from specli.models.resolve import ResolvedModels
 
 
 def test_not_given_means_the_pairs_default_else_auto():

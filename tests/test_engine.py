@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel, plain_greedy
-from specli.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
-from specli.sampling import SamplingSettings
+from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
+from specli.decode.sampling import SamplingSettings
 
 PROMPTS = [[1, 2, 3], [5], [3, 3, 3, 3, 7, 1, 2, 3, 3, 3]]
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specli.backend import check_gguf_file
+from specli.llama.backend import check_gguf_file
 from specli.errors import ModelFileError
 
 gguf = pytest.importorskip("gguf")
@@ -119,7 +119,7 @@ def mutate(data: bytes, fields: list[tuple[int, int]], header_end: int, rng: ran
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> tuple[bytes, list[tuple[int, int]], int]:
-    from specli.gguf_file import read_header
+    from specli.llama.gguf_header import read_header
 
     path = write_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny.gguf")
     return path.read_bytes(), structural_fields(path), read_header(path).data_start

@@ -28,8 +28,8 @@ from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 from fakehub import FakeHub, make_gguf
 from helpers import assert_one_line_error
 from specli.errors import OfflineError
-from specli.hub import format_size, resolve_pair
-from specli.registry import load_registry
+from specli.models.hub import format_size, resolve_pair
+from specli.models.registry import load_registry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ def hub(monkeypatch):
 @pytest.fixture
 def specli(capsys):
     """Run the CLI in this process, as `python -m specli ARGS` would; returns exit code, stdout, stderr."""
-    from specli.cli import main
+    from specli.commands.app import main
 
     def run(*args: str) -> Result:
         capsys.readouterr()
@@ -888,7 +888,7 @@ def test_a_hub_reference_shows_the_same_progress_as_pull(quants):
 
 
 def test_a_quant_stored_split_in_a_folder_names_its_first_part():
-    from specli.hub.repo import missing_file
+    from specli.models.hub.repo import missing_file
 
     names = ["README.md", "Q4_K_M/Model-Q4_K_M-00002-of-00002.gguf", "Q4_K_M/Model-Q4_K_M-00001-of-00002.gguf",
              "Model-Q8_0.gguf", "mmproj-Model-F16.gguf"]
@@ -933,7 +933,7 @@ def shipped(hub, monkeypatch, tmp_path):
     """The check registry as the only registry: shipped, and no user file."""
     path = tmp_path / "models.toml"
     path.write_text(check_registry(hub))
-    monkeypatch.setattr("specli.registry.shipped_registry_file", lambda: path)
+    monkeypatch.setattr("specli.models.registry.shipped_registry_file", lambda: path)
     (Path(os.environ["SPECLI_HOME"]) / "models.toml").unlink()
     return path
 
@@ -1034,7 +1034,7 @@ def quants(hub):
     ],
 )
 def test_hub_references_read_as_llama_cpp_reads_them(text, expected):
-    from specli.hub import parse_reference
+    from specli.models.hub import parse_reference
 
     reference = parse_reference(text)
     assert (reference and (reference.repo, reference.file, reference.quant)) == expected
@@ -1042,7 +1042,7 @@ def test_hub_references_read_as_llama_cpp_reads_them(text, expected):
 
 def test_a_quant_tag_picks_one_model_of_the_repo():
     from specli.errors import HubError
-    from specli.hub.repo import choose_model
+    from specli.models.hub.repo import choose_model
 
     names = list(QUANTS)
     assert choose_model("o/r", names, "q4_k_m") == "Model-Q4_K_M.gguf"  # any case
@@ -1066,7 +1066,7 @@ def test_a_quant_tag_picks_one_model_of_the_repo():
 
 
 def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_it(quants):
-    from specli.resolve import resolve_models
+    from specli.models.resolve import resolve_models
 
     models = resolve_models(None, "test-org/quants-GGUF:q4_k_m", "test-org/quants-GGUF:Q8_0")
     folder = snapshot("test-org/quants-GGUF")
@@ -1083,7 +1083,7 @@ def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_
 
 
 def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
-    from specli.resolve import resolve_models
+    from specli.models.resolve import resolve_models
 
     target = resolve_models(None, "test-org/quants-GGUF:q6_k", None).target
     assert target == snapshot("test-org/quants-GGUF") / "Q6_K" / "Model-Q6_K-00001-of-00002.gguf"
@@ -1094,7 +1094,7 @@ def test_a_split_quant_fetches_every_part_and_names_the_first(quants):
 
 @pytest.mark.slow  # huggingface_hub's retry waits a second
 def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
-    from specli.resolve import resolve_models
+    from specli.models.resolve import resolve_models
 
     target = resolve_models(None, "test-org/cut-GGUF:cut", None).target
     assert target.read_bytes() == LARGE
@@ -1103,7 +1103,7 @@ def test_a_reference_cut_midway_continues_from_where_it_stopped(hub):
 
 
 def test_a_local_file_wins_over_the_hub_reading_of_its_name(quants, tmp_path, monkeypatch):
-    from specli.resolve import resolve_models
+    from specli.models.resolve import resolve_models
 
     monkeypatch.chdir(tmp_path)
     for name in ("test-org/quants-GGUF:Q8_0", "test-org/quants-GGUF/Model-Q8_0.gguf"):
@@ -1141,7 +1141,7 @@ def test_a_reference_the_repo_cannot_answer_is_one_line_listing_what_it_has(quan
 
 
 def test_references_offline_use_the_cache_or_say_so(quants, specli, monkeypatch):
-    from specli.resolve import resolve_models
+    from specli.models.resolve import resolve_models
 
     pulled = resolve_models(None, "test-org/quants-GGUF:Q8_0", None).target
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

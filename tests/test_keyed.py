@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import dense
-from specli.sampling import Distribution, SamplingSettings, keyed_choice, keyed_uniforms, verify_keyed
+from specli.decode.sampling import Distribution, SamplingSettings, keyed_choice, keyed_uniforms, verify_keyed
 
 CHI2_999 = {2: 13.82, 3: 16.27, 4: 18.47}
 

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from fakes import FakeModel, plain_greedy
-from specli.adaptive import AdaptiveDraftPolicy
-from specli.costs import StepCosts
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer
-from specli.sampling import SamplingSettings
+from specli.decode.adaptive import AdaptiveDraftPolicy
+from specli.decode.costs import StepCosts
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import DraftModelProposer, LookupThenModel, NGramProposer
+from specli.decode.sampling import SamplingSettings
 
 # A periodic prompt: the toy model (order 1) keeps cycling, so lookup proposes long copies.
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8] * 3
@@ -46,7 +46,7 @@ def test_lookup_in_front_writes_the_same_text_with_fewer_draft_model_decodes(pol
 
 
 def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_short_match():
-    from specli.proposers import Proposal
+    from specli.decode.proposers import Proposal
 
     policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
     assert policy.prefers(Proposal(list(range(16)), key=12, extent=40, proposer="ngram"), 16)
@@ -56,8 +56,8 @@ def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_sho
 def test_a_copy_the_runs_budget_cannot_afford_leaves_the_step_to_the_draft_model():
     """After lookup's drafts failed, the run's budget caps what lookup may draft: `prefers`
     prices the copy as `choose` would, so the draft model is asked instead of a cut-down copy."""
-    from specli.engine import StepRecord
-    from specli.proposers import Proposal
+    from specli.decode.engine import StepRecord
+    from specli.decode.proposers import Proposal
 
     policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
     copy = Proposal(list(range(16)), key=12, extent=40, proposer="ngram")
@@ -93,7 +93,7 @@ def test_a_real_draft_model_with_lookup_equals_plain_and_reports_each_proposer(g
 def test_a_copying_prompt_needs_fewer_draft_model_decodes(gemma_path):
     """Gemma drafting for itself (the synthetic pair's random weights never copy a prompt):
     with lookup in front, the copy is drafted from the text and the draft model decodes less."""
-    from specli.backend import LoadSettings, Model
+    from specli.llama.backend import LoadSettings, Model
 
     code = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
     with Model(gemma_path, LoadSettings(ctx_size=512)) as target, Model(gemma_path, LoadSettings(ctx_size=512)) as draft:

@@ -9,7 +9,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specli.errors import PromptError
 from specli.prompt import prompt_tokens
-from specli.template import apply_chat_template, render_jinja_template
+from specli.llama.template import apply_chat_template, render_jinja_template
 
 SYSTEM_AND_USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
 MULTI_TURN = [
@@ -98,7 +98,7 @@ def test_a_model_without_a_template():
     ids=["system-user", "multi-turn"],
 )
 def test_smollm2s_template_renders_as_llama_cpp_python_renders_it(smollm_path, messages, opening):
-    from specli.backend import LoadSettings, Model
+    from specli.llama.backend import LoadSettings, Model
 
     with Model(smollm_path, LoadSettings(ctx_size=64)) as smol:
         template = smol.chat_template()

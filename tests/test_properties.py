@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import RecordingRows, prob
-from specli.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
-from specli.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
+from specli.decode.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
+from specli.decode.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
 VOCAB = 6
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specli.backend import LoadSettings, Model
-from specli.vocab import check_vocab_compatible
+from specli.llama.backend import LoadSettings, Model
+from specli.llama.vocab import check_vocab_compatible
 from specli.bench import plain_greedy
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
 from specli.errors import VocabMismatchError
-from specli.proposers import DraftModelProposer, NGramProposer, NoProposer
-from specli.sampling import SamplingSettings
+from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
+from specli.decode.sampling import SamplingSettings
 
 pytestmark = pytest.mark.slow  # loads real models
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 
 from specli.bench import load_workloads
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import NoProposer
-from specli.sampling import SamplingSettings
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import NoProposer
+from specli.decode.sampling import SamplingSettings
 from specli.prompt import prompt_tokens
 from specli.session import SessionSpec, open_session
-from specli.backend import LoadSettings
+from specli.llama.backend import LoadSettings
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemm
     """A same-vocabulary draft (Gemma drafting for itself) agrees with its target on nearly
     every position of the sample; -k auto starts from that, not from PRIOR_ACCEPTANCE. Through
     text there is no position-by-position agreement to measure."""
-    from specli.adaptive import PRIOR_ACCEPTANCE
+    from specli.decode.adaptive import PRIOR_ACCEPTANCE
 
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     load = LoadSettings(ctx_size=512)

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from specli import rpc
+from specli.llama import rpc
 from specli.errors import UsageError
-from specli.rpc import Endpoint, RpcError
+from specli.llama.rpc import Endpoint, RpcError
 
 
 def test_endpoints_are_parsed_as_llama_cpp_spells_them():
@@ -184,7 +184,7 @@ def test_watch_sets_keepalive_and_a_user_timeout_on_sockets_to_the_servers(serve
 
 
 def test_a_build_without_rpc_says_how_to_get_one(monkeypatch):
-    from specli import devices
+    from specli.llama import devices
 
     monkeypatch.setattr(devices, "rpc_supported", lambda: False)
     with pytest.raises(RpcError, match="no RPC backend") as raised:
@@ -195,8 +195,8 @@ def test_a_build_without_rpc_says_how_to_get_one(monkeypatch):
 def test_stored_costs_are_kept_per_set_of_servers(tmp_path):
     """A decode over a network costs what that network makes it cost: -k auto must not read
     the local costs for it, nor one network's for another."""
-    from specli.backend import LoadSettings
-    from specli.costs import settings_key
+    from specli.llama.backend import LoadSettings
+    from specli.decode.costs import settings_key
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")

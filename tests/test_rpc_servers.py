@@ -41,10 +41,10 @@ def servers():
 # and a server serves one client at a time (this test's, not the next test's).
 LOSSLESS_CHECK = """
 import json, sys
-from specli.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings, Model
 from specli.bench import plain_greedy
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import NGramProposer
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import NGramProposer
 
 path, endpoints, prompt = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
 with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
@@ -177,9 +177,9 @@ def _read_some(process: subprocess.Popen, timeout: float, at_least: int = 1) -> 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a network namespace needs root and iproute2")
 def test_a_server_cut_off_mid_run_is_given_up_in_bounded_time(gemma_path):
     """No reset ever comes from a host that vanished: keepalive and the TCP user timeout
-    on ggml-rpc's socket end the wait (specli.rpc.SILENT_PEER_SECONDS)."""
+    on ggml-rpc's socket end the wait (specli.llama.rpc.SILENT_PEER_SECONDS)."""
     from benchmarks.netdelay import Namespace
-    from specli.rpc import SILENT_PEER_SECONDS
+    from specli.llama.rpc import SILENT_PEER_SECONDS
 
     with Namespace() as namespace:
         prefix = ("ip", "netns", "exec", namespace.name)

@@ -7,9 +7,9 @@ import pytest
 
 from fakes import FakeModel
 from helpers import RecordingRows, dense
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import DraftModelProposer, NGramProposer
-from specli.sampling import Distribution, SamplingSettings, verify_greedy, warp
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import DraftModelProposer, NGramProposer
+from specli.decode.sampling import Distribution, SamplingSettings, verify_greedy, warp
 
 # Chi-square critical values at significance 0.001 (df -> value): a correct sampler fails
 # one run in a thousand; the seeds are fixed, so the outcome is deterministic.

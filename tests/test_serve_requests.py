@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from specli.engine import Stats
+from specli.decode.engine import Stats
 from specli.errors import SpecliError
-from specli.sampling import SamplingSettings
+from specli.decode.sampling import SamplingSettings
 from specli.serve.app import ServerInfo, _default_draft, create_app
 from specli.serve.schema import ChatRequest, CompletionRequest, RequestError
 from specli.stream import Outcome

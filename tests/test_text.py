@@ -1,4 +1,4 @@
-from specli.text import TextStream
+from specli.decode.text import TextStream
 
 
 def test_a_character_split_across_tokens_is_released_whole():

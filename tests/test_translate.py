@@ -16,12 +16,12 @@ import sys
 
 import pytest
 
-from specli.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings, Model
 from specli.bench import plain_greedy
-from specli.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer
-from specli.sampling import SamplingSettings
-from specli.translate import Spelling, TranslatedDraft, complete_utf8
+from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer
+from specli.decode.sampling import SamplingSettings
+from specli.decode.translate import Spelling, TranslatedDraft, complete_utf8
 
 from test_real_models import assert_lossless
 
@@ -213,7 +213,7 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
     """Proposer.behind counts the draft's own tokens, so its catch-up cost is stored per draft
     token as timed; a drafted token is priced per target token (the tokenizers' ratio)."""
     from specli import session as session_module
-    from specli.translate import cost_per_target_token
+    from specli.decode.translate import cost_per_target_token
 
     timings = {1: 0.010, session_module.CATCH_UP_BATCH: 0.048}
     monkeypatch.setattr(session_module, "calibrate", lambda decode, rewind, token, sizes, repeats: timings)

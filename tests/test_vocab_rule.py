@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from specli.backend import LoadSettings, Model
-from specli.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, check_vocab_compatible
+from specli.llama.backend import LoadSettings, Model
+from specli.llama.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, check_vocab_compatible
 from specli.errors import VocabMismatchError
 
 gguf = pytest.importorskip("gguf")

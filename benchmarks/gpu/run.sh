@@ -337,7 +337,7 @@ step_install() {
     local doctor="$RESULTS/doctor.json"
     "$PY" -m specli doctor --json >"$doctor" || true  # exit 1 lists problems; the report is what counts
     local offload
-    offload="$("$PY" -c 'from specli.backend import supports_gpu_offload; print(supports_gpu_offload())')"
+    offload="$("$PY" -c 'from specli.llama.backend import supports_gpu_offload; print(supports_gpu_offload())')"
     results put "$RESULTS/install.json" "gpu_offload=${offload,,}" \
         "llama_cpp_python=$("$PY" -c 'import llama_cpp; print(llama_cpp.__version__)')" \
         "system_info=$("$PY" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())')"

@@ -20,7 +20,7 @@ from typing import IO, Iterator
 
 import uvicorn
 
-from specli.engine import DraftTokens
+from specli.decode.engine import DraftTokens
 from specli.errors import SpecliError
 from specli.render import notifier
 from specli.session import SessionSpec, open_session

@@ -23,10 +23,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specli.config import debug_enabled
-from specli.engine import DraftTokens, GenerationOptions, Stats, Token
+from specli.decode.engine import DraftTokens, GenerationOptions, Stats, Token
 from specli.errors import PromptError, SpecliError
 from specli.prompt import chat_tokens, prompt_tokens
-from specli.sampling import SamplingSettings
+from specli.decode.sampling import SamplingSettings
 from specli.serve.schema import (AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatRequest,
                                  Completion, CompletionRequest, CompletionTokensDetails, Delta, ErrorBody,
                                  ErrorResponse, ModelCard, ModelList, PromptTokensDetails, RequestError, Span,

@@ -19,12 +19,12 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from specli.adaptive import MAX_DRAFT
-from specli.costs import StepCosts
-from specli.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
-from specli.proposers import (LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex, draft_model_of,
+from specli.decode.adaptive import MAX_DRAFT
+from specli.decode.costs import StepCosts
+from specli.decode.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
+from specli.decode.proposers import (LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex, draft_model_of,
                               model_proposer_of)
-from specli.sampling import SamplingSettings
+from specli.decode.sampling import SamplingSettings
 from specli.session import Session, exact_batch_sizes
 from specli.stream import Outcome, stream
 

@@ -5,7 +5,7 @@ average, where ai is the chance that position i is accepted once the positions b
 it were, and costs draft(k) + verify(k + 1) + loop seconds. The policy picks the k
 with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
 
-- Costs come from specli.costs (a calibration, an earlier run's steps, or a prior), never
+- Costs come from specli.decode.costs (a calibration, an earlier run's steps, or a prior), never
   from times measured during this run: the same command with the same stored costs makes
   the same choices, so it writes the same text.
 - Acceptance: the proposer states a prior per key, 1 - h (n-gram lookup: by the match's
@@ -42,11 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from specli.costs import StepCosts, VerifyCurve
+from specli.decode.costs import StepCosts, VerifyCurve
 
 if TYPE_CHECKING:
-    from specli.engine import StepRecord
-    from specli.proposers import Proposal
+    from specli.decode.engine import StepRecord
+    from specli.decode.proposers import Proposal
 
 # A draft model's acceptance before the run has a record: its measured agreement with the
 # target (StepCosts.draft_acceptance), else this, optimistic enough to try.

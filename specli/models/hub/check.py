@@ -12,9 +12,9 @@ from typing import Iterable, Optional, Union
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
 from specli.errors import OfflineError
-from specli.hub.download import _hub_errors, hub_endpoint, hub_offline
-from specli.hub.repo import RepoFiles, list_repo, missing_file
-from specli.registry import ModelRef, Pair
+from specli.models.hub.download import _hub_errors, hub_endpoint, hub_offline
+from specli.models.hub.repo import RepoFiles, list_repo, missing_file
+from specli.models.registry import ModelRef, Pair
 
 
 @dataclass

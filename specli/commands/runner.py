@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from specli.adaptive import AdaptiveDraftPolicy
-from specli.engine import DraftPolicy, DraftTokens, GenerationOptions
+from specli.decode.adaptive import AdaptiveDraftPolicy
+from specli.decode.engine import DraftPolicy, DraftTokens, GenerationOptions
 from specli.prompt import prompt_tokens
 from specli.render import JsonRenderer, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
@@ -40,7 +40,7 @@ class Output:
 
 def warn_without_gpu(stderr: IO[str]) -> None:
     """--gpu-layers asked for on a build that cannot offload: say so, and run on the CPU."""
-    from specli.backend import supports_gpu_offload
+    from specli.llama.backend import supports_gpu_offload
     from specli.install import GPU_INSTALL_HINT
 
     if not supports_gpu_offload():

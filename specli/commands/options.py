@@ -14,12 +14,12 @@ from typing import Annotated, Optional, Union
 
 import typer
 
-from specli.backend import LoadSettings
-from specli.engine import DraftTokens
+from specli.llama.backend import LoadSettings
+from specli.decode.engine import DraftTokens
 from specli.errors import UsageError
-from specli.resolve import ResolvedModels
-from specli.rpc import parse_endpoints
-from specli.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings
+from specli.models.resolve import ResolvedModels
+from specli.llama.rpc import parse_endpoints
+from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings
 from specli.session import SessionSpec
 
 MODEL, DRAFTING, SAMPLING, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Output", "Hardware"

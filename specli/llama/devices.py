@@ -3,7 +3,7 @@ the RPC servers' devices a model is placed on (for `--rpc`).
 
 ggml's device API has no Python bindings in llama-cpp-python: its functions are called
 through ctypes on the libggml that llama-cpp-python loaded, each bound once with its C
-signature. This module does not import the binding: specli.backend, which loads llama.cpp,
+signature. This module does not import the binding: specli.llama.backend, which loads llama.cpp,
 hands it the library when it is imported (`attach`), so the layers point one way.
 """
 
@@ -59,7 +59,7 @@ _DEVICE_FUNCTIONS = {name for name in _SIGNATURES if name.startswith("ggml_backe
 
 @dataclass(frozen=True)
 class Binding:
-    """What this module needs of llama.cpp's binding (specli.backend attaches it)."""
+    """What this module needs of llama.cpp's binding (specli.llama.backend attaches it)."""
 
     library: ctypes.CDLL | None  # libggml as llama-cpp-python loaded it; None: not exposed
     init: Callable[[], None]  # starts llama.cpp's backends once per process
@@ -70,7 +70,7 @@ _binding: Binding | None = None
 
 
 def attach(binding: Binding) -> None:
-    """Called once by specli.backend as it loads llama.cpp."""
+    """Called once by specli.llama.backend as it loads llama.cpp."""
     global _binding
     _binding = binding
     _ggml.cache_clear()
@@ -78,7 +78,7 @@ def attach(binding: Binding) -> None:
 
 def _bound() -> Binding:
     if _binding is None:
-        raise RuntimeError("specli.devices needs specli.backend to be imported first")
+        raise RuntimeError("specli.llama.devices needs specli.llama.backend to be imported first")
     return _binding
 
 
@@ -154,7 +154,7 @@ def rpc_server_devices(endpoint: str) -> tuple[int, ...]:
     on first use. The servers are not added to ggml's registry, so a model placed by default
     (a draft without --draft-rpc) never lands on them.
 
-    ggml-rpc aborts the process when the server cannot be reached: specli.rpc.hello checks
+    ggml-rpc aborts the process when the server cannot be reached: specli.llama.rpc.hello checks
     it, with a timeout, first.
     """
     ggml = _ggml()

@@ -19,10 +19,10 @@ from typing import Iterator, Literal, Protocol, Sequence, Union
 import numpy as np
 
 from specli.errors import PromptError
-from specli.proposers import Proposal, Proposer, translates
-from specli.sampling import (Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_greedy_tokens,
+from specli.decode.proposers import Proposal, Proposer, translates
+from specli.decode.sampling import (Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_greedy_tokens,
                              verify_keyed, warp)
-from specli.text import TextStream, common_prefix_length
+from specli.decode.text import TextStream, common_prefix_length
 
 Source = Literal["draft", "target"]
 

@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from specli import __version__
-from specli import options as opt
+from specli.commands import options as opt
 from specli.config import debug_enabled
 from specli.errors import SpecliError, UsageError
 
@@ -208,8 +208,9 @@ def run(
     draft_rpc: opt.DraftServers = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
-    from specli import resolve, runner
-    from specli.engine import GenerationOptions
+    from specli.models import resolve
+    from specli.commands import runner
+    from specli.decode.engine import GenerationOptions
     from specli.prompt import read_prompt
 
     if prompt_option is not None:
@@ -235,7 +236,7 @@ def run(
     options = GenerationOptions(limit, sampling, tuple(stop or ()))
     output = runner.Output(color.value, json_output, quiet)
     if text is None:
-        from specli.chat import chat as converse
+        from specli.commands.chat import chat as converse
 
         code = converse(spec, options, opt.draft_tokens_for(k, models), output, system)
     else:
@@ -259,8 +260,9 @@ def pull(
     ] = False,
 ) -> None:
     """Download the target and draft of each pair into the Hugging Face cache; print their paths."""
-    from specli import hub, listing
-    from specli.registry import load_registry
+    from specli.models import hub
+    from specli.commands import listing
+    from specli.models.registry import load_registry
 
     registry = load_registry()
     for pair in [registry.get(name) for name in pairs]:
@@ -282,8 +284,9 @@ def list_pairs(
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     import json
 
-    from specli import hub, listing
-    from specli.registry import load_registry
+    from specli.models import hub
+    from specli.commands import listing
+    from specli.models.registry import load_registry
 
     if check:
         report = hub.check_pairs(load_registry().pairs.values())
@@ -304,8 +307,8 @@ def remove(
     ],
 ) -> None:
     """Delete a pair's downloaded files from the Hugging Face cache, keeping files other downloaded pairs use."""
-    from specli import hub
-    from specli.registry import load_registry
+    from specli.models import hub
+    from specli.models.registry import load_registry
 
     registry = load_registry()
     for pair in [registry.get(name) for name in pairs]:
@@ -348,8 +351,8 @@ def doctor(
 
     report = diagnose(rpc or ())
     if model is not None or target is not None or calibrate:
-        from specli import resolve
-        from specli.sampling import SamplingSettings
+        from specli.models import resolve
+        from specli.decode.sampling import SamplingSettings
 
         models = resolve.resolve_models(model, target, draft or "ngram")
         hardware = opt.Hardware(gpu_layers, draft_gpu_layers, ctx_size, threads, repack, rpc or (), draft_rpc or ())
@@ -396,7 +399,7 @@ def bench(
     """Compare plain and speculative decoding on the same prompts: tok/s, speedup, acceptance, recommended K."""
     import json
 
-    from specli import resolve
+    from specli.models import resolve
     from specli.bench import benchmark, load_workloads, parse_configs, print_progress, render_report
 
     configs = parse_configs(draft_tokens)
@@ -456,7 +459,7 @@ def serve(
     draft_rpc: opt.DraftServers = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API; sampling options are defaults a request may override."""
-    from specli import resolve
+    from specli.models import resolve
     from specli.serve import ServeSettings
     from specli.serve import serve as run_server
 

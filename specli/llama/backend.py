@@ -18,7 +18,7 @@ import numpy as np
 
 import llama_cpp as llama
 
-from specli import devices, rpc
+from specli.llama import devices, rpc
 from specli.errors import ModelFileError, PromptError
 
 
@@ -70,10 +70,10 @@ def ggml_library() -> ctypes.CDLL | None:
 def check_gguf_file(path: Path) -> None:
     """Refuse, with a precise message, anything llama.cpp should not be asked to load.
 
-    The header is parsed in pure Python (specli.gguf_file) before llama.cpp sees the file:
+    The header is parsed in pure Python (specli.llama.gguf_header) before llama.cpp sees the file:
     a truncated or corrupted GGUF becomes one line naming what is wrong, never an abort.
     """
-    from specli.gguf_file import read_header
+    from specli.llama.gguf_header import read_header
 
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}", "check the path, or use -m PAIR for a registry pair")
@@ -117,7 +117,7 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
     With no local GPU, the output head stays on this machine's CPU: otherwise it would go
     with the last layers to a server, and every verified row (a vocabulary of float32s)
     would cross the network instead of one hidden state. The sockets to the servers are
-    watched (specli.rpc.watch) from the first progress report of the load on. Returns the
+    watched (specli.llama.rpc.watch) from the first progress report of the load on. Returns the
     ctypes objects the params point into, to be kept alive until the model is loaded.
     """
     endpoints = rpc.parse_endpoints(",".join(servers))

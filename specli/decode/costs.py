@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal
 
 if TYPE_CHECKING:
-    from specli.backend import LoadSettings
+    from specli.llama.backend import LoadSettings
 
 CostSource = Literal["prior", "learned", "first run", "calibrated"]
 

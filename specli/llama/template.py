@@ -14,7 +14,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from specli.errors import PromptError
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.llama.backend import Model
 
 NO_CHAT_HINT = "use --no-chat to send the prompt as is"
 

@@ -28,11 +28,11 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if target is not None:
         return ResolvedModels(model_file(target), _draft_path_or_kind(draft or "ngram"))
     if pair is None:
-        from specli.demo import embedded_model_path
+        from specli.models.demo import embedded_model_path
 
         return ResolvedModels(embedded_model_path(), _draft_path_or_kind(draft or "ngram"))
-    from specli import hub
-    from specli.registry import load_registry
+    from specli.models import hub
+    from specli.models.registry import load_registry
 
     entry = load_registry().get(pair)
     target_path, pair_draft = hub.resolve_pair(entry, download=True)
@@ -52,7 +52,7 @@ def model_file(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if path.exists() or "/" not in str(model):
         return path
-    from specli import hub
+    from specli.models import hub
 
     return hub.resolve_reference(str(model)) or path
 

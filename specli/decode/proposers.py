@@ -9,8 +9,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from specli.sampling import SamplingSettings, keyed_choice, warp
-from specli.text import common_prefix_length
+from specli.decode.sampling import SamplingSettings, keyed_choice, warp
+from specli.decode.text import common_prefix_length
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """llama.cpp RPC servers: their addresses, a bounded handshake, and what a fault says.
 
-The model work itself is ggml-rpc's (specli.devices adds the servers and specli.backend
+The model work itself is ggml-rpc's (specli.llama.devices adds the servers and specli.llama.backend
 places a model's layers on them). ggml-rpc aborts the process on any network fault and
 its connect has no timeout, so this module talks to a server first in plain Python: a TCP
 connect and the protocol's HELLO, each bounded by a timeout, naming the server in every
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from specli import devices
+from specli.llama import devices
 from specli.config import debug_enabled
 from specli.errors import SpecliError, UsageError
 from specli.install import RPC_INSTALL

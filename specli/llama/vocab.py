@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from specli.errors import VocabMismatchError
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.llama.backend import Model
 
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
 VOCAB_MAX_SIZE_DIFFERENCE = 128

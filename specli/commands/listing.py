@@ -7,7 +7,7 @@ import typer
 
 
 def print_pull_plan(plan) -> None:
-    from specli import hub
+    from specli.models import hub
 
     typer.echo(plan.pair.name)
     for role, ref in plan.pair.models():
@@ -36,7 +36,7 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
     each pair's models fold onto a second line. No line is wider than the terminal (a path aside);
     in a pipe, lines are whole, for grep. A draft that drafts through text ends with `*`, and a
     line under the table says what that means."""
-    from specli import hub
+    from specli.models import hub
 
     width = width if width is not None else output_width()
     rows = [PAIRS_HEADER]
@@ -48,7 +48,7 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
         rows.append((pair.name, model_name(target), draft, hub.format_size(size) if size else "-", status.state,
                      _home(target.path) if target.path else "-"))
         if target.ref.package is not None and target.downloaded:
-            from specli.demo import embedded_model
+            from specli.models.demo import embedded_model
 
             embedded = embedded_model()
     through_text = [status.pair.cross_vocabulary for status in statuses]
@@ -161,7 +161,7 @@ def _shorten(text: str, width: int) -> str:
 
 def _bare(name: str) -> str:
     """A model's name without `.gguf`, and a split model's without its part number."""
-    from specli.registry import SPLIT_GGUF
+    from specli.models.registry import SPLIT_GGUF
 
     match = SPLIT_GGUF.match(name)
     if match:

@@ -17,10 +17,10 @@ import httpx2
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from specli.errors import HubError, ModelFileError
-from specli.hub.cache import cached_parts, cached_repo_files
-from specli.hub.download import _hub_errors, hub_endpoint, hub_offline, resolve_model
-from specli.hub.repo import RepoFiles, choose_model, list_repo, missing_file
-from specli.registry import ModelRef, Part, split_parts
+from specli.models.hub.cache import cached_parts, cached_repo_files
+from specli.models.hub.download import _hub_errors, hub_endpoint, hub_offline, resolve_model
+from specli.models.hub.repo import RepoFiles, choose_model, list_repo, missing_file
+from specli.models.registry import ModelRef, Part, split_parts
 
 _REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
 _FILE_REFERENCE = re.compile(rf"^(?P<repo>{_REPO})/(?P<file>[^:]+\.gguf)$", re.IGNORECASE)

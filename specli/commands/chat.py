@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from specli.engine import DraftTokens, GenerationOptions
+from specli.decode.engine import DraftTokens, GenerationOptions
 from specli.errors import PromptError
 from specli.prompt import chat_tokens
 from specli.render import TextRenderer, notifier, use_colour
-from specli.runner import EXIT_OK, Output
+from specli.commands.runner import EXIT_OK, Output
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
 

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 from huggingface_hub import HfApi
 
 from specli.errors import HubError
-from specli.registry import SPLIT_GGUF
+from specli.models.registry import SPLIT_GGUF
 
 # Files in GGUF repos that are not models to run: vision projectors and importance matrices,
 # which llama.cpp's `-hf` also passes over.

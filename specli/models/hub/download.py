@@ -35,8 +35,8 @@ from huggingface_hub.errors import (
 from tqdm import tqdm
 
 from specli.errors import HubError, ModelFileError, OfflineError
-from specli.gguf_file import GGUF_MAGIC
-from specli.hub.cache import (
+from specli.llama.gguf_header import GGUF_MAGIC
+from specli.models.hub.cache import (
     cached_parts,
     discard_stale_partials,
     format_size,
@@ -46,8 +46,8 @@ from specli.hub.cache import (
     remove_entry,
     repo_cache,
 )
-from specli.hub.repo import list_repo, missing_file
-from specli.registry import ModelRef, Pair
+from specli.models.hub.repo import list_repo, missing_file
+from specli.models.registry import ModelRef, Pair
 
 Draft = Literal["ngram"]
 
@@ -78,7 +78,7 @@ def resolve_model(ref: ModelRef, *, download: bool = True, pair_name: str | None
     if ref.path is not None:
         return _checked_local(ref.path)
     if ref.package is not None:
-        from specli.demo import embedded_model_path
+        from specli.models.demo import embedded_model_path
 
         return embedded_model_path()
     cached = cached_parts(ref)

@@ -23,7 +23,7 @@ import math
 import time
 from typing import Callable, Protocol
 
-from specli.proposers import DraftModelProposer, Proposal
+from specli.decode.proposers import DraftModelProposer, Proposal
 
 # Text to price translating with (cost_per_target_token): prose, digits, code, accents, CJK.
 SAMPLE = ("The quick brown fox jumps over the lazy dog; 1234567890 and 3.14159. "

@@ -293,7 +293,7 @@ def shipped_registry_file() -> Path:
     packaged = resources.files("specli").joinpath(REGISTRY_FILE)
     if packaged.is_file():
         return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / REGISTRY_FILE
+    return Path(__file__).resolve().parents[2] / REGISTRY_FILE
 
 
 def user_registry_file() -> Path:

@@ -19,7 +19,7 @@ from typing import Optional
 from filelock import FileLock, Timeout
 from huggingface_hub import constants, try_to_load_from_cache
 
-from specli.registry import ModelRef, Pair, Registry
+from specli.models.registry import ModelRef, Pair, Registry
 
 
 def hub_cache_dir() -> Path:
@@ -172,7 +172,7 @@ def _model_status(role: str, ref: ModelRef) -> ModelStatus:
         file = CachedFile(ref.path.name, ref.path if present else None, ref.path.stat().st_size if present else None)
         return ModelStatus(role, ref, [file], present)
     if ref.package is not None:
-        from specli.demo import embedded_model
+        from specli.models.demo import embedded_model
 
         installed = _package_installed(ref.package)
         embedded = embedded_model() if installed else None

@@ -6,7 +6,7 @@ Files live in the standard Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`), so ot
 reports and removes what is on disk.
 """
 
-from specli.hub.cache import (  # noqa: F401 (the package's interface)
+from specli.models.hub.cache import (  # noqa: F401 (the package's interface)
     PairStatus,
     Removal,
     format_size,
@@ -16,6 +16,6 @@ from specli.hub.cache import (  # noqa: F401 (the package's interface)
     plan_removal,
     remove_files,
 )
-from specli.hub.check import CheckReport, check_pairs  # noqa: F401
-from specli.hub.download import PullPlan, plan_pull, pull_pair, resolve_model, resolve_pair  # noqa: F401
-from specli.hub.refs import parse_reference, resolve_reference  # noqa: F401
+from specli.models.hub.check import CheckReport, check_pairs  # noqa: F401
+from specli.models.hub.download import PullPlan, plan_pull, pull_pair, resolve_model, resolve_pair  # noqa: F401
+from specli.models.hub.refs import parse_reference, resolve_reference  # noqa: F401
