@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Optional
 
 from filelock import FileLock, Timeout
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import CachedRepoInfo, constants, scan_cache_dir, try_to_load_from_cache
+from huggingface_hub.errors import CacheNotFound
 
 from specli.models.registry import ModelRef, Pair, Registry
 
@@ -66,13 +67,23 @@ def cached_parts(ref: ModelRef) -> list[Path | None]:
     return found
 
 
+def cached_repo(repo: str) -> CachedRepoInfo | None:
+    """What the cache holds of a model repo, as huggingface_hub's cache scan reads it (every
+    cached revision and its files); None when it holds nothing of it."""
+    try:
+        info = scan_cache_dir(hub_cache_dir())
+    except CacheNotFound:
+        return None
+    return next((found for found in info.repos if found.repo_id == repo and found.repo_type == "model"), None)
+
+
 def cached_repo_files(repo: str) -> list[str]:
     """The files of the repo's cached snapshot of `main`, as paths in the repo."""
-    ref = repo_cache(repo) / "refs" / "main"
-    snapshot = repo_cache(repo) / "snapshots" / (ref.read_text().strip() if ref.is_file() else "")
-    if not ref.is_file() or not snapshot.is_dir():
+    found = cached_repo(repo)
+    main = next((revision for revision in found.revisions if "main" in revision.refs), None) if found else None
+    if main is None:
         return []
-    return sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file())
+    return sorted(file.file_path.relative_to(main.snapshot_path).as_posix() for file in main.files)
 
 
 # --- unfinished downloads -----------------------------------------------------------------------
@@ -266,7 +277,9 @@ def _repo_folder_of(entry: Path) -> Path:
 
 
 def _snapshot_entries(repo: str, filename: str) -> list[Path]:
-    """The file in every cached revision of the repo."""
+    """The file in every cached revision of the repo. (huggingface_hub's cache scan deletes
+    whole revisions and skips a repo with a broken link; `rm` takes one pair's files out of
+    each revision, and out of a damaged cache too.)"""
     snapshots = repo_cache(repo) / "snapshots"
     if not snapshots.is_dir():
         return []
