@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from specli.llama.backend import LoadSettings, Model
     from specli.bench import load_workloads
+    from specli.llama.backend import LoadSettings, Model
     from specli.prompt import prompt_tokens
 
     batches = tuple(int(b) for b in args.batches.split(","))

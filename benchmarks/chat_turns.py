@@ -13,12 +13,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from specli.llama.backend import LoadSettings
-from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions
-from specli.prompt import chat_tokens
+from specli.decode.engine import Engine
+from specli.decode.events import Finished
+from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.llama.backend import LoadSettings
+from specli.prompt import chat_tokens
 from specli.session import SessionSpec, open_session
 
 FIRST = "Write a short paragraph about lighthouses and the people who kept them."
@@ -27,9 +31,11 @@ SECOND = "Now summarise that paragraph in one sentence."
 
 def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[float, int, float, int]:
     load = LoadSettings(ctx_size=2048, threads=threads)
-    with open_session(SessionSpec(target, draft, load, load)) as session:
-        options = GenerationOptions(max_tokens=96)
-        engine = session.engine(session.draft_policy("auto"), options)
+    model = None if draft in (DraftKind.NGRAM.value, DraftKind.NONE.value) else Path(draft)
+    kind = DraftKind.MODEL if model is not None else DraftKind(draft)
+    with open_session(SessionSpec(target, model, load, load)) as session:
+        request = GenerationRequest(max_tokens=96, draft=kind)
+        engine = session.engine_for(request)
         messages = [{"role": "user", "content": FIRST}]
         prompt = chat_tokens(session.target, messages)
         reply = [e for e in engine.generate(prompt)]
@@ -38,13 +44,13 @@ def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[
         text = "".join(getattr(e, "text", "") for e in reply)
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": SECOND}]
         prompt = chat_tokens(session.target, messages)
-        kept = _first_token(engine, prompt)
-        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(1)), prompt)
+        kept = _first_token(session.engine_for(replace(request, max_tokens=1)), prompt)
+        # An engine of its own keeps no record of what the target's cache holds: it decodes it all.
+        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(1)), prompt)
     return kept[0], kept[1], fresh[0], fresh[1]
 
 
 def _first_token(engine: Engine, prompt: list[int]) -> tuple[float, int]:
-    engine.options = GenerationOptions(max_tokens=1)
     for event in engine.generate(prompt):
         if isinstance(event, Finished):
             stats = event.stats

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from specli.decode.adaptive import MAX_DRAFT
-from specli.llama.backend import LoadSettings
 from specli.decode.costs import calibrate
+from specli.llama.backend import LoadSettings
 from specli.session import SessionSpec, open_session
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     load = LoadSettings(threads=args.threads, repack=not args.no_repack)
-    with open_session(SessionSpec(args.model, "none", target_load=load)) as session:
+    with open_session(SessionSpec(args.model, target_load=load)) as session:
         target = session.target
         token = target.bos if target.bos >= 0 else 0
         sizes = tuple(range(1, MAX_DRAFT + 2))

@@ -7,7 +7,7 @@ draft token is kept when the two draws agree. Rejection sampling (Leviathan et a
 keeps a token drawn from q with probability min(1, p/q), which keeps the first draft token
 with probability sum_x min(p(x), q(x)), the best any coupling can do. This script walks a
 sampled output of the target and, at every position, prints both chances for that
-position's p and q: the figure behind specli's choice of sampler (benchmarks/README.md).
+position's p and q: the figure behind specli's choice of sampler (benchmarks/README.md, "Keyed sampling against rejection sampling").
 
     python benchmarks/coupling.py TARGET.gguf DRAFT.gguf -p "The quick brown fox" -n 64
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.llama.backend import LoadSettings, Model
 from specli.decode.sampling import SamplingSettings, keyed_choice, warp
+from specli.llama.backend import LoadSettings, Model
 
 
 def acceptance(target: Path, draft: Path, prompt: str, tokens: int, settings: SamplingSettings, keys: int,

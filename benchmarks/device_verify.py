@@ -1,5 +1,5 @@
 """Greedy verification on the host against verification on llama.cpp's device (backend
-sampling, `GenerationOptions.verify_on_device`): tok/s and read_us_per_row, on one loaded
+sampling, `GenerationRequest.verify_on_device`): tok/s and read_us_per_row, on one loaded
 target, the two paths alternating run by run.
 
 Every round runs each workload and each configuration (plain decoding, n-gram lookup at
@@ -22,18 +22,22 @@ import sys
 import time
 from pathlib import Path
 
-from specli.llama.backend import LoadSettings, Model
 from specli.bench import load_workloads
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, Token
+from specli.decode.engine import Engine
+from specli.decode.events import Stats, Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import NoProposer
+from specli.decode.request import GenerationRequest
+from specli.llama.backend import LoadSettings, Model
 from specli.prompt import prompt_tokens
-from specli.decode.proposers import NGramProposer, NoProposer
 
 PATHS = ("host", "device")
 
 
 def run_once(target: Model, tokens: list[int], k: int, max_tokens: int, on_device: bool) -> tuple[list[int], Stats]:
     proposer = NoProposer() if k == 0 else NGramProposer()
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens, verify_on_device=on_device))
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens), verify_on_device=on_device)
     output = []
     for event in engine.generate(tokens):
         if isinstance(event, Token) and event.id >= 0:

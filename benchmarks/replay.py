@@ -67,8 +67,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from benchmarks.native_table import load_rows, prompt_set  # noqa: E402
 from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy  # noqa: E402
 from specli.decode.costs import CALIBRATION_SIZES, StepCosts  # noqa: E402
-from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, StepRecord  # noqa: E402
-from specli.decode.proposers import NGramProposer  # noqa: E402
+from specli.decode.engine import Engine  # noqa: E402
+from specli.decode.events import Finished, StepRecord  # noqa: E402
+from specli.decode.ngram import NGramProposer  # noqa: E402
+from specli.decode.policy import FixedDraftPolicy  # noqa: E402
+from specli.decode.request import DraftKind, GenerationRequest  # noqa: E402
 
 LOOP_SECONDS = 0.0003  # Python's share of a step, measured by `specli bench` (0.15-0.5 ms)
 ROW_SECONDS = 0.000045  # reading one verified logits row (262k vocabulary, 2-core CPU)
@@ -227,7 +230,7 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
         draft_length = AdaptiveDraftPolicy(calibrated, prior=proposer.prior)
     else:
         draft_length = FixedDraftPolicy(LLAMA_M if policy == "ngram-simple" else int(policy))
-    engine = Engine(target, proposer, draft_length, GenerationOptions(max_tokens=case.max_tokens))
+    engine = Engine(target, proposer, draft_length, GenerationRequest(max_tokens=case.max_tokens))
     rng = random.Random(seed)
     seconds, steps = 0.0, []
     finished = None
@@ -343,18 +346,18 @@ def copy_bound(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 
 def record(model: Path, prompt_files: list[Path | None], repeats: int, max_tokens: int | None = None) -> dict:
     from specli.bench import load_workloads
-    from specli.decode.engine import FixedDraftPolicy, GenerationOptions, Token
+    from specli.decode.events import Token
     from specli.prompt import prompt_tokens
     from specli.session import SessionSpec, open_session
 
     cases = []
-    with open_session(SessionSpec(model, "none")) as session:
+    with open_session(SessionSpec(model)) as session:
         target = session.target
         for prompt_file in prompt_files:
             for workload in load_workloads(prompt_file):
                 prompt = prompt_tokens(target, workload.prompt, chat=workload.chat)
                 budget = max_tokens or workload.max_tokens
-                engine = session.engine(FixedDraftPolicy(0), GenerationOptions(max_tokens=budget))
+                engine = session.engine_for(GenerationRequest(max_tokens=budget, draft=DraftKind.NONE))
                 output = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
                                   max_tokens=budget))

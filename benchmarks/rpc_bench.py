@@ -84,8 +84,11 @@ TRIPS = """
 import json, sys, time
 from specli.llama import rpc
 from specli.llama.backend import LoadSettings, Model
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions
-from specli.decode.proposers import NGramProposer, NoProposer
+from specli.decode.engine import Engine
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.request import GenerationRequest
+from specli.decode.ngram import NGramProposer
+from specli.decode.proposers import NoProposer
 
 path, endpoints, draft, stats_files = sys.argv[1], tuple(sys.argv[2].split(",")), int(sys.argv[3]), sys.argv[4:]
 prompt = "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,"
@@ -102,7 +105,7 @@ with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
         model.rewind(0)
         before = trips()
         engine = Engine(model, NGramProposer() if draft else NoProposer(), FixedDraftPolicy(draft),
-                        GenerationOptions(max_tokens=64))
+                        GenerationRequest(max_tokens=64))
         for event in engine.generate(tokens):
             pass
         counts.append((trips() - before) / (engine.stats.steps + 1))  # and the prompt's decode

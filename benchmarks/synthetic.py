@@ -47,9 +47,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 import gguf
+import numpy as np
 from gguf import GGUFValueType
 
 VOCAB_ENV = "SPECLI_SYNTHETIC_VOCAB"

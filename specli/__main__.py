@@ -1,3 +1,3 @@
-from specli.commands.app import main
+from specli.commands.cli import main
 
 main()

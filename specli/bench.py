@@ -20,26 +20,28 @@ import time
 from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 
+from specli.decode.events import Stats, StepRecord, Token
+from specli.decode.request import AUTO, DraftKind, DraftTokens, GenerationRequest
+from specli.decode.sampling import top_two_margin
+from specli.errors import ConfigError
 from specli.llama.backend import library_versions
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
-from specli.errors import ConfigError, UsageError
 from specli.prompt import prompt_tokens
-from specli.decode.proposers import NoProposer, translates
-from specli.decode.sampling import SamplingSettings, top_two_margin
 from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
 from specli.stream import stream
 
 PLAIN = "plain"
-AUTO = "auto"
+
+Config = Union[DraftTokens, str]  # a draft length, or PLAIN
 
 
-def benchmark(spec: SessionSpec, workloads: list[Workload], configs: list[str | int], runs: int,
-            max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Load the models, run every configuration on every workload; the report as a dict."""
+def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Workload], configs: list[DraftTokens],
+              runs: int, max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Load the models, run every configuration (plain, and `request` at each draft length in
+    `configs`) on every workload; the report as a dict."""
     if max_tokens:
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
     exact_sizes = exact_batch_sizes(spec, progress)
@@ -48,13 +50,14 @@ def benchmark(spec: SessionSpec, workloads: list[Workload], configs: list[str | 
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
             session.calibrate()
-        report = run_bench(session, workloads, configs, runs, spec.sampling, progress)
+        report = run_bench(session, request, workloads, configs, runs, progress)
         # Where the verified rows' argmax was taken: the device only for greedy runs without a penalty.
-        on_device = spec.verify_on_device and spec.sampling.pure_greedy
-        report.update(exact=spec.exact, repack=session.spec.target_load.repack, verify_on_device=on_device,
+        on_device = spec.verify_on_device and request.sampling.pure_greedy
+        report.update(exact=request.exact, repack=session.spec.target_load.repack, verify_on_device=on_device,
                       exact_batch={"repack": exact_sizes[True], "no_repack": exact_sizes[False]})
-    report.update(target=spec.target.name, draft=str(getattr(spec.draft, "name", spec.draft)),
-                  temperature=spec.sampling.temperature, seed=spec.seed, llama_cpp=library_versions())
+    draft = spec.draft_model.name if spec.draft_model is not None else request.draft.value
+    report.update(target=spec.target.name, draft=draft, temperature=request.sampling.temperature, seed=request.seed,
+                  llama_cpp=library_versions())
     return report
 
 
@@ -106,25 +109,6 @@ def load_workloads(path: Path | None = None) -> list[Workload]:
     if not workloads:
         raise ConfigError(f"{path}: no [[workload]] entries")
     return workloads
-
-
-def parse_configs(text: str) -> list[str | int]:
-    """'auto,2,4,8' -> ['auto', 2, 4, 8]; plain decoding is always added as the baseline."""
-    configs: list[str | int] = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part == AUTO:
-            configs.append(AUTO)
-            continue
-        try:
-            k = int(part)
-        except ValueError:
-            raise UsageError(f"-k: {part!r} is not a number or 'auto'") from None
-        if k < 1:
-            raise UsageError(f"-k: {k} must be at least 1 (plain decoding is always measured)")
-        configs.append(k)
-    if not configs:
-        raise UsageError("-k: give at least one value, e.g. auto,4,8")
-    return configs
 
 
 @dataclass
@@ -185,22 +169,17 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else {}
 
 
-def _label(config: str | int) -> str:
+def _label(config: Config) -> str:
     return config if isinstance(config, str) else f"k={config}"
 
 
-def run_bench(
-    session: Session,
-    workloads: list[Workload],
-    configs: list[str | int],
-    runs: int,
-    sampling: SamplingSettings = SamplingSettings(),
-    progress: Callable[[str], None] | None = None,
-) -> dict:
+def run_bench(session: Session, request: GenerationRequest, workloads: list[Workload], configs: list[DraftTokens],
+              runs: int, progress: Callable[[str], None] | None = None) -> dict:
     """Measure every configuration on every workload; returns the report as a dict."""
-    all_configs: list[str | int] = [PLAIN] + [c for c in configs if c != PLAIN]
-    report: dict = {"proposer": session.proposer.name, "translated": translates(session.proposer), "runs": runs,
-                    "workloads": []}
+    all_configs: list[Config] = [PLAIN, *configs]
+    sampling = request.sampling
+    report: dict = {"proposer": session.engine_for(request).proposer.name, "translated": session.translated,
+                    "runs": runs, "workloads": []}
     for workload in workloads:
         tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
         results = {_label(c): Measurement() for c in all_configs}
@@ -211,7 +190,7 @@ def run_bench(
             round_output: dict[str, list[int]] = {}
             round_times: dict[str, list[float]] = {}
             for config in order:
-                output, times, stats = _generate(session, config, tokens, workload.max_tokens, sampling)
+                output, times, stats = _generate(session, request, config, tokens, workload.max_tokens)
                 round_speed[_label(config)] = stats.tokens_per_second
                 round_output[_label(config)] = output
                 round_times[_label(config)] = times
@@ -320,14 +299,14 @@ class _ReleaseTimes:
         pass
 
 
-def _generate(session: Session, config: str | int, tokens: list[int], max_tokens: int,
-              sampling: SamplingSettings) -> tuple[list[int], list[float], Stats]:
+def _generate(session: Session, request: GenerationRequest, config: Config, tokens: list[int],
+              max_tokens: int) -> tuple[list[int], list[float], Stats]:
     """The output, when each of its tokens was released (seconds after the first), and the stats."""
-    options = GenerationOptions(max_tokens=max_tokens, sampling=sampling, verify_on_device=session.spec.verify_on_device)
     if config == PLAIN:
-        engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), options, session.seed)
+        request = replace(request, draft=DraftKind.NONE, max_tokens=max_tokens)
     else:
-        engine = session.engine(session.draft_policy(AUTO if config == AUTO else int(config)), options)
+        request = replace(request, draft_tokens=config, max_tokens=max_tokens)
+    engine = session.engine_for(request)
     times = _ReleaseTimes()
     outcome = stream(engine, tokens, times)
     return outcome.tokens, [t - times.released[0] for t in times.released], outcome.stats

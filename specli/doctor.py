@@ -230,8 +230,8 @@ def check_storage() -> Storage:
 
 
 def check_registry() -> RegistryState:
-    from specli.models import hub
     from specli.errors import SpecliError
+    from specli.models import hub
     from specli.models.registry import load_registry
 
     try:

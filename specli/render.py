@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import IO, Callable
 
-from specli.decode.engine import Stats, StepRecord, Token
+from specli.decode.events import Stats, StepRecord, Token
+from specli.decode.proposers import NoProposer
 
 DRAFT_COLOUR = "\x1b[32m"  # green: drafted and accepted by the target
 TARGET_COLOUR = "\x1b[33m"  # yellow: written by the target itself
 RESET = "\x1b[0m"
 DIM = "\x1b[2m"
+
+
+@dataclass(frozen=True)
+class Output:
+    """How a run shows its result: --color, --json, -q."""
+
+    colour: str = "auto"  # auto | always | never
+    json: bool = False
+    quiet: bool = False
 
 
 def use_colour(mode: str, stream: IO[str]) -> bool:
@@ -127,7 +138,7 @@ def format_stats(stats: Stats) -> str:
         f"{stats.tokens} tokens, {rate}",
         f"prefill {_prefill(stats)} in {stats.prefill_seconds:.2f}s, decode {stats.seconds:.2f}s",
     ]
-    if stats.proposer != "none":
+    if stats.proposer != NoProposer.name:
         parts.append(
             f"{stats.proposer}{' through text' if stats.translated else ''}: drafted {stats.drafted}, accepted {stats.accepted} "
             f"({100 * stats.acceptance_rate:.1f}%), {stats.mean_accepted_length:.2f} accepted per step"

@@ -1,75 +1,129 @@
-"""Wiring: load the target and the draft, check they fit together."""
+"""A loaded pair and what it costs; and `engine_for`, the one place a generation is built.
+
+The session holds load-time facts only: the target, a draft model (with its KV cache),
+whether it drafts through text, the exact verify batch, the stored costs, and what the
+target's KV cache holds. A GenerationRequest says everything else; `engine_for` turns it
+into the proposer, the draft-length policy and the engine that run it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Literal, Union
+from typing import Callable
 
 import numpy as np
 
-from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
-from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
-from specli.decode.costs import (CALIBRATION_SIZES, FIRST_RUN_SIZES, PRIOR_LOOP, CostSource, CostStore, StepCosts, VerifyCurve,
-                          calibrate, draft_key, exact_key, prior_costs, settings_key)
 from specli.config import cache_dir
-from specli.llama.devices import compute_fingerprint
-from specli.errors import VocabMismatchError
-from specli.decode.engine import DraftPolicy, DraftTokens, Engine, FixedDraftPolicy, GenerationOptions
+from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
+from specli.decode.costs import (
+    CALIBRATION_SIZES,
+    FIRST_RUN_SIZES,
+    PRIOR_LOOP,
+    CostSource,
+    CostStore,
+    StepCosts,
+    VerifyCurve,
+    calibrate,
+    prior_costs,
+)
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine, TargetCache
 from specli.decode.exact import exact_batch_size
-from specli.decode.proposers import (DraftModelProposer, LookupThenModel, NGramProposer, NoProposer, Proposer, draft_model_of,
-                              translates)
-from specli.decode.sampling import SamplingSettings
+from specli.decode.ngram import NGramProposer, TokenIndex
+from specli.decode.policy import DraftPolicy, FixedDraftPolicy
+from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
+from specli.decode.request import AUTO, DraftKind, GenerationRequest
 from specli.decode.translate import TranslatedDraft, cost_per_target_token
+from specli.errors import UsageError, VocabMismatchError
+from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
+from specli.llama.devices import compute_fingerprint
 from specli.llama.vocab import check_vocab_compatible
 
-DraftSpec = Union[Path, Literal["ngram", "none"]]
 CATCH_UP_BATCH = 16  # a draft model's catch-up is priced per token of a batch this long
 
 
 @dataclass(frozen=True)
 class SessionSpec:
+    """What to load, and how."""
+
     target: Path
-    draft: DraftSpec = "ngram"
+    draft_model: Path | None = None
     target_load: LoadSettings = LoadSettings()
     draft_load: LoadSettings = LoadSettings()
-    sampling: SamplingSettings = SamplingSettings()
-    seed: int | None = None
-    draft_min_p: float = 0.0
-    exact: bool = False  # cap verify batches at the size that gives plain decoding's logits bit for bit
-    verify_on_device: bool = False  # GenerationOptions.verify_on_device for the session's generations
+    # Load for exact decoding: measure (or read) which verify batches give one-token logits
+    # bit for bit, with repacking on and off, and load with the setting that allows more.
+    exact: bool = False
+    # Greedy runs without a repetition penalty verify on the device (Engine's verify_on_device).
+    verify_on_device: bool = False
     verbose: bool = False
-    draft_lookup: bool = True  # with a draft model: n-gram lookup in front of it (--no-ngram: off)
 
 
-@dataclass
 class Session:
-    """A loaded target and proposer, reusable across generations."""
+    """A loaded target, and a draft model where one was asked for, reusable across generations."""
 
-    spec: SessionSpec
-    target: Model
-    proposer: Proposer
-    seed: int = 0
-    exact_batch: int | None = None  # with spec.exact: the largest verify batch that is bit-identical
-    _cost_store: CostStore | None = field(default=None, repr=False)
+    def __init__(self, spec: SessionSpec, target: Model, draft: DraftModel | None = None, *, translated: bool = False,
+                 exact_batch: int | None = None) -> None:
+        self.spec = spec
+        self.target = target
+        self.draft = draft
+        self.translated = translated  # the draft model's vocabulary is not the target's: it drafts through text
+        self._exact_batch = exact_batch
+        self._cache = TargetCache()  # what the target's KV cache holds, across generations
+        self._cost_store: CostStore | None = None
 
-    def engine(self, policy: DraftPolicy, options: GenerationOptions) -> Engine:
-        return Engine(self.target, self.proposer, policy, options, self.seed)
+    @property
+    def exact_batch(self) -> int | None:
+        """The largest verify batch that gives one-token logits bit for bit, if measured."""
+        return self._exact_batch
 
-    def draft_policy(self, draft_tokens: DraftTokens, *, proposer: Proposer | None = None,
-                     costs: StepCosts | None = None, most: int | None = None) -> DraftPolicy:
-        """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with `costs` (by
-        default the stored costs, or the prior until some are stored). Never more than `most`,
-        by default what an --exact batch allows. `proposer`: the one the engine will use, if
-        not the session's."""
-        proposer = proposer or self.proposer
-        if most is None:
-            most = MAX_DRAFT if self.exact_batch is None else self.exact_batch - 1
-        if proposer.name == "none":
+    def exact_batch_size(self) -> int:
+        """The exact verify batch for the loaded repacking setting: measured at load with
+        spec.exact, else now (once per model and settings, then stored)."""
+        if self._exact_batch is None:
+            self._exact_batch = exact_batch_sizes(self.spec)[self.spec.target_load.repack]
+        return self._exact_batch
+
+    def engine_for(self, request: GenerationRequest, *, memory: TokenIndex | None = None) -> Engine:
+        """The engine that runs `request` on the loaded models: its proposer and draft-length
+        policy are built here and nowhere else. `memory`: recent outputs for lookup to search
+        (the server's). What the target's and the draft model's caches hold is kept across
+        engines, so a request that shares a prefix with the one before decodes only the rest."""
+        request = request.seeded()
+        proposer = self._proposer(request, memory)
+        policy = self._policy(request, proposer)
+        return Engine(self.target, proposer, policy, request, cache=self._cache,
+                      verify_on_device=self.spec.verify_on_device)
+
+    def drafts_plainly(self, request: GenerationRequest) -> bool:
+        """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
+        return request.exact and request.drafts and self.exact_batch_size() == 1
+
+    def _proposer(self, request: GenerationRequest, memory: TokenIndex | None) -> Proposer:
+        if not request.drafts or self.drafts_plainly(request):
+            return NoProposer()
+        prediction = self.target.tokenize(request.prediction, add_special=False) if request.prediction else []
+        lookup = NGramProposer(references=[memory] if memory is not None else [], prediction=prediction)
+        if request.draft is DraftKind.NGRAM:
+            return lookup
+        if self.draft is None:
+            raise UsageError("draft 'model': no draft model is loaded", "load one with --draft MODEL")
+        model: Proposer = DraftModelProposer(self.draft, request.sampling, request.seed or 0, request.draft_min_p,
+                                             keyed=not self.translated)
+        if self.translated:
+            model = TranslatedDraft(self.target, model)  # type: ignore[arg-type]
+        # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
+        return LookupThenModel(lookup, model) if request.lookup or prediction else model
+
+    def _policy(self, request: GenerationRequest, proposer: Proposer) -> DraftPolicy:
+        """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
+        costs. Never longer than an --exact batch allows."""
+        if isinstance(proposer, NoProposer):
             return FixedDraftPolicy(0)
-        if draft_tokens == "auto":
-            return AdaptiveDraftPolicy(costs or self.costs(), prior=proposer.prior, draft_tokens=most)
-        return FixedDraftPolicy(min(draft_tokens, most))
+        max_draft = self.exact_batch_size() - 1 if request.exact else MAX_DRAFT
+        if request.draft_tokens == AUTO:
+            return AdaptiveDraftPolicy(self.costs(), prior=proposer.prior, max_draft=max_draft)
+        return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
     def costs(self, *, measure: bool = True) -> StepCosts:
         """This target's stored costs; where none are stored, a quick calibration made now and
@@ -82,8 +136,10 @@ class Session:
             return self.calibrate(FIRST_RUN_SIZES, repeats=1, source="first run")
         if stored is None:
             return self._prior()
+        if self.draft is None:
+            return stored
         measured = self._draft_measurements()
-        if measured is None and measure and draft_model_of(self.proposer) is not None:
+        if measured is None and measure:
             self._calibrate_draft()  # the target's costs are stored, this draft's not yet
             measured = self._draft_measurements()
         if measured is not None:
@@ -101,7 +157,7 @@ class Session:
         if not all(isinstance(value, (int, float)) for value in (seconds, catch_up)):
             return None
         if not isinstance(acceptance, (int, float)):
-            if not translates(self.proposer):
+            if not self.translated:
                 return None
             acceptance = None
         return float(seconds), float(catch_up), None if acceptance is None else float(acceptance)
@@ -123,7 +179,7 @@ class Session:
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
         costs = StepCosts(verify, 0.0, loop, source)
         self._store().put_costs(self._costs_key(), costs)
-        if draft_model_of(self.proposer) is not None:
+        if self.draft is not None:
             self._calibrate_draft()
         return self.costs(measure=False)
 
@@ -133,14 +189,13 @@ class Session:
         target's decodes cross a network (--rpc). Through text, a drafted token is priced per
         target token, with the round trip through both tokenizers; its catch-up stays per draft
         token, as Proposer.behind counts the draft's own tokens."""
-        drafter = draft_model_of(self.proposer)
-        assert drafter is not None
-        drafter.forget()
-        draft = drafter.model
+        assert self.draft is not None
+        self.draft.forget()
+        draft = self.draft.model
         token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
         timed = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1, CATCH_UP_BATCH), repeats=5)
         seconds, catch_up = timed[1], timed[CATCH_UP_BATCH] / CATCH_UP_BATCH
-        if translates(self.proposer):
+        if self.translated:
             seconds = cost_per_target_token(self.target, draft, seconds)
         else:  # the same tokens mean the same to both: how often their greedy choices agree
             self._store().put(self._draft_key() + "|acceptance", greedy_agreement(self.target, draft))
@@ -157,16 +212,18 @@ class Session:
         return settings_key(self.target.path, self.spec.target_load, build_key())
 
     def _draft_key(self) -> str:
-        return draft_key(self._costs_key(), self.spec.draft, self.spec.draft_load)
+        assert self.spec.draft_model is not None
+        return draft_key(self._costs_key(), self.spec.draft_model, self.spec.draft_load)
 
     def _draft_size_ratio(self) -> float:
-        draft = self.spec.draft
-        if not isinstance(draft, Path):
+        draft = self.spec.draft_model
+        if draft is None or self.draft is None:
             return 0.0
         return draft.stat().st_size / max(1, self.target.path.stat().st_size)
 
     def close(self) -> None:
-        self.proposer.close()
+        if self.draft is not None:
+            self.draft.close()
         self.target.close()
 
     def __enter__(self) -> Session:
@@ -182,22 +239,23 @@ def build_key() -> str:
 
 
 def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> Session:
-    """Load the target and the proposer. With spec.exact, first find (or read) the exact verify
-    batch size with repacking on and off, and load with the setting that allows the larger;
-    `notice` hears of a measurement before it starts."""
+    """Load the target and the draft model. With spec.exact, first find (or read) the exact
+    verify batch size with repacking on and off, and load with the setting that allows the
+    larger (where no batch above one row is exact, no draft model is loaded: nothing can be
+    drafted); `notice` hears of a measurement before it starts, and of a draft that drafts
+    through text."""
     exact_batch = None
     if spec.exact:
         spec, exact_batch = _exact_settings(spec, notice)
-    # One seed keys every sampled token (the draft's and the target's) by its position, so
-    # a --seed run repeats exactly, whatever the draft lengths.
-    seed = spec.seed if spec.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
     target = Model(spec.target, spec.target_load, verbose=spec.verbose)
     try:
-        proposer = NoProposer() if exact_batch == 1 else _open_proposer(spec, target, seed, notice)
+        if spec.draft_model is None or exact_batch == 1:
+            return Session(spec, target, exact_batch=exact_batch)
+        draft, translated = _open_draft(spec, target, notice)
     except BaseException:
         target.close()
         raise
-    return Session(spec, target, proposer, seed, exact_batch)
+    return Session(spec, target, draft, translated=translated, exact_batch=exact_batch)
 
 
 # A sample for a draft model's agreement with its target: prose, a list, code, numbers.
@@ -258,23 +316,49 @@ def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> 
     return spec, sizes[repack]
 
 
-def _open_proposer(spec: SessionSpec, target: Model, seed: int,
-                   notice: Callable[[str], None] | None = None) -> Proposer:
-    if spec.draft == "none":
-        return NoProposer()
-    if spec.draft == "ngram":
-        return NGramProposer()
-    draft = Model(spec.draft, spec.draft_load, verbose=spec.verbose)
-    model: Proposer = DraftModelProposer(draft, spec.sampling, seed, spec.draft_min_p)
+def _open_draft(spec: SessionSpec, target: Model, notice: Callable[[str], None] | None) -> tuple[DraftModel, bool]:
+    """The draft model, and whether it drafts through text (its vocabulary fails llama.cpp's rule)."""
+    assert spec.draft_model is not None
+    draft = Model(spec.draft_model, spec.draft_load, verbose=spec.verbose)
     try:
-        try:
-            check_vocab_compatible(target, draft)
-        except VocabMismatchError as refused:
-            # Its tokens mean nothing to the target: it drafts through text instead.
-            if notice is not None:
-                notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
-            model = TranslatedDraft(target, model)
+        check_vocab_compatible(target, draft)
+        return DraftModel(draft), False
+    except VocabMismatchError as refused:
+        # Its tokens mean nothing to the target: it drafts through text instead.
+        if notice is not None:
+            notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
+        return DraftModel(draft), True
     except BaseException:
         draft.close()
         raise
-    return LookupThenModel(NGramProposer(), model) if spec.draft_lookup else model
+
+
+# --- where costs are stored ---------------------------------------------------------
+
+COSTS_VERSION = 3  # part of every key: a change in how costs are measured measures again
+
+
+def settings_key(path: Path, load: LoadSettings, build: str) -> str:
+    """Stored costs and exactness hold for this model file, its settings, this llama.cpp build
+    and devices (`build`: build_key()), and the RPC servers it runs on."""
+    info = path.stat()
+    parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
+             load.ctx_size, build, f"v{COSTS_VERSION}")
+    return "|".join(str(part) for part in parts) + _servers_key(load)
+
+
+def _servers_key(load: LoadSettings) -> str:
+    """The RPC servers a model spreads over (nothing without --rpc, so the keys stored
+    before --rpc existed still hold)."""
+    return f"|rpc:{','.join(load.rpc)}" if load.rpc else ""
+
+
+def exact_key(path: Path, load: LoadSettings, build: str) -> str:
+    """Where the exact verify batch size of a model and its settings is stored."""
+    return settings_key(path, load, build) + "|exact"
+
+
+def draft_key(target_key: str, draft: Path, load: LoadSettings) -> str:
+    """Where a draft model's cost per token is stored: with its target's key, as it runs beside it."""
+    info = draft.stat()
+    return f"{target_key}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}{_servers_key(load)}"

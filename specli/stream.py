@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from specli.decode.engine import Engine
+from specli.decode.events import Finished, Stats, StepRecord, Token
 from specli.llama import rpc
-from specli.decode.engine import Engine, Finished, Stats, StepRecord, Token
 
 
 class Sink(Protocol):

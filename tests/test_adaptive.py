@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import FakeModel, plain_greedy
 
 from specli.decode.adaptive import AdaptiveDraftPolicy
 from specli.decode.costs import CostStore, StepCosts, VerifyCurve, calibrate, prior_costs
-from specli.decode.engine import Engine, GenerationOptions, StepRecord, Token
-from specli.decode.proposers import DraftModelProposer, NGramProposer
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import StepRecord, Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 
 
@@ -64,7 +66,7 @@ def test_a_run_whose_long_drafts_fail_is_held_to_drafts_it_can_afford_to_lose():
     less what drafting has lost), so the run's loss to drafting stays within it."""
     from specli.decode.adaptive import RISK_ALLOWANCE, RISK_SHARE
 
-    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, max_draft=16)
     plain, spent, lost, drafted = 0.010, 0.0, 0.0, []
     for _ in range(200):
         k = policy.choose(12, 40, 16)
@@ -78,7 +80,7 @@ def test_a_run_whose_long_drafts_fail_is_held_to_drafts_it_can_afford_to_lose():
 
 
 def test_a_copy_that_keeps_being_accepted_earns_longer_drafts_on_a_cpu():
-    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, max_draft=16)
     chosen = []
     for _ in range(30):
         k = policy.choose(12, 40, 16)
@@ -92,11 +94,11 @@ def test_the_budget_binds_lookups_drafts_not_a_draft_models():
     """After n-gram drafts that all failed, the run's budget caps lookup's next draft below
     what its rate would choose; a draft model's length is its rate's alone (its acceptance is
     learnt from every step it drafts)."""
-    lookup = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    lookup = AdaptiveDraftPolicy(cpu_cost(), prior=lambda key, context: 0.995, max_draft=16)
     for _ in range(3):
         lookup.record(step(8, 0, key=12))  # three 8-token copies rejected at once
     assert lookup.choose(12, 40, 16) < lookup._best(12, 40, 16)[0]
-    model = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), draft_tokens=16)
+    model = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), max_draft=16)
     for _ in range(4):
         model.record(step(4, 4, key=None))  # kept
     for _ in range(4):
@@ -109,7 +111,7 @@ def test_one_early_miss_does_not_stop_a_draft_model_whose_agreement_was_measured
     rejections of evidence), the next step still drafts."""
     from dataclasses import replace
 
-    measured = AdaptiveDraftPolicy(replace(cpu_cost(draft_per_token=0.001), draft_acceptance=0.93), draft_tokens=16)
+    measured = AdaptiveDraftPolicy(replace(cpu_cost(draft_per_token=0.001), draft_acceptance=0.93), max_draft=16)
     k = measured.choose(None, 0, 16)
     assert k > 1
     measured.record(step(k, 0, key=None))
@@ -119,7 +121,7 @@ def test_one_early_miss_does_not_stop_a_draft_model_whose_agreement_was_measured
 def test_a_draft_model_that_brings_nothing_when_asked_is_asked_less():
     """Through text, a draft model's decodes may bring no target token (its text ends inside
     a character): a miss at the first token, and decodes paid for nothing."""
-    policy = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), draft_tokens=16)
+    policy = AdaptiveDraftPolicy(cpu_cost(draft_per_token=0.001), max_draft=16)
     asked = []
     for _ in range(60):
         k = policy.choose(None, 0, 16)
@@ -133,7 +135,7 @@ def test_a_continuation_that_several_occurrences_agree_on_is_trusted_after_this_
     """A list that repeats a line: this key's first drafts, on lines seen once, failed, and
     the same key proposing a line that four earlier lines all continued with is drafted (the
     one occurrence that was seen once still is not)."""
-    policy = AdaptiveDraftPolicy(cpu_cost(), prior=NGramProposer.prior, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(cpu_cost(), prior=NGramProposer.prior, max_draft=16)
     for _ in range(3):
         policy.record(step(3, 0, key=6))
     for _ in range(40):
@@ -143,7 +145,7 @@ def test_a_continuation_that_several_occurrences_agree_on_is_trusted_after_this_
 
 
 def test_on_a_gpu_curve_a_miss_costs_too_little_to_bind():
-    policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(flat_cost(), prior=lambda key, context: 0.995, max_draft=16)
     assert policy.choose(12, 40, 16) == 16
 
 
@@ -261,7 +263,7 @@ def test_verify_curve_extends_each_parity_past_the_largest_known_size():
 
 
 def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
-    policy = AdaptiveDraftPolicy(costs(paired_rows_cost), draft_tokens=16)
+    policy = AdaptiveDraftPolicy(costs(paired_rows_cost), max_draft=16)
     chosen = drive(policy, acceptance=0.9, steps=200)
     # k drafted tokens verify as k + 1 rows: an even batch, never an odd one above 1.
     assert all(k == 0 or (k + 1) % 2 == 0 for k in chosen[20:])
@@ -317,12 +319,12 @@ def test_the_prior_prices_a_gpu_batch_as_nearly_free_and_a_cpu_batch_as_dear():
 def test_auto_policy_keeps_greedy_output_identical():
     target = FakeModel(seed=0)
     draft = FakeModel(seed=0, noise_seed=1, noise=1.0)
-    proposer = DraftModelProposer(draft, SamplingSettings(), 0)
-    engine = Engine(target, proposer, AdaptiveDraftPolicy(flat_cost()), GenerationOptions(80))
+    proposer = DraftModelProposer(DraftModel(draft), SamplingSettings(), 0)
+    engine = Engine(target, proposer, AdaptiveDraftPolicy(flat_cost()), GenerationRequest(80))
     out = [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
     assert out == plain_greedy(FakeModel(seed=0), [1, 2, 3], 80)
     engine = Engine(FakeModel(seed=3, order=1), NGramProposer(), AdaptiveDraftPolicy(flat_cost(), NGramProposer.prior),
-                    GenerationOptions(80))
+                    GenerationRequest(80))
     out = [e.id for e in engine.generate([1, 2, 3, 1, 2]) if isinstance(e, Token)]
     assert out == plain_greedy(FakeModel(seed=3, order=1), [1, 2, 3, 1, 2], 80)
 

@@ -7,15 +7,16 @@ import json
 import re
 
 import pytest
-from typer.testing import CliRunner
-
 from fakes import FakeModel
 from fakes import plain_greedy as reference_greedy
-from specli.bench import Measurement, _agreement, parse_configs, plain_greedy, shared_text_speedup
-from specli.commands.app import app
-from specli.decode.engine import Stats
-from specli.errors import UsageError
+from typer.testing import CliRunner
+
+from specli.bench import Measurement, _agreement, plain_greedy, shared_text_speedup
+from specli.commands.cli import app
+from specli.decode.events import Stats
+from specli.decode.request import parse_draft_tokens_list
 from specli.decode.sampling import top_two_margin
+from specli.errors import UsageError
 
 COPY_WORKLOAD = '''
 [[workload]]
@@ -72,9 +73,9 @@ def test_a_run_that_leaves_plain_output_is_timed_on_the_text_it_shares():
 
 
 def test_configs_parse_with_plain_as_the_baseline():
-    assert parse_configs("auto,2,8") == ["auto", 2, 8]
+    assert parse_draft_tokens_list("auto,2,8") == ["auto", 2, 8]
     with pytest.raises(UsageError):
-        parse_configs("auto,0")
+        parse_draft_tokens_list("auto,0")
 
 
 @pytest.mark.slow
@@ -114,7 +115,7 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
         # Lossless up to llama.cpp's batch rounding: identical, or leaving plain only at a near-tie.
         # A fixed K gives the same batch shapes every run, and its flips fall under 0.5 logits
         # (as in test_real_models); -k auto's shapes follow the costs this machine measured,
-        # and mixed shapes were seen to flip a margin of up to 1.03 (benchmarks/README.md).
+        # and mixed shapes were seen to flip a margin of up to 1.03 (benchmarks/README.md, "Near-ties under batched verification").
         if measured["identical_to_plain"]:
             assert measured["runs_differing"] == 0
         else:

@@ -100,6 +100,66 @@ def test_sampling_is_pure_numpy_and_the_engine_never_prints():
     assert "print(" not in engine and "sys.stdout" not in engine and "sys.stderr" not in engine
 
 
+LAYERS = {  # a package, and the specli packages and modules it must never import
+    "specli.decode": ("specli.llama", "specli.models", "specli.commands", "specli.serve", "specli.session",
+                      "specli.stream", "specli.render", "specli.prompt", "specli.bench", "specli.doctor"),
+    "specli.llama": ("specli.decode", "specli.models", "specli.commands", "specli.serve", "specli.session",
+                     "specli.stream", "specli.bench", "specli.doctor"),
+    "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.bench",
+                      "specli.doctor", "specli.llama.backend"),
+    "specli.serve": ("specli.commands",),
+    "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.bench"),
+    "specli.stream": ("specli.commands", "specli.serve", "specli.session"),
+}
+
+
+def test_layers_point_one_way():
+    """The pipeline reads top down: commands and serve use session and stream, which use the
+    decoding algorithm, the llama.cpp binding and the model files; none of those looks up."""
+    graph = import_graph()
+    broken = [(module, imported) for module, imports in graph.items() for layer, banned in LAYERS.items()
+              if module == layer or module.startswith(layer + ".")
+              for imported in imports if any(imported == b or imported.startswith(b + ".") for b in banned)]
+    assert broken == []
+
+
+# Constructors of proposers and draft-length policies: Session.engine_for builds them, once.
+ASSEMBLY = {"NGramProposer", "DraftModelProposer", "LookupThenModel", "TranslatedDraft", "NoProposer",
+            "AdaptiveDraftPolicy", "FixedDraftPolicy"}
+
+
+def test_only_the_session_assembles_proposers_and_policies():
+    builders = {str(path.relative_to(SPECLI)) for path in SPECLI.rglob("*.py")
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLY}
+    assert builders == {"session.py"}
+
+
+def _names(node: ast.AST) -> list[str]:
+    return [part.id if isinstance(part, ast.Name) else part.attr for part in ast.walk(node)
+            if isinstance(part, (ast.Name, ast.Attribute))]
+
+
+def test_draft_kinds_are_compared_as_an_enum():
+    """A draft kind is parsed into DraftKind once, at the edge (the CLI's --draft, a request's
+    `draft`), and never compared as a string: no `draft == "ngram"` or `proposer.name != "none"`."""
+    from specli.decode.request import DraftKind
+
+    kinds = {kind.value for kind in DraftKind}
+    compared = [f"{path.relative_to(SPECLI)}:{node.lineno}" for path in SPECLI.rglob("*.py")
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.Compare)
+                and any(isinstance(c, ast.Constant) and c.value in kinds for c in ast.walk(node))
+                and any("draft" in name or "proposer" in name for name in _names(node))]
+    assert compared == []
+
+
+def test_the_draft_kind_check_finds_a_string_comparison(tmp_path):
+    tree = ast.parse('if spec.draft == "ngram" or proposer.name != "none": pass')
+    compare = next(node for node in ast.walk(tree) if isinstance(node, ast.Compare))
+    assert "draft" in _names(compare)
+
+
 def test_the_readme_and_doctor_suggest_the_same_gpu_installs():
     from specli.install import GPU_INSTALL
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from specli.commands.app import app
+from specli.commands.cli import app
 
 pytestmark = pytest.mark.slow
 

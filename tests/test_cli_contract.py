@@ -18,7 +18,6 @@ import sys
 import time
 
 import pytest
-
 from helpers import assert_one_line_error
 
 PROMPT = "The capital of France is"
@@ -227,7 +226,7 @@ def test_debug_mode_shows_the_traceback():
 
 from typer.testing import CliRunner  # noqa: E402
 
-from specli.commands.app import app  # noqa: E402
+from specli.commands.cli import app  # noqa: E402
 
 
 def invoke(*args: object, stdin: str | bytes | None = None):
@@ -393,7 +392,7 @@ def test_doctor_reports_a_broken_registry(monkeypatch, tmp_path):
 def test_text_ends_with_exactly_one_newline(texts, expected):
     import io
 
-    from specli.decode.engine import Stats, Token
+    from specli.decode.events import Stats, Token
     from specli.render import TextRenderer
 
     out, err = io.StringIO(), io.StringIO()

@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from specli.commands.app import app
+from specli.commands.cli import app
 from specli.prompt import read_prompt
 
 COMMANDS = ["run", "chat", "bench", "pull", "list", "rm", "doctor", "serve"]

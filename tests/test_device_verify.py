@@ -1,5 +1,5 @@
 """Greedy verification with the argmax taken on llama.cpp's device (backend sampling,
-`GenerationOptions.verify_on_device`) writes the tokens the host path writes.
+`Engine(verify_on_device=True)`) writes the tokens the host path writes.
 
 - The engine, on fakes: the device path is taken only where it is exact (greedy, no
   repetition penalty), and writes what the host path writes.
@@ -17,12 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fakes import FakeModel, plain_greedy
-from specli.llama.backend import DEVICE_CANDIDATES, LoadSettings, Model
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
+
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import NoProposer
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings, verify_greedy_tokens
+from specli.llama.backend import DEVICE_CANDIDATES, LoadSettings, Model
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 
@@ -60,8 +65,8 @@ def test_device_verification_writes_the_host_paths_tokens(proposer, k):
     for on_device in (False, True):
         target = FakeModel(seed=3, order=1)
         drafting = NGramProposer() if proposer == "ngram" else DraftModelProposer(
-            FakeModel(seed=3, order=1, noise_seed=1, noise=2.0), SamplingSettings(), 0)
-        engine = Engine(target, drafting, FixedDraftPolicy(k), GenerationOptions(60, verify_on_device=on_device))
+            DraftModel(FakeModel(seed=3, order=1, noise_seed=1, noise=2.0)), SamplingSettings(), 0)
+        engine = Engine(target, drafting, FixedDraftPolicy(k), GenerationRequest(60), verify_on_device=on_device)
         tokens, stats = tokens_of(engine, PROMPT)
         assert stats.drafted > stats.accepted > 0
         # Every target decode, the prompt's included, goes the one way.
@@ -74,10 +79,10 @@ def test_device_verification_writes_the_host_paths_tokens(proposer, k):
 def test_penalised_and_sampled_runs_keep_the_host_path(sampling):
     """A penalised row needs the draft tokens before it, and a sampled one the whole row."""
     target = FakeModel(seed=3, order=1)
-    options = GenerationOptions(40, sampling, verify_on_device=True)
-    tokens, stats = tokens_of(Engine(target, NGramProposer(), FixedDraftPolicy(4), options, seed=5), PROMPT)
+    request = GenerationRequest(40, sampling, seed=5)
+    tokens, stats = tokens_of(Engine(target, NGramProposer(), FixedDraftPolicy(4), request, verify_on_device=True), PROMPT)
     assert target.argmax_decodes == 0 and stats.steps > 0
-    host = Engine(FakeModel(seed=3, order=1), NGramProposer(), FixedDraftPolicy(4), GenerationOptions(40, sampling), seed=5)
+    host = Engine(FakeModel(seed=3, order=1), NGramProposer(), FixedDraftPolicy(4), request)
     assert tokens == tokens_of(host, PROMPT)[0]
 
 
@@ -85,9 +90,9 @@ def test_the_bench_option_reaches_the_session_spec():
     from specli.commands import options
     from specli.models.resolve import ResolvedModels
 
-    models = ResolvedModels(Path("target.gguf"), "ngram")
-    spec = options.session_spec(models, options.Hardware(verify_on_device=True), SamplingSettings())
-    assert spec.verify_on_device and not options.session_spec(models, options.Hardware(), SamplingSettings()).verify_on_device
+    models = ResolvedModels(Path("target.gguf"))
+    spec = options.session_spec(models, {"verify_on_device": True})
+    assert spec.verify_on_device and not options.session_spec(models, {}).verify_on_device
 
 
 @pytest.mark.slow
@@ -97,7 +102,7 @@ def test_bench_verifies_on_the_device_when_asked(gemma_path, tmp_path, penalty, 
 
     from typer.testing import CliRunner
 
-    from specli.commands.app import app
+    from specli.commands.cli import app
 
     workloads = tmp_path / "workloads.toml"
     workloads.write_text('[[workload]]\nname = "copy"\nmax_tokens = 16\nprompt = "red, green, blue, red, green, blue, red,"\n')
@@ -120,8 +125,8 @@ MAX_TOKENS = 40
 
 
 def generate(target, proposer, k: int, on_device: bool, prompt: str):
-    options = GenerationOptions(MAX_TOKENS, verify_on_device=on_device)
-    return tokens_of(Engine(target, proposer, FixedDraftPolicy(k), options), target.tokenize(prompt))
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(MAX_TOKENS), verify_on_device=on_device)
+    return tokens_of(engine, target.tokenize(prompt))
 
 
 @pytest.fixture(scope="module", params=["gemma", "smollm"])
@@ -178,7 +183,7 @@ def exact_session(gemma_path):
     from specli.session import SessionSpec, open_session
 
     load = LoadSettings(ctx_size=1024)
-    with open_session(SessionSpec(gemma_path, "ngram", load, load, exact=True)) as session:
+    with open_session(SessionSpec(gemma_path, None, load, load, exact=True)) as session:
         yield session
 
 
@@ -194,13 +199,13 @@ def test_exact_device_verification_writes_plain_decodings_text(exact_session):
     tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
 
     def run(proposer, k, on_device):
-        engine = Engine(session.target, proposer, FixedDraftPolicy(k), GenerationOptions(40, verify_on_device=on_device))
+        engine = Engine(session.target, proposer, FixedDraftPolicy(k), GenerationRequest(40), verify_on_device=on_device)
         return tokens_of(engine, tokens)[0]
 
     plain = run(NoProposer(), 0, False)
     assert run(NoProposer(), 0, True) == plain
     for k in range(1, session.exact_batch):
-        assert run(session.proposer, k, True) == plain, k
+        assert run(NGramProposer(), k, True) == plain, k
 
 
 # --- ties, on synthetic models ----------------------------------------------------------
@@ -210,6 +215,7 @@ def _tied_model(tmp_path, name: str, tie) -> Model:
     """A one-layer synthetic llama (SmolLM2's vocabulary) whose output head `tie` rewrites
     in place (an F32 matrix, one row per token)."""
     import gguf
+
     from benchmarks.synthetic import write_model
 
     path = write_model(tmp_path / f"{name}.gguf", n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
@@ -298,6 +304,6 @@ def test_a_tie_wider_than_the_candidates_is_read_again_on_the_host(tmp_path):
         assert fallbacks == [1] and model.n_past == len(tokens)
         outputs = []
         for on_device in (False, True):
-            engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationOptions(24, verify_on_device=on_device))
+            engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24), verify_on_device=on_device)
             outputs.append(tokens_of(engine, tokens)[0])
         assert len(outputs[0]) == 24 and outputs[0] == outputs[1]

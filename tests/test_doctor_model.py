@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specli.commands.app import app
+from specli.commands.cli import app
 
 pytestmark = pytest.mark.slow
 

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from specli.commands import options
+from specli.commands.cli import app
+from specli.decode.request import parse_draft_tokens
+from specli.errors import UsageError
 from specli.models import resolve
-from specli.commands.app import app
 from specli.models.resolve import ResolvedModels
 
 
+def draft_tokens(models: ResolvedModels, given) -> object:
+    return options.generation_request(models, {"draft_tokens": given}, max_tokens=1).draft_tokens
+
+
 def test_not_given_means_the_pairs_default_else_auto():
-    pair = ResolvedModels("target.gguf", "ngram", draft_tokens=3)
-    plain = ResolvedModels("target.gguf", "ngram")
-    assert options.draft_tokens_for(None, pair) == 3
-    assert options.draft_tokens_for(None, plain) == "auto"
-    assert options.draft_tokens_for("auto", pair) == "auto", "-k auto typed out is always auto"
-    assert options.draft_tokens_for(5, pair) == 5
+    pair = ResolvedModels(Path("target.gguf"), draft_tokens=3)
+    plain = ResolvedModels(Path("target.gguf"))
+    assert draft_tokens(pair, None) == 3
+    assert draft_tokens(plain, None) == "auto"
+    assert draft_tokens(pair, "auto") == "auto", "-k auto typed out is always auto"
+    assert draft_tokens(pair, 5) == 5
 
 
 def test_k_parses_numbers_and_auto():
-    assert options.parse_draft_tokens(None) is None
-    assert options.parse_draft_tokens("auto") == "auto"
-    assert options.parse_draft_tokens("7") == 7
+    assert parse_draft_tokens("auto") == "auto"
+    assert parse_draft_tokens("7") == 7 and parse_draft_tokens(7) == 7
+    for wrong in ("0", "-3", "many", "2.5", True, None):
+        with pytest.raises(UsageError):
+            parse_draft_tokens(wrong)
 
 
 @pytest.mark.slow  # loads the real model
@@ -33,7 +42,7 @@ def test_k_parses_numbers_and_auto():
 def test_a_pair_with_a_fixed_draft_length_still_runs_auto_when_asked(gemma_path, monkeypatch, given, expected):
     """A pair that sets draft_tokens = 3: without -k it drafts at most 3 a step; `-k auto`
     is the adaptive policy, priced by costs (reported in --json)."""
-    monkeypatch.setattr(resolve, "resolve_models", lambda pair, target, draft: ResolvedModels(gemma_path, "ngram", 3))
+    monkeypatch.setattr(resolve, "resolve_models", lambda pair, target, draft: ResolvedModels(gemma_path, draft_tokens=3))
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     result = CliRunner().invoke(app, ["run", "-m", "some-pair", "--json", "-n", "40", "-c", "512", *given, prompt])
     assert result.exit_code == 0, result.output

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import FakeModel, plain_greedy
-from specli.decode.engine import Engine, Finished, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
+
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Finished, Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import NoProposer
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 
 PROMPTS = [[1, 2, 3], [5], [3, 3, 3, 3, 7, 1, 2, 3, 3, 3]]
@@ -23,7 +28,7 @@ def run(engine: Engine, prompt: list[int]) -> tuple[list[Token], Finished]:
 
 def draft_proposer(noise: float, seed: int = 0) -> DraftModelProposer:
     draft = FakeModel(seed=0, noise_seed=seed + 1, noise=noise)
-    return DraftModelProposer(draft, SamplingSettings(), seed)
+    return DraftModelProposer(DraftModel(draft), SamplingSettings(), seed)
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
@@ -32,7 +37,7 @@ def draft_proposer(noise: float, seed: int = 0) -> DraftModelProposer:
 def test_greedy_with_draft_model_equals_plain_decoding(k, prompt, noise):
     target = FakeModel(seed=0)
     proposer = draft_proposer(noise)
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens=60))
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens=60))
     tokens, finished = run(engine, prompt)
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), prompt, 60)
     assert finished.reason == "length"
@@ -40,12 +45,12 @@ def test_greedy_with_draft_model_equals_plain_decoding(k, prompt, noise):
     assert target.kv == prompt + [t.id for t in tokens][:-1]
     # The draft's cache never runs ahead of the committed sequence by more than K tokens.
     committed = prompt + [t.id for t in tokens]
-    assert proposer.model.kv[: len(committed)] == committed[: len(proposer.model.kv)]
+    assert proposer.draft.model.kv[: len(committed)] == committed[: len(proposer.draft.model.kv)]
 
 
 def test_rejections_happen_and_are_rewound():
     target = FakeModel(seed=0)
-    engine = Engine(target, draft_proposer(noise=2.5), FixedDraftPolicy(4), GenerationOptions(max_tokens=80))
+    engine = Engine(target, draft_proposer(noise=2.5), FixedDraftPolicy(4), GenerationRequest(max_tokens=80))
     tokens, finished = run(engine, [1, 2, 3])
     stats = finished.stats
     assert 0 < stats.accepted < stats.drafted, "the noisy draft must be partly rejected"
@@ -59,7 +64,7 @@ def test_rejections_happen_and_are_rewound():
 
 def test_perfect_draft_is_always_accepted_and_bonus_tokens_are_written():
     target = FakeModel(seed=0)
-    engine = Engine(target, draft_proposer(noise=0.0), FixedDraftPolicy(4), GenerationOptions(max_tokens=50))
+    engine = Engine(target, draft_proposer(noise=0.0), FixedDraftPolicy(4), GenerationRequest(max_tokens=50))
     tokens, finished = run(engine, [1, 2])
     assert finished.stats.acceptance_rate == 1.0
     sources = [t.source for t in tokens]
@@ -73,7 +78,7 @@ def test_perfect_draft_is_always_accepted_and_bonus_tokens_are_written():
 def test_greedy_with_ngram_equals_plain_decoding(k):
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     target = FakeModel(seed=3, order=1)
-    engine = Engine(target, NGramProposer(), FixedDraftPolicy(k), GenerationOptions(max_tokens=60))
+    engine = Engine(target, NGramProposer(), FixedDraftPolicy(k), GenerationRequest(max_tokens=60))
     tokens, finished = run(engine, prompt)
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=3, order=1), prompt, 60)
     assert finished.stats.drafted > 0
@@ -81,7 +86,7 @@ def test_greedy_with_ngram_equals_plain_decoding(k):
 
 def test_draft_none_is_plain_decoding_one_token_per_step():
     target = FakeModel(seed=0)
-    engine = Engine(target, NoProposer(), FixedDraftPolicy(8), GenerationOptions(max_tokens=30))
+    engine = Engine(target, NoProposer(), FixedDraftPolicy(8), GenerationRequest(max_tokens=30))
     tokens, finished = run(engine, [4, 5])
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [4, 5], 30)
     assert set(target.batch_sizes[1:]) == {1}
@@ -96,22 +101,22 @@ def test_end_of_generation_stops_even_inside_an_accepted_draft():
     expected = plain_greedy(FakeModel(seed=0, eog=eog), [1, 2, 3], 40)
     target = FakeModel(seed=0, eog=eog)
     draft = FakeModel(seed=0, eog=eog)
-    proposer = DraftModelProposer(draft, SamplingSettings(), 0)
-    engine = Engine(target, proposer, FixedDraftPolicy(16), GenerationOptions(max_tokens=40))
+    proposer = DraftModelProposer(DraftModel(draft), SamplingSettings(), 0)
+    engine = Engine(target, proposer, FixedDraftPolicy(16), GenerationRequest(max_tokens=40))
     tokens, finished = run(engine, [1, 2, 3])
     assert [t.id for t in tokens] == expected
     assert finished.reason == "eog"
 
 
 def test_max_tokens_is_exact_with_long_drafts():
-    engine = Engine(FakeModel(), draft_proposer(0.0), FixedDraftPolicy(16), GenerationOptions(max_tokens=7))
+    engine = Engine(FakeModel(), draft_proposer(0.0), FixedDraftPolicy(16), GenerationRequest(max_tokens=7))
     tokens, finished = run(engine, [1])
     assert len(tokens) == 7 and finished.stats.tokens == 7
 
 
 def test_context_full_stops_with_partial_output():
     target = FakeModel(n_ctx=20)
-    engine = Engine(target, draft_proposer(0.0), FixedDraftPolicy(8), GenerationOptions(max_tokens=100))
+    engine = Engine(target, draft_proposer(0.0), FixedDraftPolicy(8), GenerationRequest(max_tokens=100))
     tokens, finished = run(engine, [1, 2, 3])
     assert finished.reason == "context"
     assert len(tokens) == 20 - 3 + 1  # every position filled, plus the last written token
@@ -123,7 +128,7 @@ def test_stop_string_ends_generation_and_is_not_released():
     text = "".join(chr(ord("a") + t) for t in reference)
     stop = text[10:13]
     engine = Engine(
-        FakeModel(), draft_proposer(1.0), FixedDraftPolicy(4), GenerationOptions(max_tokens=40, stop=(stop,))
+        FakeModel(), draft_proposer(1.0), FixedDraftPolicy(4), GenerationRequest(max_tokens=40, stop=(stop,))
     )
     events = list(engine.generate([1, 2, 3]))
     released = "".join(e.text for e in events if isinstance(e, Token))
@@ -134,7 +139,7 @@ def test_stop_string_ends_generation_and_is_not_released():
 def test_no_prompt_tokens_and_a_prompt_longer_than_the_context_are_refused():
     from specli.errors import PromptError
 
-    engine = Engine(FakeModel(n_ctx=8), NoProposer(), FixedDraftPolicy(1), GenerationOptions())
+    engine = Engine(FakeModel(n_ctx=8), NoProposer(), FixedDraftPolicy(1), GenerationRequest())
     with pytest.raises(ValueError, match="at least one prompt token"):
         list(engine.generate([]))
     with pytest.raises(PromptError, match="context holds 8"):
@@ -146,7 +151,7 @@ def test_a_second_generation_decodes_only_what_its_prompt_adds(make_proposer):
     """A chat's next turn: the target's cache keeps the shared prefix, and the output is
     what plain decoding writes for the whole conversation."""
     target = FakeModel(seed=0)
-    engine = Engine(target, make_proposer(), FixedDraftPolicy(4), GenerationOptions(max_tokens=20))
+    engine = Engine(target, make_proposer(), FixedDraftPolicy(4), GenerationRequest(max_tokens=20))
     first, _ = run(engine, [1, 2, 3])
     conversation = [1, 2, 3] + [t.id for t in first] + [7, 8]
     before = len(target.batch_sizes)
@@ -171,7 +176,7 @@ def plain_greedy_penalised(model: FakeModel, prompt: list[int], max_tokens: int,
 
 def penalised_draft() -> DraftModelProposer:
     draft = FakeModel(seed=2, order=1, n_vocab=8, noise_seed=1, noise=0.3)
-    return DraftModelProposer(draft, SamplingSettings(repeat_penalty=1.8, repeat_last_n=6), 0)
+    return DraftModelProposer(DraftModel(draft), SamplingSettings(repeat_penalty=1.8, repeat_last_n=6), 0)
 
 
 @pytest.mark.parametrize("make_proposer", [NGramProposer, penalised_draft])
@@ -182,7 +187,7 @@ def test_the_repeat_penalty_sees_draft_tokens_kept_earlier_in_the_same_step(make
     settings = SamplingSettings(repeat_penalty=1.8, repeat_last_n=6)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     engine = Engine(FakeModel(seed=2, order=1, n_vocab=8), make_proposer(), FixedDraftPolicy(k),
-                    GenerationOptions(max_tokens=50, sampling=settings))
+                    GenerationRequest(max_tokens=50, sampling=settings))
     tokens, _ = run(engine, prompt)
     expected = plain_greedy_penalised(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50, 1.8, 6)
     assert [t.id for t in tokens] == expected

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specli.llama.backend import check_gguf_file
 from specli.errors import ModelFileError
+from specli.llama.backend import check_gguf_file
 
 gguf = pytest.importorskip("gguf")
 

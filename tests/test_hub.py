@@ -22,11 +22,11 @@ from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
+from fakehub import FakeHub, make_gguf
 from filelock import FileLock
+from helpers import assert_one_line_error
 from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
-from fakehub import FakeHub, make_gguf
-from helpers import assert_one_line_error
 from specli.errors import OfflineError
 from specli.models.hub import format_size, resolve_pair
 from specli.models.registry import load_registry
@@ -167,7 +167,7 @@ def hub(monkeypatch):
 @pytest.fixture
 def specli(capsys):
     """Run the CLI in this process, as `python -m specli ARGS` would; returns exit code, stdout, stderr."""
-    from specli.commands.app import main
+    from specli.commands.cli import main
 
     def run(*args: str) -> Result:
         capsys.readouterr()
@@ -675,6 +675,19 @@ def list_lines(specli, monkeypatch, columns: int) -> list[str]:
     return result.lines
 
 
+def models_cell(lines: list[str], pair: str) -> str:
+    """The pair's "TARGET, DRAFTED BY" cell as Rich wrapped it, its pieces joined (no spaces)."""
+    header = next(line for line in lines if line.startswith("PAIR"))  # the header's last line, if it wraps
+    start, end = len(header) - len(header[len("PAIR"):].lstrip()), header.index("SIZE")
+    first = next(i for i, line in enumerate(lines) if line.split()[:1] == [pair])
+    pieces = [lines[first][start:end]]
+    for line in lines[first + 1 :]:
+        if line[:start].strip() or not line[start:end].strip():
+            break  # the next pair's row, or the lines under the table
+        pieces.append(line[start:end])
+    return "".join("".join(pieces).split())
+
+
 @pytest.mark.parametrize("columns", [80, 120])
 def test_list_fits_the_terminal_and_says_where_the_embedded_model_lives(hub, specli, monkeypatch, tmp_path, columns):
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -683,26 +696,17 @@ def test_list_fits_the_terminal_and_says_where_the_embedded_model_lives(hub, spe
     names = list(load_registry().pairs)
     lines = list_lines(specli, monkeypatch, columns)
     assert lines[0].split()[0] == "PAIR" and "PATH" not in lines[0]
-    rows = [line for line in lines[1:] if line.split()[0] in names]
+    rows = [line for line in lines[1:] if line.split() and line.split()[0] in names]
     assert [row.split()[0] for row in rows] == names  # every pair, every name whole
     embedded = "embedded model: ~/cache/models/gemma-3-270m-q4_k_m.gguf (written on first run)"
     assert lines[-2:] == [embedded, "file paths: specli list --json"]
+    assert lines[-3] == "* drafts through text: its vocabulary is not the target's"
     qwen = next(row for row in rows if row.startswith("qwen3-8b "))
     shipped = load_registry().pairs["qwen3-8b"]
     assert format_size(shipped.download_size) in qwen
-    phi = next(row for row in rows if row.startswith("phi-4 "))  # a draft with a vocabulary of its own
-    assert lines[-3] == "* drafts through text: its vocabulary is not the target's"
-    if columns == 120:  # one line per pair, the names without .gguf
-        assert len(lines) == 1 + len(names) + 3
-        assert qwen.split()[1:3] == ["Qwen3-8B-Q4_K_M", "Qwen3-0.6B-Q8_0"]
-        assert phi.split()[1:3] == ["phi-4-Q4_K_M", "qwen2.5-0.5b-instruct-q8_0*"]
-    else:  # the models fold onto a line of their own
-        assert len(lines) == 1 + 2 * len(names) + 3
-        assert lines[lines.index(qwen) + 1] == "  Qwen3-8B-Q4_K_M, drafted by Qwen3-0.6B-Q8_0"
-        assert lines[lines.index(phi) + 1] == "  phi-4-Q4_K_M, drafted by qwen2.5-0.5b-instruct-q8_0*"
-        long = max(load_registry().pairs.values(), key=lambda pair: sum(len(ref.file or "") for _, ref in pair.models()))
-        folded = lines[lines.index(next(row for row in rows if row.startswith(f"{long.name} "))) + 1]
-        assert len(folded) <= columns and "…" in folded and folded.endswith("Q4_K_M")  # shortened, quant kept
+    # The models share a cell, without .gguf; a draft with a vocabulary of its own is marked.
+    assert models_cell(lines, "qwen3-8b") == "Qwen3-8B-Q4_K_M,draftedbyQwen3-0.6B-Q8_0"
+    assert models_cell(lines, "phi-4") == "phi-4-Q4_K_M,draftedbyqwen2.5-0.5b-instruct-q8_0*"
 
 
 def test_list_wraps_the_through_text_note_to_a_narrow_terminal(hub, specli, monkeypatch):
@@ -710,8 +714,8 @@ def test_list_wraps_the_through_text_note_to_a_narrow_terminal(hub, specli, monk
     lines = specli("list").lines
     note = lines.index("* drafts through text: its vocabulary is")
     assert lines[note + 1] == "  not the target's"
-    phi = lines.index(next(line for line in lines if line.startswith("phi-4 ")))
-    assert lines[phi + 1].endswith("-q8_0*") and len(lines[phi + 1]) <= 40  # shortened, the mark kept
+    assert all(len(line) <= 40 for line in lines[: note + 2]), "the table and the note fit (a path may not)"
+    assert models_cell(lines, "phi-4").endswith("-q8_0*"), "wrapped, the mark kept"
 
 
 def test_list_shows_the_assembled_embedded_model_with_its_size(hub, specli, monkeypatch, tmp_path):
@@ -805,7 +809,7 @@ def test_resolve_pair_offline_names_the_pull_to_run(hub, monkeypatch):
 
 def test_resolve_pair_with_an_ngram_draft(hub):
     target, draft = resolve_pair(load_registry().get("local"))
-    assert draft == "ngram"
+    assert draft is None, "no draft model: the pair drafts with n-gram lookup"
     assert target.read_bytes() == DRAFT
 
 
@@ -1070,15 +1074,15 @@ def test_target_and_draft_from_the_hub_are_pulled_into_the_cache_then_used_from_
 
     models = resolve_models(None, "test-org/quants-GGUF:q4_k_m", "test-org/quants-GGUF:Q8_0")
     folder = snapshot("test-org/quants-GGUF")
-    assert (models.target, models.draft) == (folder / "Model-Q4_K_M.gguf", folder / "Model-Q8_0.gguf")
+    assert (models.target, models.draft_model) == (folder / "Model-Q4_K_M.gguf", folder / "Model-Q8_0.gguf")
     assert models.target.read_bytes() == QUANTS["Model-Q4_K_M.gguf"]
-    assert models.draft.read_bytes() == QUANTS["Model-Q8_0.gguf"]
+    assert models.draft_model.read_bytes() == QUANTS["Model-Q8_0.gguf"]
     assert [request.path for request in quants.requests if request.method == "GET" and "/resolve/" in request.path] == [
         "/test-org/quants-GGUF/resolve/main/Model-Q4_K_M.gguf", "/test-org/quants-GGUF/resolve/main/Model-Q8_0.gguf"]
 
     requests = len(quants.requests)
     again = resolve_models(None, "test-org/quants-GGUF:Q4_K_M", "test-org/quants-GGUF/Model-Q8_0.gguf")
-    assert (again.target, again.draft) == (models.target, models.draft)
+    assert (again.target, again.draft_model) == (models.target, models.draft_model)
     assert len(quants.requests) == requests  # from the cache: no network at all
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import dense
+
 from specli.decode.sampling import Distribution, SamplingSettings, keyed_choice, keyed_uniforms, verify_keyed
 
 CHI2_999 = {2: 13.82, 3: 16.27, 4: 18.47}

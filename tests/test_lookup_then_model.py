@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fakes import FakeModel, plain_greedy
+
 from specli.decode.adaptive import AdaptiveDraftPolicy
 from specli.decode.costs import StepCosts
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import DraftModelProposer, LookupThenModel, NGramProposer
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import LookupThenModel
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 
 # A periodic prompt: the toy model (order 1) keeps cycling, so lookup proposes long copies.
@@ -23,20 +28,20 @@ def costs(draft_per_token: float = 0.2) -> StepCosts:
 
 
 def generate(proposer, policy, target, max_tokens: int = 60):
-    engine = Engine(target, proposer, policy, GenerationOptions(max_tokens))
+    engine = Engine(target, proposer, policy, GenerationRequest(max_tokens))
     events = list(engine.generate(PROMPT))
     return [e.id for e in events if isinstance(e, Token) and e.id >= 0], engine.stats, events
 
 
-@pytest.mark.parametrize("policy", [lambda: FixedDraftPolicy(6), lambda: AdaptiveDraftPolicy(costs(), LookupThenModel.prior)])
+@pytest.mark.parametrize("policy", [lambda: FixedDraftPolicy(6), lambda: AdaptiveDraftPolicy(costs(), NGramProposer.prior)])
 def test_lookup_in_front_writes_the_same_text_with_fewer_draft_model_decodes(policy):
     target = FakeModel(seed=5, order=1, n_vocab=9)
     reference = plain_greedy(target, PROMPT, 60)
     # A draft model good enough to pay on its own (-k auto keeps drafting with it alone).
     alone_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
-    alone, _, _ = generate(DraftModelProposer(alone_draft, SamplingSettings()), policy(), FakeModel(seed=5, order=1, n_vocab=9))
+    alone, _, _ = generate(DraftModelProposer(DraftModel(alone_draft), SamplingSettings()), policy(), FakeModel(seed=5, order=1, n_vocab=9))
     both_draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
-    both, stats, events = generate(LookupThenModel(NGramProposer(), DraftModelProposer(both_draft, SamplingSettings())),
+    both, stats, events = generate(LookupThenModel(NGramProposer(), DraftModelProposer(DraftModel(both_draft), SamplingSettings())),
                                    policy(), FakeModel(seed=5, order=1, n_vocab=9))
     assert alone == both == reference
     assert sum(both_draft.batch_sizes) < sum(alone_draft.batch_sizes), "lookup spared draft-model decodes"
@@ -48,7 +53,7 @@ def test_lookup_in_front_writes_the_same_text_with_fewer_draft_model_decodes(pol
 def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_short_match():
     from specli.decode.proposers import Proposal
 
-    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), NGramProposer.prior, max_draft=16)
     assert policy.prefers(Proposal(list(range(16)), key=12, extent=40, proposer="ngram"), 16)
     assert not policy.prefers(Proposal([3], key=1, extent=0, proposer="ngram"), 16), "a cheap draft model is worth more"
 
@@ -56,10 +61,10 @@ def test_the_policy_prefers_a_long_copy_to_the_draft_models_tokens_and_not_a_sho
 def test_a_copy_the_runs_budget_cannot_afford_leaves_the_step_to_the_draft_model():
     """After lookup's drafts failed, the run's budget caps what lookup may draft: `prefers`
     prices the copy as `choose` would, so the draft model is asked instead of a cut-down copy."""
-    from specli.decode.engine import StepRecord
+    from specli.decode.events import StepRecord
     from specli.decode.proposers import Proposal
 
-    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), LookupThenModel.prior, draft_tokens=16)
+    policy = AdaptiveDraftPolicy(costs(draft_per_token=0.05), NGramProposer.prior, max_draft=16)
     copy = Proposal(list(range(16)), key=12, extent=40, proposer="ngram")
     assert policy.prefers(copy, 16)
     for _ in range(3):
@@ -108,9 +113,9 @@ def test_a_copying_prompt_needs_fewer_draft_model_decodes(gemma_path):
                 return original(tokens, **kwargs)
 
             draft.decode = counting
-            model = DraftModelProposer(draft, SamplingSettings())
+            model = DraftModelProposer(DraftModel(draft), SamplingSettings())
             proposer = model if name == "draft" else LookupThenModel(NGramProposer(), model)
-            engine = Engine(target, proposer, FixedDraftPolicy(6), GenerationOptions(40))
+            engine = Engine(target, proposer, FixedDraftPolicy(6), GenerationRequest(40))
             outputs[name] = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
             decoded[name] = len(calls)
             draft.decode = original
@@ -125,14 +130,14 @@ def test_a_draft_model_that_fell_behind_is_priced_with_its_catch_up():
     its catch-up too, so a long way behind, the policy takes a plain step instead (a draft
     long enough to pay for the catch-up still goes ahead)."""
     policy = AdaptiveDraftPolicy(StepCosts({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8, 32: 2.6, 49: 3.4}, 0.05, 0.02,
-                                           "calibrated", draft_acceptance=0.9, draft_catch_up=0.02), draft_tokens=16)
+                                           "calibrated", draft_acceptance=0.9, draft_catch_up=0.02), max_draft=16)
     assert policy.choose(None, 0, 16, behind=0) > 4
     assert policy.choose(None, 0, 16, behind=1000) == 0, "1000 tokens to catch up cost 20 plain steps"
 
 
 def test_the_draft_model_knows_how_far_behind_the_text_it_is():
     target, draft = FakeModel(seed=0), FakeModel(seed=0)
-    model = DraftModelProposer(draft, SamplingSettings())
+    model = DraftModelProposer(DraftModel(draft), SamplingSettings())
     model.prepare(PROMPT)
     assert model.behind(PROMPT) == 0, "prepared: all but the last prompt token decoded"
     assert model.behind(PROMPT + [1, 2, 3]) == 3

@@ -8,8 +8,8 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from specli.errors import PromptError
-from specli.prompt import prompt_tokens
 from specli.llama.template import apply_chat_template, render_jinja_template
+from specli.prompt import prompt_tokens
 
 SYSTEM_AND_USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
 MULTI_TURN = [

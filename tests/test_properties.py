@@ -4,11 +4,11 @@ random distributions. Whatever hypothesis draws, the results stay within the rul
 from __future__ import annotations
 
 import numpy as np
+from helpers import RecordingRows, prob
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import RecordingRows, prob
-from specli.decode.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
+from specli.decode.ngram import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
 from specli.decode.sampling import Distribution, keyed_choice, verify_greedy, verify_keyed
 
 VOCAB = 6

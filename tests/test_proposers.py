@@ -1,6 +1,6 @@
 import pytest
 
-from specli.decode.proposers import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
+from specli.decode.ngram import EXTENT_LIMIT, MAX_OCCURRENCES, RECENCY, NGramProposer
 from specli.decode.text import common_prefix_length as _common_prefix_length
 
 
@@ -72,7 +72,7 @@ def test_common_prefix_length():
 
 
 def test_a_reference_proposes_where_the_text_has_no_match():
-    from specli.decode.proposers import TokenIndex
+    from specli.decode.ngram import TokenIndex
 
     prediction = TokenIndex([1, 2, 3, 4, 5, 6, 7, 8])
     proposer = NGramProposer(lengths=(3, 2, 1), references=[prediction])
@@ -84,7 +84,7 @@ def test_a_reference_proposes_where_the_text_has_no_match():
 
 
 def test_the_committed_text_outweighs_a_reference_whose_match_goes_as_far_back():
-    from specli.decode.proposers import TokenIndex
+    from specli.decode.ngram import TokenIndex
 
     proposer = NGramProposer(lengths=(2, 1), references=[TokenIndex([5, 6, 1, 1])])
     tokens = [5, 6, 7, 0, 5, 6]
@@ -96,7 +96,7 @@ def test_a_reference_whose_match_goes_further_back_wins_over_the_committed_text(
     """An edit: the prompt holds the original (name 50), the prediction the edited code (name
     60). Past the edited name, the prediction's match reaches back over it and the prompt's
     stops there: the prediction drafts, and where the two differ later, its text is drafted."""
-    from specli.decode.proposers import TokenIndex
+    from specli.decode.ngram import TokenIndex
 
     original, edited = [1, 50, 2, 3, 4, 50, 5], [1, 60, 2, 3, 4, 60, 5]
     proposer = NGramProposer(lengths=(2, 1), references=[TokenIndex(edited)])
@@ -107,7 +107,7 @@ def test_a_reference_whose_match_goes_further_back_wins_over_the_committed_text(
 
 
 def test_a_reference_continuation_stops_where_its_text_ends():
-    from specli.decode.proposers import TokenIndex
+    from specli.decode.ngram import TokenIndex
 
     memory = TokenIndex([1, 2, 3], lengths=(2, 1))
     memory.append([4, 1, 2, 8, 9])

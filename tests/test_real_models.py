@@ -11,13 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specli.bench import plain_greedy
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import NoProposer
+from specli.decode.request import GenerationRequest
+from specli.decode.sampling import SamplingSettings
+from specli.errors import VocabMismatchError
 from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import check_vocab_compatible
-from specli.bench import plain_greedy
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.errors import VocabMismatchError
-from specli.decode.proposers import DraftModelProposer, NGramProposer, NoProposer
-from specli.decode.sampling import SamplingSettings
 
 pytestmark = pytest.mark.slow  # loads real models
 
@@ -56,7 +61,7 @@ def plain_runs(target):
 
 
 def speculative(target, proposer, prompt_tokens, k):
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens=MAX_TOKENS))
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens=MAX_TOKENS))
     events = list(engine.generate(prompt_tokens))
     return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
 
@@ -82,7 +87,7 @@ def test_greedy_speculative_output_is_the_targets(target, draft_model, plain_run
         elif kind == "ngram":
             proposer = NGramProposer()
         else:
-            proposer = DraftModelProposer(draft_model, SamplingSettings(), 0)
+            proposer = DraftModelProposer(DraftModel(draft_model), SamplingSettings(), 0)
         output, stats = speculative(target, proposer, tokens, k)
         assert_lossless(plain, margins, output)
         identical += output == plain
@@ -104,7 +109,7 @@ def test_ngram_rejections_leave_the_kv_cache_consistent(target, plain_runs):
     """After a run full of rejections, the cache holds exactly the committed tokens."""
     tokens, plain, _ = plain_runs[PROMPTS[2]]
     proposer = NGramProposer()
-    engine = Engine(target, proposer, FixedDraftPolicy(8), GenerationOptions(max_tokens=MAX_TOKENS))
+    engine = Engine(target, proposer, FixedDraftPolicy(8), GenerationRequest(max_tokens=MAX_TOKENS))
     events = list(engine.generate(tokens))
     out = [e.id for e in events if isinstance(e, Token)]
     stats = events[-1].stats
@@ -141,7 +146,7 @@ def test_self_draft_accepts_everything_without_repacking(gemma_path, plain_runs)
     settings = LoadSettings(ctx_size=1024, repack=False)
     with Model(gemma_path, settings) as target, Model(gemma_path, settings) as draft:
         tokens, _, _ = plain_runs[PROMPTS[0]]
-        proposer = DraftModelProposer(draft, SamplingSettings(), np.random.default_rng(0))
+        proposer = DraftModelProposer(DraftModel(draft), SamplingSettings(), np.random.default_rng(0))
         _, stats = speculative(target, proposer, tokens, 4)
     assert stats.acceptance_rate > 0.9
 
@@ -173,7 +178,7 @@ def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs
     settings = SamplingSettings(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     outputs = []
     for _ in range(2):
-        engine = Engine(target, NGramProposer(), FixedDraftPolicy(4), GenerationOptions(24, settings), 1234)
+        engine = Engine(target, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24, settings, seed=1234))
         outputs.append([e.id for e in engine.generate(tokens) if isinstance(e, Token)])
     assert outputs[0] == outputs[1]
 
@@ -183,7 +188,7 @@ def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch):
     verify costs of the old build must not steer the new one."""
     from specli import session as session_module
 
-    spec = session_module.SessionSpec(smollm_path, "ngram", LoadSettings(ctx_size=64))
+    spec = session_module.SessionSpec(smollm_path, None, LoadSettings(ctx_size=64))
     with session_module.open_session(spec) as opened:
         assert opened.costs(measure=False).source == "prior"
         calibrated = opened.calibrate()

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from specli.errors import ConfigError, UnknownPairError
-from specli.models.registry import ModelRef, Part, load_registry, read_pairs, shipped_registry_file, split_parts, tomllib
+from specli.models.registry import (
+    ModelRef,
+    Part,
+    load_registry,
+    read_pairs,
+    shipped_registry_file,
+    split_parts,
+    tomllib,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

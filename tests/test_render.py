@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specli.decode.engine import Stats
+from specli.decode.events import Stats
 from specli.render import format_stats
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
 import json
+
+import pytest
 
 from benchmarks.replay import (
     RTX_4090_LLAMA_8B_BF16_TOKENS_PER_SECOND,
@@ -14,8 +14,8 @@ from benchmarks.replay import (
     against_native,
     clairvoyant,
     copy_bound,
-    longest_copies,
     load_costs,
+    longest_copies,
     paper_costs,
     python_seconds,
     replay,

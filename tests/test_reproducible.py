@@ -10,20 +10,26 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from specli.bench import load_workloads
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
+from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
+from specli.llama.backend import LoadSettings
 from specli.prompt import prompt_tokens
 from specli.session import SessionSpec, open_session
-from specli.llama.backend import LoadSettings
 
 pytestmark = pytest.mark.slow
 
 # The shipped workloads whose speculative runs left plain decoding's text at a near-tie
-# (benchmarks/README.md): code-edit at token 77 (margin 0.12), story at token 25 (0.03).
+# (benchmarks/README.md, "Near-ties under batched verification"): code-edit at token 77 (margin 0.12), story at token 25 (0.03).
 NEAR_TIES = {"code-edit": 90, "story": 40}
 
 
@@ -32,17 +38,22 @@ def workload_tokens(session, name: str) -> list[int]:
     return prompt_tokens(session.target, workload.prompt, chat=workload.chat)
 
 
-def generate(session, tokens: list[int], draft_tokens, max_tokens: int, plain: bool = False) -> list[int]:
-    options = GenerationOptions(max_tokens, session.spec.sampling)
+def generate(session, tokens: list[int], draft_tokens, max_tokens: int, plain: bool = False,
+             request: GenerationRequest = GenerationRequest(draft=DraftKind.NGRAM)) -> list[int]:
+    request = replace(request, max_tokens=max_tokens, exact=session.spec.exact)
     if plain:
-        engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), options, session.seed)
+        engine = session.engine_for(replace(request, draft=DraftKind.NONE))
     else:
-        engine = session.engine(session.draft_policy(draft_tokens), options)
+        engine = session.engine_for(replace(request, draft_tokens=draft_tokens))
     return [e.id for e in engine.generate(tokens) if isinstance(e, Token) and e.id >= 0]
 
 
+def auto_policy(session):
+    return session.engine_for(GenerationRequest(draft=DraftKind.MODEL, draft_tokens="auto")).policy
+
+
 def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
-    spec = SessionSpec(gemma_path, "ngram", LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024))
+    spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024))
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
         texts = {tuple(generate(session, tokens, "auto", 90)) for _ in range(3)}
@@ -51,14 +62,14 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
 
 @pytest.fixture(scope="module")
 def exact_session(gemma_path):
-    spec = SessionSpec(gemma_path, "ngram", LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
+    spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     with open_session(spec) as session:
         yield session
 
 
 def test_exact_finds_a_batch_size_and_stores_it(exact_session, gemma_path):
     assert exact_session.exact_batch is not None and exact_session.exact_batch >= 1
-    spec = SessionSpec(gemma_path, "ngram", LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
+    spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     notices = []
     with open_session(spec, notices.append) as again:
         assert again.exact_batch == exact_session.exact_batch
@@ -80,10 +91,12 @@ def test_a_seed_writes_one_text_whatever_drafts_it(gemma_path):
     load = LoadSettings(ctx_size=1024)
     texts = {}
     for draft, draft_tokens in (("none", "auto"), ("ngram", 2), ("ngram", "auto"), (gemma_path, 3), (gemma_path, "auto")):
-        spec = SessionSpec(gemma_path, draft, load, load, sampling, seed=7, exact=True)
+        model = draft if isinstance(draft, Path) else None
+        spec = SessionSpec(gemma_path, model, load, load, exact=True)
+        request = GenerationRequest(sampling=sampling, seed=7, draft=DraftKind.MODEL if model else DraftKind(draft))
         with open_session(spec) as session:
             tokens = prompt_tokens(session.target, "Once upon a time, in a village by the sea,", chat=False)
-            texts[(str(draft), draft_tokens)] = generate(session, tokens, draft_tokens, 48)
+            texts[(str(draft), draft_tokens)] = generate(session, tokens, draft_tokens, 48, request=request)
     assert len(set(map(tuple, texts.values()))) == 1, texts
 
 
@@ -92,12 +105,13 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
     included: under --exact, speculative output with the penalty is plain decoding's."""
     sampling = SamplingSettings(repeat_penalty=1.3, repeat_last_n=32)
     load = LoadSettings(ctx_size=1024)
-    spec = SessionSpec(gemma_path, "ngram", load, load, sampling, exact=True)
+    spec = SessionSpec(gemma_path, None, load, load, exact=True)
+    request = GenerationRequest(sampling=sampling, draft=DraftKind.NGRAM)
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
-        plain = generate(session, tokens, 0, 60, plain=True)
-        assert generate(session, tokens, session.exact_batch - 1, 60) == plain
-        unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(60), session.seed)
+        plain = generate(session, tokens, 0, 60, plain=True, request=request)
+        assert generate(session, tokens, session.exact_batch - 1, 60, request=request) == plain
+        unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(60))
         assert [e.id for e in unpenalised.generate(tokens) if isinstance(e, Token) and e.id >= 0] != plain
 
 
@@ -132,7 +146,7 @@ def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_pa
     price the draft as the first did, never by file size."""
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     load = LoadSettings(ctx_size=512)
-    with open_session(SessionSpec(gemma_path, "ngram", load)) as session:
+    with open_session(SessionSpec(gemma_path, None, load)) as session:
         assert session.costs().source == "first run"
     spec = SessionSpec(gemma_path, smollm_path, load, load)
     with open_session(spec) as session:
@@ -157,8 +171,8 @@ def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemm
         measured = session.costs()
         assert measured.draft_acceptance is not None and measured.draft_acceptance > 0.9
         assert session.costs(measure=False).draft_acceptance == measured.draft_acceptance, "stored"
-        assert session.draft_policy("auto")._model_acceptance == measured.draft_acceptance
+        assert auto_policy(session)._model_acceptance == measured.draft_acceptance
         assert session.target.n_past == 0, "the calibration leaves the cache empty"
     with open_session(SessionSpec(gemma_path, smollm_path, load, load)) as session:
         assert session.costs().draft_acceptance is None
-        assert session.draft_policy("auto")._model_acceptance == PRIOR_ACCEPTANCE
+        assert auto_policy(session)._model_acceptance == PRIOR_ACCEPTANCE

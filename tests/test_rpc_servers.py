@@ -17,9 +17,9 @@ import sys
 import time
 
 import pytest
+from helpers import assert_one_line_error
 
 from benchmarks.rpc_server import Server, free_port
-from helpers import assert_one_line_error
 
 pytestmark = pytest.mark.slow  # builds and starts servers, loads a real model
 
@@ -43,15 +43,18 @@ LOSSLESS_CHECK = """
 import json, sys
 from specli.llama.backend import LoadSettings, Model
 from specli.bench import plain_greedy
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import NGramProposer
+from specli.decode.engine import Engine
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.request import GenerationRequest
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
 
 path, endpoints, prompt = sys.argv[1], tuple(sys.argv[2].split(",")), sys.argv[3]
 with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
     tokens = model.tokenize(prompt)
     plain, margins = plain_greedy(model, tokens, 40)
     model.rewind(0)
-    engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationOptions(max_tokens=40))
+    engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(max_tokens=40))
     events = list(engine.generate(tokens))
 output = [event.id for event in events if isinstance(event, Token) and event.id >= 0]
 print(json.dumps({"plain": plain, "margins": [float(m) for m in margins], "output": output,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakes import FakeModel
 from helpers import RecordingRows, dense
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import DraftModelProposer, NGramProposer
+
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import Distribution, SamplingSettings, verify_greedy, warp
 
 # Chi-square critical values at significance 0.001 (df -> value): a correct sampler fails
@@ -74,10 +78,10 @@ def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_k
         seed = int(master.integers(1 << 62))
         if proposer_kind == "draft":
             draft = FakeModel(n_vocab=n, sharpness=1.0, noise_seed=5, noise=3.0)
-            proposer = DraftModelProposer(draft, settings, seed)
+            proposer = DraftModelProposer(DraftModel(draft), settings, seed)
         else:
             proposer = NGramProposer(lengths=(2, 1))
-        engine = Engine(target, proposer, FixedDraftPolicy(3), GenerationOptions(max_tokens=2, sampling=settings), seed)
+        engine = Engine(target, proposer, FixedDraftPolicy(3), GenerationRequest(max_tokens=2, sampling=settings, seed=seed))
         ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
         counts[ids[0] * n + ids[1]] += 1
     support = int((expected > 0).sum())
@@ -136,9 +140,9 @@ def test_sampled_generation_repeats_with_the_same_seeds_and_changes_with_others(
 
     def generate(seed: int) -> list[int]:
         draft = FakeModel(sharpness=1.0, noise_seed=5, noise=2.0)
-        proposer = DraftModelProposer(draft, settings, seed)
+        proposer = DraftModelProposer(DraftModel(draft), settings, seed)
         engine = Engine(FakeModel(sharpness=1.0), proposer, FixedDraftPolicy(3),
-                        GenerationOptions(max_tokens=40, sampling=settings), seed)
+                        GenerationRequest(max_tokens=40, sampling=settings, seed=seed))
         return [e.id for e in engine.generate([1, 2, 3]) if isinstance(e, Token)]
 
     first = generate(5)

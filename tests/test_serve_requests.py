@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
-from specli.decode.engine import Stats
-from specli.errors import SpecliError
+from specli.decode.events import Stats
+from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
-from specli.serve.app import ServerInfo, _default_draft, create_app
+from specli.errors import SpecliError
+from specli.serve.app import ServerInfo, create_app
 from specli.serve.schema import ChatRequest, CompletionRequest, RequestError
 from specli.stream import Outcome
 
@@ -70,15 +71,23 @@ def test_logprobs_zero_asks_for_the_chosen_tokens_logprob_on_completions():
     assert refused_param(ChatRequest(messages=MESSAGES, logprobs=True)) == "logprobs"
 
 
-@pytest.mark.parametrize("proposer, draft_model, expected", [
-    ("draft+ngram", object(), "model"),  # a draft model with lookup in front (the default)
-    ("draft", object(), "model"),  # --no-ngram
-    ("ngram", None, "ngram"),
-    ("none", None, "none"),
-])
-def test_a_request_that_names_no_draft_gets_the_servers_own(proposer, draft_model, expected):
-    worker = SimpleNamespace(draft_model=draft_model, session=SimpleNamespace(proposer=SimpleNamespace(name=proposer)))
-    assert _default_draft(worker) == expected
+@pytest.mark.parametrize("servers", list(DraftKind))
+def test_a_request_that_names_no_draft_gets_the_servers_own(servers):
+    """The server's own --draft (a draft model, with lookup in front of it unless --no-ngram,
+    ngram or none) is what a request gets when it names no draft; one that names it gets its own."""
+    defaults = GenerationRequest(max_tokens=1 << 30, draft=servers, draft_tokens=3, lookup=False)
+    request = ChatRequest(messages=MESSAGES).generation_request(defaults)
+    assert (request.draft, request.draft_tokens, request.lookup) == (servers, 3, False)
+    named = CompletionRequest(prompt="hi", draft="none", draft_tokens="auto").generation_request(defaults)
+    assert (named.draft, named.draft_tokens) == (DraftKind.NONE, "auto")
+
+
+def test_a_requests_sampling_fields_override_the_servers():
+    defaults = GenerationRequest(sampling=SamplingSettings(temperature=0.7, top_k=40, top_p=0.9))
+    request = ChatRequest(messages=MESSAGES, top_k=5, seed=3, max_tokens=9).generation_request(defaults)
+    assert request.sampling == SamplingSettings(temperature=0.7, top_k=5, top_p=0.9)
+    assert (request.seed, request.max_tokens) == (3, 9)
+    assert ChatRequest(messages=MESSAGES).generation_request(defaults).seed is None, "a fresh seed when it runs"
 
 
 # --- an error inside a generation ends that request only ---------------------------------
@@ -87,16 +96,12 @@ class FailingOnceWorker:
     """Stands in for serve.worker.Worker: its first generation fails inside (as a failed decode
     would), every later one writes "fine"."""
 
-    queue, draft_model = 2, None
+    queue = 2
 
     def __init__(self) -> None:
         target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3])
-        self.session = SimpleNamespace(target=target, proposer=SimpleNamespace(name="ngram"),
-                                       spec=SimpleNamespace(exact=False))
+        self.session = SimpleNamespace(target=target, draft=None)
         self.started = 0
-
-    def new_seed(self) -> int:
-        return 0
 
     async def start(self, job, on_event, gone=None):
         future = asyncio.get_running_loop().create_future()
@@ -112,7 +117,7 @@ class FailingOnceWorker:
 def test_an_error_inside_a_generation_ends_that_request_only():
     log = io.StringIO()
     worker = FailingOnceWorker()
-    info = ServerInfo("m", "m.gguf", "ngram", None, SamplingSettings(), "auto", 0)
+    info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(), 0)
     with TestClient(create_app(worker, info, log)) as client:
         failed = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         served = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})

@@ -15,15 +15,19 @@ import subprocess
 import sys
 
 import pytest
+from test_real_models import assert_lossless
 
-from specli.llama.backend import LoadSettings, Model
 from specli.bench import plain_greedy
-from specli.decode.engine import Engine, FixedDraftPolicy, GenerationOptions, Token
-from specli.decode.proposers import DraftModelProposer, LookupThenModel, NGramProposer, NoProposer
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.engine import Engine
+from specli.decode.events import Token
+from specli.decode.ngram import NGramProposer
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import LookupThenModel
+from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.decode.translate import Spelling, TranslatedDraft, complete_utf8
-
-from test_real_models import assert_lossless
+from specli.llama.backend import LoadSettings, Model
 
 BOUNDARY_TEXTS = [
     "Order 1234567 shipped 2026-11-25 at 09:41; total 1,299.50 (3.14159).",
@@ -91,7 +95,7 @@ def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
     from its last token on, and the re-tokenizing keeps all its earlier tokens but the last
     two at most (its cache is rewound only that far)."""
     for target, draft in pairs(gemma, smol):
-        bridge = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+        bridge = TranslatedDraft(target, DraftModelProposer(DraftModel(draft), SamplingSettings(), keyed=False))
         tokenized: list[str] = []  # what the draft's tokenizer is given, call by call
         plain = bridge._read_spelling._plain
         bridge._read_spelling._plain = lambda text: tokenized.append(text) or plain(text)
@@ -112,7 +116,7 @@ def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
 @pytest.mark.parametrize("text", BOUNDARY_TEXTS)
 def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma, smol, text):
     for target, draft in pairs(gemma, smol):
-        bridge = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+        bridge = TranslatedDraft(target, DraftModelProposer(DraftModel(draft), SamplingSettings(), keyed=False))
         data = text.encode()
         proposed = bridge._target_tokens(data)
         spelled = b"".join(target.piece(t) for t in proposed)
@@ -129,7 +133,7 @@ def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma, sm
 def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma, smol):
     """SmolLM2 writes 😀 as two byte tokens; after the first, the text ends inside the
     character, and the draft (Gemma) cannot continue half of it: it abstains."""
-    bridge = TranslatedDraft(smol, DraftModelProposer(gemma, SamplingSettings()))
+    bridge = TranslatedDraft(smol, DraftModelProposer(DraftModel(gemma), SamplingSettings(), keyed=False))
     tokens = smol.tokenize("Party time 😀", add_special=False)
     assert smol.piece(tokens[-1]) == b"\x80", "the emoji's last byte is a token of its own"
     bridge.prepare(tokens[:-1])
@@ -138,7 +142,7 @@ def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma, smol):
 
 
 def generate(target, proposer, prompt, *, sampling=SamplingSettings(), seed=0, k=4, max_tokens=40):
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationOptions(max_tokens, sampling), seed=seed)
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens, sampling, seed=seed))
     events = list(engine.generate(prompt))
     return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
 
@@ -153,7 +157,7 @@ def test_greedy_output_is_the_targets_and_the_draft_is_kept_on_a_grounded_prompt
         prompt = target.tokenize(GROUNDED)
         plain, margins = plain_greedy(target, prompt, 40)
         for k in (2, 6):
-            proposer = TranslatedDraft(target, DraftModelProposer(draft, SamplingSettings()))
+            proposer = TranslatedDraft(target, DraftModelProposer(DraftModel(draft), SamplingSettings(), keyed=False))
             output, stats = generate(target, proposer, prompt, k=k)
             assert_lossless(plain, margins, output)
             assert stats.translated and stats.drafted > 0
@@ -168,7 +172,7 @@ def test_seeded_output_repeats_with_lookup_in_front(gemma, smol):
         runs = []
         for _ in range(2):
             proposer = LookupThenModel(NGramProposer(),
-                                       TranslatedDraft(target, DraftModelProposer(draft, sampling, seed=7)))
+                                       TranslatedDraft(target, DraftModelProposer(DraftModel(draft), sampling, seed=7, keyed=False)))
             runs.append(generate(target, proposer, prompt, sampling=sampling, seed=7))
         assert runs[0][0] == runs[1][0], "the same seed writes the same text"
         assert runs[0][1].translated and runs[0][1].drafted > 0
@@ -219,8 +223,8 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
     monkeypatch.setattr(session_module, "calibrate", lambda decode, rewind, token, sizes, repeats: timings)
     spec = session_module.SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
     with session_module.open_session(spec) as opened:
-        assert opened.proposer.translated
-        draft = session_module.draft_model_of(opened.proposer).model
+        assert opened.translated
+        draft = opened.draft.model
         # (the round trip through both tokenizers is timed each time: a little noise)
         assert opened._calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010), rel=0.02)
         catch_up = opened._store().get(opened._draft_key() + "|catch_up")

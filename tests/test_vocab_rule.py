@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from specli.errors import VocabMismatchError
 from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, check_vocab_compatible
-from specli.errors import VocabMismatchError
 
 gguf = pytest.importorskip("gguf")
 synthetic = pytest.importorskip("benchmarks.synthetic")

@@ -12,11 +12,10 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from specli.decode.engine import DraftTokens, GenerationOptions
+from specli.decode.request import GenerationRequest
 from specli.errors import PromptError
 from specli.prompt import chat_tokens
-from specli.render import TextRenderer, notifier, use_colour
-from specli.commands.runner import EXIT_OK, Output
+from specli.render import Output, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
 
@@ -25,9 +24,10 @@ LEAVE = ("/bye", "/exit", "/quit")
 HELP = "Type a message; /bye or Ctrl-D leaves; Ctrl-C stops an answer; /clear starts over."
 
 
-def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: DraftTokens, output: Output,
-         system: str | None = None, stdin: IO[str] | None = None, stdout: IO[str] | None = None,
-         stderr: IO[str] | None = None) -> int:
+def chat(spec: SessionSpec, request: GenerationRequest, output: Output, system: str | None = None,
+         stdin: IO[str] | None = None, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
+    """Converse until /bye or the end of input; returns the exit code. Every turn runs the same
+    request (one engine: one seed, and the draft-length policy's record of the whole chat)."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     notice = notifier(stderr)
     with open_session(spec, notice) as session:
@@ -35,7 +35,7 @@ def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: DraftToken
         if not conversation.templated:
             notice(f"{spec.target.name} has no chat template (a completion model): "
                    "each turn continues the text so far")
-        engine = session.engine(session.draft_policy(draft_tokens), options)
+        engine = session.engine_for(request)
         colour = use_colour(output.colour, stdout)
         _enable_line_editing(stdin)
         stderr.write(HELP + "\n")
@@ -53,7 +53,7 @@ def chat(spec: SessionSpec, options: GenerationOptions, draft_tokens: DraftToken
             reply = stream(engine, conversation.tokens_with(line), renderer)  # Ctrl-C stops the answer only
             conversation.add(line, reply.text)
             first = False
-    return EXIT_OK
+    return 0
 
 
 class Conversation:

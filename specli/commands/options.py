@@ -2,24 +2,26 @@
 
 run, chat, bench, doctor and serve take the same model, draft, sampling and hardware
 options from here (`Annotated` aliases, as huggingface_hub's CLI declares its own), and
-`session_spec` turns them into a SessionSpec in one place. This module is the CLI's: it
-imports Typer, and only what the values become (nothing is loaded).
+`session_spec` and `generation_request` turn a command's parsed options into a SessionSpec
+and a GenerationRequest, each in one place. This module is the CLI's: it imports Typer,
+and only what the values become (nothing is loaded).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Optional, Union
+import functools
+import inspect
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, Callable, Mapping, Optional, Union, get_type_hints
 
 import typer
 
-from specli.llama.backend import LoadSettings
-from specli.decode.engine import DraftTokens
+from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
+from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
-from specli.models.resolve import ResolvedModels
+from specli.llama.backend import LoadSettings
 from specli.llama.rpc import parse_endpoints
-from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings
+from specli.models.resolve import ResolvedModels
 from specli.session import SessionSpec
 
 MODEL, DRAFTING, SAMPLING, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Output", "Hardware"
@@ -53,25 +55,20 @@ def _servers(value: Optional[str]) -> tuple[str, ...]:
         raise typer.BadParameter(error.message.split(": ", 1)[-1] + (f" ({error.hint})" if error.hint else "")) from None
 
 
-def parse_draft_tokens(value: Optional[str]) -> Union[DraftTokens, None]:
+def _draft_tokens(value: Optional[str]) -> Union[DraftTokens, None]:
     """-k N|auto; None where -k was not given (the pair's default, else auto)."""
-    hint = "'-k' / '--draft-tokens'"
-    if value is None or value == "auto":
-        return value
     try:
-        number = int(value)
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not a whole number or 'auto'", param_hint=hint) from None
-    if number < 1:
-        raise typer.BadParameter("must be at least 1 (use --draft none for plain decoding)", param_hint=hint)
-    return number
+        return None if value is None else parse_draft_tokens(value)
+    except UsageError as error:
+        raise typer.BadParameter(error.message, param_hint="'-k' / '--draft-tokens'") from None
 
 
-def draft_tokens_for(given: Union[DraftTokens, None], models: ResolvedModels) -> DraftTokens:
-    """-k as given; not given: the pair's own default where it sets one, else auto."""
-    if given is not None:
-        return given
-    return models.draft_tokens if models.draft_tokens is not None else "auto"
+def _draft_tokens_list(value: str) -> list[DraftTokens]:
+    """bench -k auto,2,4: each a draft length, as -k takes one."""
+    try:
+        return parse_draft_tokens_list(value)
+    except UsageError as error:
+        raise typer.BadParameter(error.message, param_hint="'-k' / '--draft-tokens'") from None
 
 
 # --- Model -----------------------------------------------------------------------
@@ -83,8 +80,11 @@ Draft = Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL",
                                               help="Draft GGUF, Hub owner/repo:QUANT, ngram, or none (plain decoding).")]
 # --- Drafting --------------------------------------------------------------------
 DraftTokensOption = Annotated[Optional[str], typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto",
-                                                          show_default=False, rich_help_panel=DRAFTING,
+                                                          callback=_draft_tokens, show_default=False,
+                                                          rich_help_panel=DRAFTING,
                                                           help="Per step, or auto (default: the pair's, else auto).")]
+DraftTokensList = Annotated[str, typer.Option("-k", "--draft-tokens", metavar="LIST", callback=_draft_tokens_list,
+                                              rich_help_panel=DRAFTING, help="Draft lengths to compare, e.g. auto,2,4,8,16.")]
 DraftMinP = Annotated[float, typer.Option("--draft-min-p", metavar="P", callback=_probability, rich_help_panel=DRAFTING,
                                           show_default=False, help="Draft model: stop under this p.")]
 Exact = Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="Bit for bit what plain writes.")]
@@ -105,6 +105,8 @@ RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", metavar="N", callba
                                           help="How far back --repeat-penalty looks.")]
 Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING,
                                              help="Seed; the same seed repeats a run.")]
+MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=_positive,
+                                                 rich_help_panel=SAMPLING, help="Tokens to write.")]
 # --- Output ----------------------------------------------------------------------
 Verbose = Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")]
 # --- Hardware --------------------------------------------------------------------
@@ -125,6 +127,53 @@ DraftServers = Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIS
                                                      help="Draft layers on rpc-servers.")]
 
 DEFAULT_CTX_SIZE = 4096
+DEFAULT_MAX_TOKENS = 256
+NO_LIMIT = 1 << 30  # a chat's turns and a server's requests: until the model ends, or the context is full
+
+
+def _group(**options: tuple[Any, Any]) -> tuple[inspect.Parameter, ...]:
+    return tuple(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+                 for name, (annotation, default) in options.items())
+
+
+# Groups of options several commands take, each declared here once. `with_options` adds them
+# to a command; their values reach it in ctx.params, where session_spec, generation_request,
+# hardware and sampling find them by name.
+MODELS = _group(model=(Pair, None), target=(Target, None), draft=(Draft, None))
+DRAFTING_OPTIONS = _group(draft_tokens=(DraftTokensOption, None), draft_min_p=(DraftMinP, 0.0), exact=(Exact, False),
+                          no_ngram=(NoLookup, False))
+SAMPLING_OPTIONS = _group(temperature=(Temperature, 0.0), top_k=(TopK, DEFAULT_TOP_K), top_p=(TopP, DEFAULT_TOP_P),
+                          min_p=(MinP, DEFAULT_MIN_P), repeat_penalty=(RepeatPenalty, 1.0),
+                          repeat_last_n=(RepeatLastN, 64), seed=(Seed, None))
+HARDWARE_OPTIONS = _group(verbose=(Verbose, False), gpu_layers=(GpuLayers, None),
+                          draft_gpu_layers=(DraftGpuLayers, None), ctx_size=(CtxSize, DEFAULT_CTX_SIZE),
+                          threads=(Threads, None), repack=(Repack, True), rpc=(Servers, None),
+                          draft_rpc=(DraftServers, None))
+
+
+def with_options(*groups: tuple[inspect.Parameter, ...]) -> Callable[[Callable], Callable]:
+    """Add the option groups to a command's declaration (Typer reads its signature). The
+    command itself is called with the parameters it declares; the groups' values it reads
+    from ctx.params."""
+
+    def declare(command: Callable) -> Callable:
+        signature = inspect.signature(command, eval_str=True)
+        own = set(signature.parameters)
+        added = [parameter for group in groups for parameter in group if parameter.name not in own]
+
+        @functools.wraps(command)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return command(*args, **{name: value for name, value in kwargs.items() if name in own})
+
+        # Arguments first, then the groups (help lists each panel's options in this order), then its own.
+        params = list(signature.parameters.values())
+        split = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.KEYWORD_ONLY), len(params))
+        call.__signature__ = signature.replace(parameters=[*params[:split], *added, *params[split:]])  # type: ignore[attr-defined]
+        call.__annotations__ = {**get_type_hints(command, include_extras=True),
+                                **{parameter.name: parameter.annotation for parameter in added}}
+        return call
+
+    return declare
 
 
 @dataclass(frozen=True)
@@ -146,42 +195,66 @@ class Hardware:
         return (self.gpu_layers is not None or self.draft_gpu_layers is not None) and not (self.rpc or self.draft_rpc)
 
 
-@dataclass(frozen=True)
-class Drafting:
-    """How the draft proposes besides which draft it is: --draft-min-p and --exact."""
-
-    draft_min_p: float = 0.0
-    exact: bool = False
-    lookup: bool = True  # with a draft model: n-gram lookup in front of it
+def _picked(params: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """The parsed options (a command's ctx.params) that are fields of `cls`, by name: each
+    command declares the options it takes, and the domain objects are built here, once."""
+    return {field.name: params[field.name] for field in fields(cls) if field.name in params}
 
 
-def session_spec(models: ResolvedModels, hardware: Hardware, sampling: SamplingSettings, *,
-                 seed: int | None = None, drafting: Drafting = Drafting(), verbose: bool = False) -> SessionSpec:
-    """The models and their settings as one SessionSpec; refuses settings that cannot work together."""
-    layers = -1 if hardware.gpu_layers is None else hardware.gpu_layers
-    draft_layers = layers if hardware.draft_gpu_layers is None else hardware.draft_gpu_layers
-    if hardware.rpc and layers == 0:
+def models(params: Mapping[str, Any]) -> ResolvedModels:
+    """-m, --target and --draft: the files to load (pulled from the Hub where they are not
+    cached yet), and the draft kind."""
+    from specli.models import resolve
+
+    resolve.check_draft_spelling(params.get("draft"))
+    return resolve.resolve_models(params.get("model"), params.get("target"), params.get("draft"))
+
+
+def hardware(params: Mapping[str, Any]) -> Hardware:
+    return Hardware(**_picked(params, Hardware))
+
+
+def sampling(params: Mapping[str, Any]) -> SamplingSettings:
+    return SamplingSettings(**_picked(params, SamplingSettings))
+
+
+def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSpec:
+    """The models and where they run, as one SessionSpec; refuses settings that cannot work together."""
+    where = hardware(params)
+    layers = -1 if where.gpu_layers is None else where.gpu_layers
+    draft_layers = layers if where.draft_gpu_layers is None else where.draft_gpu_layers
+    if where.rpc and layers == 0:
         raise UsageError("--rpc with --gpu-layers 0 puts no layer on the servers", "drop --gpu-layers 0")
-    if hardware.draft_rpc and not isinstance(models.draft, Path):
-        raise UsageError(f"--draft-rpc places a draft model's layers; --draft {models.draft} has none")
-    if hardware.draft_rpc and draft_layers == 0:
+    if where.draft_rpc and models.draft_model is None:
+        raise UsageError(f"--draft-rpc places a draft model's layers; --draft {models.draft.value} has none")
+    if where.draft_rpc and draft_layers == 0:
         raise UsageError("--draft-rpc with --draft-gpu-layers 0 puts no layer on the servers")
-    load = dict(ctx_size=hardware.ctx_size, threads=hardware.threads, repack=hardware.repack)
+    load = dict(ctx_size=where.ctx_size, threads=where.threads, repack=where.repack)
     return SessionSpec(
         target=models.target,
-        draft=models.draft,
-        target_load=LoadSettings(layers, rpc=hardware.rpc, **load),
-        draft_load=LoadSettings(draft_layers, rpc=hardware.draft_rpc, **load),
-        sampling=sampling,
-        seed=seed,
-        draft_min_p=drafting.draft_min_p,
-        exact=drafting.exact,
-        verify_on_device=hardware.verify_on_device,
-        verbose=verbose,
-        draft_lookup=drafting.lookup,
+        draft_model=models.draft_model,
+        target_load=LoadSettings(layers, rpc=where.rpc, **load),
+        draft_load=LoadSettings(draft_layers, rpc=where.draft_rpc, **load),
+        exact=params.get("exact", False),
+        verify_on_device=where.verify_on_device,
+        verbose=params.get("verbose", False),
     )
 
 
-def sampling_settings(temp: float, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P, min_p: float = DEFAULT_MIN_P,
-                      repeat_penalty: float = 1.0, repeat_last_n: int = 64) -> SamplingSettings:
-    return SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+def generation_request(models: ResolvedModels, params: Mapping[str, Any], *, max_tokens: int) -> GenerationRequest:
+    """The generation the options ask for. -k not given: the pair's own draft length where it
+    sets one, else auto."""
+    draft_tokens = params.get("draft_tokens")
+    if draft_tokens is None:
+        draft_tokens = models.draft_tokens if models.draft_tokens is not None else AUTO
+    return GenerationRequest(
+        max_tokens=max_tokens,
+        sampling=sampling(params),
+        stop=tuple(params.get("stop") or ()),
+        seed=params.get("seed"),
+        draft=models.draft,
+        draft_tokens=draft_tokens,
+        lookup=not params.get("no_ngram", False),
+        draft_min_p=params.get("draft_min_p", 0.0),
+        exact=params.get("exact", False),
+    )

@@ -34,7 +34,8 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   probes wait until the run has time to spare, and a short answer that never copies
   costs nothing.
 
-How each constant was chosen: benchmarks/README.md, sections 4, 6 and 13.
+The figures behind each constant: benchmarks/README.md, "Costs behind the code"; `benchmarks/replay.py`
+replays the policy offline on recorded runs (tests/test_replay.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from specli.decode.costs import StepCosts, VerifyCurve
 
 if TYPE_CHECKING:
-    from specli.decode.engine import StepRecord
+    from specli.decode.events import StepRecord
     from specli.decode.proposers import Proposal
 
 # A draft model's acceptance before the run has a record: its measured agreement with the
@@ -74,7 +75,7 @@ MAX_DRAFT = 48  # longest draft considered
 RISK_ALLOWANCE = 2.0
 RISK_SHARE = 0.05
 # How much m agreeing occurrences lower a drafted token's hazard: by (2 / (m + 1))**power, so
-# 0.44 for two, 0.16 for four (chosen on the development prompts: benchmarks/README.md, 17).
+# 0.44 for two, 0.16 for four (chosen on the development prompts with `benchmarks/replay.py`).
 AGREEMENT_POWER = 2.0
 
 
@@ -99,9 +100,9 @@ class AdaptiveDraftPolicy:
         self,
         costs: StepCosts,
         prior: Callable[[object, int], float] | None = None,
-        draft_tokens: int = MAX_DRAFT,
+        max_draft: int = MAX_DRAFT,
     ) -> None:
-        self.draft_tokens = draft_tokens
+        self.max_draft = max_draft
         self.costs = costs
         # The proposer's belief: acceptance of a drafted token under a key, after a copy of
         # that many tokens (0: not a copy). None: PRIOR_ACCEPTANCE everywhere.
@@ -128,7 +129,7 @@ class AdaptiveDraftPolicy:
         (Proposal.support, .agreeing)."""
         self._behind = behind if key is None else 0
         state = self._state(key)
-        limit = min(self.draft_tokens, available)
+        limit = min(self.max_draft, available)
         if key is not None:  # n-gram lookup: a long match can promise far more than it keeps
             limit = self._affordable(key, limit)
         if limit <= 0:
@@ -153,11 +154,11 @@ class AdaptiveDraftPolicy:
     def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
-        limit = self._affordable(free.key, min(self.draft_tokens, len(free.tokens)))
+        limit = self._affordable(free.key, min(self.max_draft, len(free.tokens)))
         free_k, free_rate = (self._best(free.key, free.extent, limit, free.support, free.agreeing)
                              if limit > 0 else (0, 0.0))
         self._behind = behind
-        _, model_rate = self._best(None, 0, min(self.draft_tokens, available))
+        _, model_rate = self._best(None, 0, min(self.max_draft, available))
         self._behind = 0
         return free_k > 0 and free_rate >= model_rate
 

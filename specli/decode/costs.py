@@ -16,10 +16,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal
-
-if TYPE_CHECKING:
-    from specli.llama.backend import LoadSettings
+from typing import Callable, Literal
 
 CostSource = Literal["prior", "learned", "first run", "calibrated"]
 
@@ -31,7 +28,7 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
 FIRST_RUN_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
 # runs the whole output head, so each row adds much; on a GPU a batch of a few rows costs
-# little more than one (benchmarks/README.md, section 6).
+# little more than one (benchmarks/README.md, "Costs behind the code").
 PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.02, 1.0)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
 
@@ -203,36 +200,3 @@ class CostStore:
             temporary.replace(self.path)
         except OSError:
             pass  # a read-only cache only means the prior next time
-
-
-# --- where costs are stored -------------------------------------------------------
-
-COSTS_VERSION = 3  # part of every key: a change in how costs are measured measures again
-
-
-def settings_key(path: Path, load: LoadSettings, build: str) -> str:
-    """Stored costs and exactness hold for this model file, its settings, this llama.cpp build
-    and devices (`build`: session.build_key()), and the RPC servers it runs on."""
-    info = path.stat()
-    parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
-             load.ctx_size, build, f"v{COSTS_VERSION}")
-    return "|".join(str(part) for part in parts) + _servers_key(load)
-
-
-def _servers_key(load: LoadSettings) -> str:
-    """The RPC servers a model spreads over (nothing without --rpc, so the keys stored
-    before --rpc existed still hold)."""
-    return f"|rpc:{','.join(load.rpc)}" if load.rpc else ""
-
-
-def exact_key(path: Path, load: LoadSettings, build: str) -> str:
-    """Where the exact verify batch size of a model and its settings is stored."""
-    return settings_key(path, load, build) + "|exact"
-
-
-def draft_key(target_key: str, draft: Path | str, load: LoadSettings) -> str:
-    """Where a draft's cost per token is stored: with its target's key, as it runs beside it."""
-    if not isinstance(draft, Path):
-        return f"{target_key}|draft:{draft}"
-    info = draft.stat()
-    return f"{target_key}|draft:{draft.resolve()}|{info.st_size}|{info.st_mtime_ns}|{load.gpu_layers}{_servers_key(load)}"

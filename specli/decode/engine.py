@@ -13,18 +13,26 @@ With no draft the step is exactly one plain decode, so `--draft none` runs this 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Iterator, Literal, Protocol, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
-from specli.errors import PromptError
-from specli.decode.proposers import Proposal, Proposer, translates
-from specli.decode.sampling import (Distribution, SamplingSettings, keyed_choice, verify_greedy, verify_greedy_tokens,
-                             verify_keyed, warp)
+from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
+from specli.decode.policy import DraftPolicy
+from specli.decode.proposers import Proposal, Proposer
+from specli.decode.request import GenerationRequest
+from specli.decode.sampling import (
+    Distribution,
+    SamplingSettings,
+    keyed_choice,
+    verify_greedy,
+    verify_greedy_tokens,
+    verify_keyed,
+    warp,
+)
 from specli.decode.text import TextStream, common_prefix_length
-
-Source = Literal["draft", "target"]
+from specli.errors import PromptError
 
 
 class TargetModel(Protocol):
@@ -44,276 +52,56 @@ class TargetModel(Protocol):
     def is_end_of_generation(self, token: int) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One committed token: its id, the text it released, and who wrote it (a drafted token
-    also names its proposer: "ngram" or "draft", the draft model)."""
-
-    id: int
-    text: str
-    source: Source
-    proposer: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One target decode after the prompt's: what was drafted and kept, and where its time went.
-
-    Stats, the draft-length policy and `specli bench` all read these; nothing else is timed.
-    """
-
-    drafted: int
-    accepted: int
-    draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes)
-    verify_seconds: float  # the target's batched decode of [last] + draft
-    read_seconds: float  # reading rows to accept (a vocabulary-sized scan each, or a device's few candidates)
-    loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
-    key: object = None  # the proposal's key (n-gram lookup: the match length)
-    extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
-    proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
-    support: tuple[float, ...] = ()  # the proposal's vote share per drafted token (Proposal.support)
-    agreeing: tuple[int, ...] = ()  # the occurrences in agreement per drafted token (Proposal.agreeing)
-    # The draft model's tokens the policy asked for (0: lookup's or a plain step). Through text
-    # it may bring none (its text ended inside a character), though its decodes were paid.
-    asked: int = 0
-
-    @property
-    def rows_read(self) -> int:
-        """Rows after the first rejection are never read."""
-        return self.accepted + 1
-
 
 @dataclass
-class Stats:
-    """Counts, summed times and the draft/accept histograms of one run (or several, combined).
-    Every other figure is derived below, once."""
+class TargetCache:
+    """What the target's KV cache holds, kept across generations on one loaded target (a
+    chat's turns, a server's requests): its tokens, and the last prompt with its last row's
+    logits (or, verified on the device, its argmax), which the same prompt again reuses."""
 
-    proposer: str = "none"
-    translated: bool = False  # a draft model with another vocabulary, drafting through text
-    prompt_tokens: int = 0
-    prompt_cached: int = 0  # of the prompt's tokens, those the target's cache already held (a chat's earlier turns)
-    tokens: int = 0
-    steps: int = 0  # target decodes after the prompt's
-    drafted: int = 0
-    accepted: int = 0
-    rows_read: int = 0
-    prefill_seconds: float = 0.0
-    seconds: float = 0.0  # generation time after the prompt's decode
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    read_seconds: float = 0.0
-    finish_reason: str = ""
-    first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
-    draft_lengths: list[int] = field(default_factory=list)  # [n]: steps that drafted n tokens
-    accept_lengths: list[int] = field(default_factory=list)  # [n]: steps that kept n draft tokens
-    drafted_by: dict[str, int] = field(default_factory=dict)  # by proposer ("ngram", "draft")
-    accepted_by: dict[str, int] = field(default_factory=dict)
-
-    def record(self, step: StepRecord) -> None:
-        self.steps += 1
-        self.drafted += step.drafted
-        self.accepted += step.accepted
-        self.rows_read += step.rows_read
-        self.draft_seconds += step.draft_seconds
-        self.verify_seconds += step.verify_seconds
-        self.read_seconds += step.read_seconds
-        if step.drafted:
-            _count(self.draft_lengths, step.drafted)
-            _count(self.accept_lengths, step.accepted)
-            self.drafted_by[step.proposer] = self.drafted_by.get(step.proposer, 0) + step.drafted
-            self.accepted_by[step.proposer] = self.accepted_by.get(step.proposer, 0) + step.accepted
-
-    @classmethod
-    def combine(cls, runs: Sequence[Stats]) -> Stats:
-        """Several runs' stats as one: counts, times and histograms added up (its
-        tokens_per_second counts every token; take each run's own for a rate)."""
-        total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated)
-        for run in runs:
-            for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "rows_read",
-                         "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
-                setattr(total, name, getattr(total, name) + getattr(run, name))
-            for name in ("draft_lengths", "accept_lengths"):
-                mine, theirs = getattr(total, name), getattr(run, name)
-                _grow(mine, len(theirs))
-                for n, count in enumerate(theirs):
-                    mine[n] += count
-            for name in ("drafted_by", "accepted_by"):
-                mine, theirs = getattr(total, name), getattr(run, name)
-                for proposer, count in theirs.items():
-                    mine[proposer] = mine.get(proposer, 0) + count
-        return total
-
-    @property
-    def generated_after_first(self) -> int:
-        """Tokens written by decode steps: the first token, written by the prompt's decode
-        (prefill time), is left out, as in llama.cpp's "eval time ... N - 1 runs"."""
-        return self.tokens - 1 if self.first_token_from_prefill and self.tokens > 0 else self.tokens
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_after_first / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Draft tokens kept per step that drafted anything."""
-        drafting = sum(self.draft_lengths)
-        return self.accepted / drafting if drafting else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        """Of the steps that drafted position i, the share that kept it."""
-        drafted = _at_least(self.draft_lengths)
-        kept = _at_least(self.accept_lengths)
-        return [(kept[i] if i < len(kept) else 0) / drafted[i] for i in range(len(drafted)) if drafted[i]]
-
-    @property
-    def overhead_seconds(self) -> float:
-        """Time outside proposing and the target's decodes: the loop, and the logits reads."""
-        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
-
-    @property
-    def python_overhead_ms_per_step(self) -> float:
-        return 1000 * self.overhead_seconds / self.steps if self.steps else 0.0
-
-    @property
-    def loop_overhead_ms_per_step(self) -> float:
-        """The overhead less the logits reads: what a step costs whatever its length."""
-        return 1000 * max(0.0, self.overhead_seconds - self.read_seconds) / self.steps if self.steps else 0.0
-
-    @property
-    def read_us_per_row(self) -> float:
-        """Microseconds to read one logits row (argmax, or warping when sampling): a row is
-        n_vocab floats, so memory bandwidth sets this cost."""
-        return 1e6 * self.read_seconds / self.rows_read if self.rows_read else 0.0
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
-                     "overhead_seconds", "python_overhead_ms_per_step", "loop_overhead_ms_per_step",
-                     "read_us_per_row"):
-            data[name] = getattr(self, name)
-        return data
+    tokens: list[int] = field(default_factory=list)
+    prompt: list[int] | None = None
+    prompt_on_device: bool = False
+    prompt_row: object = None
 
 
-def _grow(counts: list[int], size: int) -> None:
-    if len(counts) < size:
-        counts.extend([0] * (size - len(counts)))
+class ContextLengthError(PromptError):
+    """A prompt that leaves no room for a generated token in the context."""
 
-
-def _count(histogram: list[int], value: int) -> None:
-    _grow(histogram, value + 1)
-    histogram[value] += 1
-
-
-def _at_least(histogram: list[int]) -> list[int]:
-    """[i]: how many entries are above i, for i < the largest value."""
-    out, above = [], sum(histogram)
-    for count in histogram[:-1]:
-        above -= count
-        out.append(above)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    reason: str  # "eog" | "length" | "stop" | "context"
-    stats: Stats
-
-
-Event = Union[Token, StepRecord, Finished]
-
-
-DraftTokens = Union[int, Literal["auto"]]  # -k: a fixed number of draft tokens per step, or auto
-
-
-class DraftPolicy(Protocol):
-    """Chooses how many draft tokens each step verifies (-k N: FixedDraftPolicy; -k auto:
-    adaptive.AdaptiveDraftPolicy)."""
-
-    draft_tokens: int  # the most a step drafts
-
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
-               behind: int = 0, agreeing: Sequence[int] = ()) -> int:
-        """How many of the `available` draft tokens to verify (0: a plain step).
-        key, extent, support and agreeing: the proposal's (Proposal.key, ...); key None: a
-        draft model's tokens, which cost a decode each, after the `behind` tokens it must
-        decode first to catch up with the committed text (Proposer.behind)."""
-        ...
-
-    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
-        """Whether a free proposal (n-gram lookup) is worth more than up to `available` tokens
-        of the draft model (`behind` the committed text by that many tokens)."""
-        ...
-
-    def record(self, step: StepRecord) -> None: ...
-
-
-@dataclass
-class FixedDraftPolicy:
-    draft_tokens: int
-
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
-               behind: int = 0, agreeing: Sequence[int] = ()) -> int:
-        return min(self.draft_tokens, available)
-
-    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
-        return free.extent > 0  # a copy in progress (a match of lookup's longest n)
-
-    def record(self, step: StepRecord) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class GenerationOptions:
-    max_tokens: int = 256
-    sampling: SamplingSettings = SamplingSettings()
-    stop: tuple[str, ...] = ()
-    # Keep what the target's KV cache holds of the prompt (an earlier turn). False decodes the
-    # whole prompt as a fresh run does: batches of other sizes round differently, so only
-    # that is bit for bit what a fresh run writes (--exact requests to the server).
-    reuse_cache: bool = True
-    # Greedy runs without a repetition penalty: llama.cpp takes each row's argmax on the device
-    # that computed the logits (backend sampling), and the host reads a few candidates per
-    # row instead of a vocabulary row. The same tokens either way; other runs ignore it.
-    verify_on_device: bool = False
+    def __init__(self, n_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"the prompt is {n_tokens} tokens but the context holds {n_ctx}",
+                         "raise --ctx-size or shorten the prompt")
 
 
 def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
     """The prompt and at least one generated token must fit in the context."""
     if n_tokens >= n_ctx:
-        raise PromptError(
-            f"the prompt is {n_tokens} tokens but the context holds {n_ctx}",
-            "raise --ctx-size or shorten the prompt",
-        )
+        raise ContextLengthError(n_tokens, n_ctx)
 
 
 class Engine:
-    """Runs one generation. `stats` stays readable if the consumer stops early (Ctrl-C)."""
+    """Runs the generations of one request on the target (run the same request on several
+    prompts: a chat's turns). `stats` stays readable if the consumer stops early (Ctrl-C).
 
-    def __init__(
-        self,
-        target: TargetModel,
-        proposer: Proposer,
-        policy: DraftPolicy,
-        options: GenerationOptions,
-        seed: int = 0,
-    ) -> None:
+    `cache` is what the target's KV cache holds, kept by whoever keeps the target loaded
+    (the session); `verify_on_device`: greedy runs without a repetition penalty have
+    llama.cpp take each verified row's argmax on the device that computed the logits, and
+    the host reads a few candidates per row instead of a vocabulary row (the same tokens)."""
+
+    def __init__(self, target: TargetModel, proposer: Proposer, policy: DraftPolicy, request: GenerationRequest,
+                 *, cache: TargetCache | None = None, verify_on_device: bool = False) -> None:
         self.target = target
         self.proposer = proposer
         self.policy = policy
-        self.options = options
-        self.seed = seed  # sampling: the token at each position is keyed by (seed, position)
-        self.stats = Stats(proposer=proposer.name, translated=translates(proposer))
+        self.request = request.seeded()
+        # Sampling: the token at each position is keyed by (seed, position).
+        self.seed: int = self.request.seed  # type: ignore[assignment]
+        self.sampling = request.sampling
+        self.cache = cache if cache is not None else TargetCache()
+        # A penalised row depends on the tokens before it, which the device does not see.
+        self._on_device = verify_on_device and self.sampling.pure_greedy
+        self.stats = Stats(proposer=proposer.name, translated=proposer.translated)
         self._step_ended: float | None = None  # when the previous step's logits were read
-        self._on_device = False  # this generation verifies with the target's decode_argmax
-        self._cached: list[int] = []  # the tokens whose entries the target's KV cache holds
-        # The last prompt, whether it was verified on the device, and its last row's logits
-        # (or, on the device, its argmax): see _generate.
-        self._prompt_row: tuple = (None, False, None)
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
         """Token events as text is committed, a StepRecord after each step's tokens, then
@@ -321,49 +109,53 @@ class Engine:
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
-        self.stats = Stats(proposer=self.proposer.name, translated=translates(self.proposer))
-        # A penalised row depends on the tokens before it, which the device does not see.
-        self._on_device = self.options.verify_on_device and self.options.sampling.pure_greedy
+        self.stats = Stats(proposer=self.proposer.name, translated=self.proposer.translated)
         return self._generate(prompt)
 
-    def _generate(self, prompt: list[int]) -> Iterator[Event]:
-        target, options, stats = self.target, self.options, self.stats
-        stats.prompt_tokens = len(prompt)
-        started = time.perf_counter()
-        # What the cache already holds of the prompt (an earlier turn of a chat) stays; the
-        # prompt's last token is decoded again for its logits row, unless the same prompt came
-        # last time: then its row is the one kept from then (a one-row decode rounds otherwise,
-        # and a near-tie could flip: the same request sent again writes the same text).
-        cached = common_prefix_length(self._cached, prompt) if options.reuse_cache else 0
-        last_prompt, last_on_device, last_row = self._prompt_row
-        again = (options.max_tokens > 0 and cached == len(prompt) and last_prompt == prompt
-                 and last_on_device == self._on_device)
+    def _prefill(self, prompt: list[int]) -> int | None:
+        """Bring the target's cache to the prompt and choose the first token from its last row
+        (None: a request for no tokens).
+
+        What the cache already holds of the prompt (an earlier turn of a chat) stays; the
+        prompt's last token is decoded again for its logits row, unless the same prompt came
+        last time: then its row is the one kept from then (a one-row decode rounds otherwise,
+        and a near-tie could flip: the same request sent again writes the same text). --exact
+        decodes the whole prompt, as a fresh run does: batches of other sizes round differently.
+        The rest of the prompt goes in one decode, as in llama.cpp's own tools: its last row
+        writes the first token, so plain and speculative runs share it exactly."""
+        target, cache, request = self.target, self.cache, self.request
+        # (What the target holds past n_past is gone: a calibration, or another engine, rewound it.)
+        cached = 0 if request.exact else min(common_prefix_length(cache.tokens, prompt), target.n_past)
+        again = (request.max_tokens > 0 and cached == len(prompt) and cache.prompt == prompt
+                 and cache.prompt_on_device == self._on_device)
         keep = len(prompt) if again else min(cached, len(prompt) - 1)
         target.rewind(keep)
-        stats.prompt_cached = keep
-        self._cached = []
-        self._step_ended = None
-        # The rest of the prompt in one decode, as llama.cpp's own tools do: its last row
-        # writes the first token, so plain and speculative runs share it exactly.
-        if options.max_tokens <= 0:
-            row = None
-        elif again:
-            row = last_row
+        self.stats.prompt_cached = keep
+        cache.tokens = []
+        if request.max_tokens <= 0:
+            cache.prompt, cache.prompt_row = None, None
+            return None
+        if again:
+            row = cache.prompt_row
         elif self._on_device:
             row = int(target.decode_argmax(prompt[keep:])[0])
         else:
             row = np.array(target.decode(prompt[keep:])[0])  # a copy: kept for the same prompt again
-        if row is None:
-            first = None
-        elif self._on_device:
-            first = row
-        else:
-            first = self._choose(options.sampling.penalise(row, prompt), len(prompt))
-        self._prompt_row = (list(prompt), self._on_device, row) if row is not None else (None, False, None)
+        cache.prompt, cache.prompt_on_device, cache.prompt_row = list(prompt), self._on_device, row
+        if self._on_device:
+            return row  # type: ignore[return-value]
+        return self._choose(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+
+    def _generate(self, prompt: list[int]) -> Iterator[Event]:
+        target, stats = self.target, self.stats
+        stats.prompt_tokens = len(prompt)
+        started = time.perf_counter()
+        self._step_ended = None
+        first = self._prefill(prompt)
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 
-        text = TextStream(options.stop)
+        text = TextStream(self.request.stop)
         tokens = list(prompt)  # the committed sequence: prompt + output
         started = time.perf_counter()
         reason = "length"
@@ -390,7 +182,7 @@ class Engine:
                     yield step
                 if reason:
                     break
-                remaining = options.max_tokens - stats.tokens
+                remaining = self.request.max_tokens - stats.tokens
                 room = target.n_ctx - target.n_past - 1  # positions left after committed[-1]
                 if remaining <= 0 or room < 0:
                     reason = "length" if remaining <= 0 else "context"
@@ -401,22 +193,22 @@ class Engine:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
         finally:
             stats.seconds = time.perf_counter() - started
-            self._cached = tokens[: target.n_past]
+            self.cache.tokens = tokens[: target.n_past]
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
     def _choose(self, row: np.ndarray, position: int) -> int:
         """The target's own token at `position` from its logits row: argmax, or the keyed
         draw from the warped row."""
-        if self.options.sampling.greedy:
+        if self.sampling.greedy:
             return int(np.argmax(row))
-        return keyed_choice(warp(row, self.options.sampling), self.seed, position)
+        return keyed_choice(warp(row, self.sampling), self.seed, position)
 
     def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int], int]:
         """The proposal, the part of it to verify (at most `room` tokens: what the output
         budget and the context leave), and how many tokens the draft model was asked for."""
         policy = self.policy
-        available = min(room, policy.draft_tokens)
+        available = min(room, policy.max_draft)
         if available <= 0:
             return Proposal(), [], 0
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
@@ -461,10 +253,10 @@ class Engine:
         logits rows (penalised for the text before them, warped when sampling)."""
         if self._on_device:
             return verify_greedy_tokens(draft, rows)
-        logits = _Rows(rows, self.options.sampling, tokens, draft)
-        if self.options.sampling.greedy:
+        logits = _Rows(rows, self.sampling, tokens, draft)
+        if self.sampling.greedy:
             return verify_greedy(draft, logits)
-        return verify_keyed(draft, _WarpedRows(logits, self.options.sampling), self.seed, len(tokens))
+        return verify_keyed(draft, _WarpedRows(logits, self.sampling), self.seed, len(tokens))
 
 
 class _Rows(Sequence[np.ndarray]):

@@ -11,8 +11,8 @@ Verification keeps the output exactly the target's:
   that draw, and the draw at the first mismatch is written. So a seed writes the same
   text with any proposer and any draft length. An n-gram token x is kept with
   probability p(x), as under rejection sampling; a draft model that draws with the same
-  noise agrees with the target wherever the two distributions do (benchmarks/README.md,
-  section 8, compares it with rejection sampling).
+  noise agrees with the target wherever the two distributions do (`benchmarks/coupling.py`
+  compares it with rejection sampling).
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ _NEGLIGIBLE = 50.0
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
+
+
+def fresh_seed() -> int:
+    """A seed for a run that gives none: 63 bits from the operating system's entropy."""
+    return int(np.random.SeedSequence().entropy % (1 << 63))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import math
 import time
 from typing import Callable, Protocol
 
-from specli.decode.proposers import DraftModelProposer, Proposal
+from specli.decode.draft_model import DraftModelProposer
+from specli.decode.proposers import Proposal
 
 # Text to price translating with (cost_per_target_token): prose, digits, code, accents, CJK.
 SAMPLE = ("The quick brown fox jumps over the lazy dog; 1234567890 and 3.14159. "
@@ -103,10 +104,12 @@ class TranslatedDraft:
     translated = True
 
     def __init__(self, target: Tokenizer, model: DraftModelProposer) -> None:
+        if model.keyed:
+            raise ValueError("a draft through text drafts its likeliest tokens: its positions are not the target's, "
+                             "so there is no keyed noise to share (DraftModelProposer(keyed=False))")
         self.target = target
         self.model = model
-        model.keyed = False  # its positions are not the target's: no keyed noise to share
-        self.draft: Tokenizer = model.model
+        self.draft: Tokenizer = model.draft.model  # type: ignore[assignment]
         # The target's control tokens (a chat template's) reach the text as their own text; a
         # draft that has the same control token reads it as one.
         self._read_spelling = Spelling(self.draft, parse_special=True)
@@ -131,7 +134,7 @@ class TranslatedDraft:
         if sequence and self._fits(sequence):
             self.model.prepare(sequence)
 
-    def lookup(self, tokens: list[int], draft_tokens: int) -> Proposal:
+    def lookup(self, tokens: list[int], count: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
     def behind(self, tokens: list[int]) -> int:
@@ -140,16 +143,16 @@ class TranslatedDraft:
         unread = round((len(tokens) - self._target_count) * self._ratio)
         return unread + self.model.behind(self._lead + self._tokens)
 
-    def propose(self, tokens: list[int], draft_tokens: int) -> Proposal:
+    def propose(self, tokens: list[int], count: int) -> Proposal:
         sequence = self._read(tokens)
-        if draft_tokens <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
+        if count <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
             return Proposal()  # nothing to continue yet, or the text ends inside a character
-        # Enough draft tokens for draft_tokens + 1 target tokens: the last is held back.
-        wanted = max(1, math.ceil((draft_tokens + 1) * self._ratio))
+        # Enough draft tokens for count + 1 target tokens: the last is held back.
+        wanted = max(1, math.ceil((count + 1) * self._ratio))
         drafted = self.model.propose(sequence, wanted).tokens
         ended = next((i for i, token in enumerate(drafted) if self.draft.is_end_of_generation(token)), len(drafted))
         text = b"".join(self.draft.piece(token) for token in drafted[:ended])
-        return Proposal(self._target_tokens(text)[:draft_tokens], proposer="draft")
+        return Proposal(self._target_tokens(text)[:count], proposer="draft")
 
     def _fits(self, sequence: list[int]) -> bool:
         """Whether the draft's context holds its tokens for the text (it may need more of them
@@ -201,9 +204,6 @@ class TranslatedDraft:
             spelled.append(token)
             position += len(piece)
         return spelled[:-1]
-
-    def close(self) -> None:
-        self.model.close()
 
 
 def cost_per_target_token(target: Tokenizer, draft: Tokenizer, decode_seconds: float,

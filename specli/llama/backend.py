@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import llama_cpp as llama
 import numpy as np
 
-import llama_cpp as llama
-
-from specli.llama import devices, rpc
 from specli.errors import ModelFileError, PromptError
+from specli.llama import devices, rpc
 
 
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:

@@ -23,10 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from specli.llama import devices
 from specli.config import debug_enabled
 from specli.errors import SpecliError, UsageError
 from specli.install import RPC_INSTALL
+from specli.llama import devices
 
 # ggml/include/ggml-rpc.h and ggml/src/ggml-rpc/ggml-rpc.cpp of the vendored llama.cpp.
 PROTOCOL = (7, 0, 0)

@@ -248,7 +248,7 @@ class Pair(BaseModel):
     @classmethod
     def _draft_model(cls, value: bool, info: ValidationInfo) -> bool:
         # `draft` is declared above, so it is validated first; absent here when it failed.
-        if value and info.data.get("draft") == "ngram":
+        if value and not isinstance(info.data.get("draft"), ModelRef):  # the draft is n-gram lookup
             raise ValueError("applies to a draft model only; n-gram lookup drafts the target's own tokens")
         return value
 

@@ -3,20 +3,21 @@ or Hub references, or the embedded model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from specli.decode.request import DraftKind
 from specli.errors import SpecliError, UsageError
 
-if TYPE_CHECKING:
-    from specli.session import SessionSpec
+PROPOSERS = {kind.value: kind for kind in (DraftKind.NGRAM, DraftKind.NONE)}  # --draft's words besides a model
 
 
 @dataclass(frozen=True)
 class ResolvedModels:
     target: Path
-    draft: Path | str  # a path, "ngram" or "none"
+    draft: DraftKind = DraftKind.NGRAM
+    draft_model: Path | None = None  # with DraftKind.MODEL
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
 
 
@@ -26,24 +27,28 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        return ResolvedModels(model_file(target), _draft_path_or_kind(draft or "ngram"))
+        return _with_draft(model_file(target), draft or DraftKind.NGRAM.value)
     if pair is None:
         from specli.models.demo import embedded_model_path
 
-        return ResolvedModels(embedded_model_path(), _draft_path_or_kind(draft or "ngram"))
+        return _with_draft(embedded_model_path(), draft or DraftKind.NGRAM.value)
     from specli.models import hub
     from specli.models.registry import load_registry
 
     entry = load_registry().get(pair)
     target_path, pair_draft = hub.resolve_pair(entry, download=True)
-    chosen = _draft_path_or_kind(draft) if draft else (pair_draft or "none")
-    return ResolvedModels(target_path, chosen, entry.draft_tokens)
+    if draft:
+        return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens)
+    if pair_draft is None:  # the pair drafts with n-gram lookup
+        return ResolvedModels(target_path, DraftKind.NGRAM, None, entry.draft_tokens)
+    return ResolvedModels(target_path, DraftKind.MODEL, pair_draft, entry.draft_tokens)
 
 
-def _draft_path_or_kind(draft: str | Path) -> Path | str:
-    if isinstance(draft, str) and draft in ("ngram", "none"):
-        return draft
-    return model_file(draft)
+def _with_draft(target: Path, draft: str) -> ResolvedModels:
+    """--draft ngram, none, or a model (a file or a Hub reference): parsed here, once."""
+    if draft in PROPOSERS:
+        return ResolvedModels(target, PROPOSERS[draft])
+    return ResolvedModels(target, DraftKind.MODEL, model_file(draft))
 
 
 def model_file(model: str | Path) -> Path:
@@ -61,15 +66,16 @@ def check_draft_spelling(draft: str | None) -> None:
     """--draft ngrm: a misspelt proposer, not a missing file."""
     import difflib
 
-    if draft is None or draft in ("ngram", "none") or Path(draft).exists() or "/" in draft or "." in draft:
+    if draft is None or draft in PROPOSERS or Path(draft).exists() or "/" in draft or "." in draft:
         return
-    close = difflib.get_close_matches(draft, ["ngram", "none"], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(draft, list(PROPOSERS), n=1, cutoff=0.6)
     if close:
         raise UsageError(f"--draft {draft}: no such file or proposer", f"did you mean --draft {close[0]}?")
 
 
-def warn_if_self_drafting(spec: SessionSpec, stderr: IO[str]) -> None:
+def warn_if_self_drafting(models: ResolvedModels, stderr: IO[str]) -> None:
     """A draft that is the target itself costs as much as the target: it cannot speed anything up."""
-    if isinstance(spec.draft, Path) and spec.draft.exists() and spec.draft.resolve() == spec.target.resolve():
+    draft = models.draft_model
+    if draft is not None and draft.exists() and draft.resolve() == models.target.resolve():
         stderr.write("specli: warning: the draft is the target itself; drafting costs as much as it saves "
                      "(use --draft ngram, or a smaller model of the same family)\n")

@@ -20,7 +20,7 @@ from typing import IO, Iterator
 
 import uvicorn
 
-from specli.decode.engine import DraftTokens
+from specli.decode.request import GenerationRequest
 from specli.errors import SpecliError
 from specli.render import notifier
 from specli.session import SessionSpec, open_session
@@ -38,7 +38,9 @@ class ServeSettings:
     queue: int = DEFAULT_QUEUE  # requests that may wait while one generates; more get 503
     memory: bool = True  # n-gram lookup also searches recent requests' outputs
     name: str | None = None  # what responses call the model (default: the target file's name)
-    draft_tokens: DraftTokens = "auto"  # a request's draft_tokens when it gives none
+    # What a request gets for the fields it does not give: the server's drafting and sampling
+    # options, and no token limit (until the end, or the context's).
+    defaults: GenerationRequest = GenerationRequest(max_tokens=1 << 30)
 
 
 def is_loopback(host: str) -> bool:
@@ -115,9 +117,9 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
     sock = listen(settings.host, settings.port)
     with sock, open_session(spec, notice) as session:
         worker = Worker(session, queue=settings.queue, memory=settings.memory)
-        draft = spec.draft.name if hasattr(spec.draft, "name") else str(spec.draft)
-        info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key, spec.sampling,
-                          settings.draft_tokens, int(time.time()))
+        draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft.value
+        info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
+                          settings.defaults, int(time.time()))
         app = create_app(worker, info, err)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=5, lifespan="off")

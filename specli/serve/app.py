@@ -23,15 +23,37 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specli.config import debug_enabled
-from specli.decode.engine import DraftTokens, GenerationOptions, Stats, Token
+from specli.decode.engine import ContextLengthError, check_prompt_fits
+from specli.decode.events import Stats, Token
+from specli.decode.request import DraftKind, GenerationRequest
 from specli.errors import PromptError, SpecliError
 from specli.prompt import chat_tokens, prompt_tokens
-from specli.decode.sampling import SamplingSettings
-from specli.serve.schema import (AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatRequest,
-                                 Completion, CompletionRequest, CompletionTokensDetails, Delta, ErrorBody,
-                                 ErrorResponse, ModelCard, ModelList, PromptTokensDetails, RequestError, Span,
-                                 TextChoice, TextChunk, TextChunkChoice, Timings, Usage, _new_id)
-from specli.serve.worker import Busy, Closing, Gone, Job, Worker, sampling_for
+from specli.serve.schema import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunk,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatRequest,
+    Completion,
+    CompletionRequest,
+    CompletionTokensDetails,
+    Delta,
+    ErrorBody,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    RequestError,
+    Span,
+    TextChoice,
+    TextChunk,
+    TextChunkChoice,
+    Timings,
+    Usage,
+    _new_id,
+)
+from specli.serve.worker import Busy, Closing, Gone, Job, Worker
 from specli.stream import Outcome, spans_of
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
@@ -46,8 +68,7 @@ class ServerInfo:
     target: str
     draft: str
     api_key: str | None
-    sampling: SamplingSettings  # the defaults a request's own fields override
-    draft_tokens: DraftTokens  # the default for a request that gives none (serve's -k)
+    defaults: GenerationRequest  # what a request's own fields override (serve's options)
     started: int
 
 
@@ -142,33 +163,19 @@ def _job(body: Union[ChatRequest, CompletionRequest], worker: Worker, info: Serv
     """The request as a generation, or ApiError (400) naming what cannot be served."""
     try:
         body.refused()
-        draft = body.draft or _default_draft(worker)
-        if draft == "model" and worker.draft_model is None:
+        request = body.generation_request(info.defaults)
+        if request.draft is DraftKind.MODEL and worker.session.draft is None:
             raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
         prompt = tokens()
-        n_ctx = worker.session.target.n_ctx
-        if len(prompt) >= n_ctx:
-            raise RequestError(f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}", "messages"
-                               if isinstance(body, ChatRequest) else "prompt", code="context_length_exceeded")
-        prediction = body.prediction_text()
-        predicted = worker.session.target.tokenize(prediction, add_special=False) if prediction else None
+        check_prompt_fits(len(prompt), worker.session.target.n_ctx)
     except RequestError as error:
         raise ApiError(400, error.message, param=error.param, code=error.code) from None
+    except ContextLengthError as error:
+        raise ApiError(400, error.message, param="messages" if isinstance(body, ChatRequest) else "prompt",
+                       code="context_length_exceeded") from None
     except PromptError as error:  # no chat template, a template that fails
         raise ApiError(400, error.message + (f" ({error.hint})" if error.hint else ""), param="messages") from None
-    sampling = sampling_for(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty, info.sampling)
-    limit = body.token_limit or (1 << 30)  # no limit given: until the end, or the context's
-    exact = worker.session.spec.exact if body.exact is None else body.exact
-    options = GenerationOptions(limit, sampling, tuple(body.stops), reuse_cache=not exact)
-    draft_tokens = body.draft_tokens or info.draft_tokens
-    seed = worker.new_seed() if body.seed is None else body.seed
-    return Job(prompt, options, draft, draft_tokens, exact, seed, predicted)
-
-
-def _default_draft(worker: Worker) -> str:
-    """What a request that names no draft gets: the loaded draft model (with lookup in front
-    of it unless --no-ngram), else the server's own --draft (ngram or none)."""
-    return "model" if worker.draft_model is not None else worker.session.proposer.name
+    return Job(prompt, request)
 
 
 async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest], job: Job, worker: Worker,

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
+from specli.errors import UsageError
 
 
 class RequestError(ValueError):
@@ -107,7 +111,7 @@ class _Generation(BaseModel):
     stream_options: Optional[StreamOptions] = None
     prediction: Optional[Prediction] = None
     # specli's own: which proposer drafts, how many tokens a step, and --exact.
-    draft: Optional[Literal["none", "ngram", "model"]] = None
+    draft: Optional[DraftKind] = None
     draft_tokens: Union[int, Literal["auto"], None] = None
     exact: Optional[bool] = None
     # Fields that change what is generated; `refused` says which specli cannot honour.
@@ -121,10 +125,11 @@ class _Generation(BaseModel):
 
     @field_validator("draft_tokens")
     @classmethod
-    def _positive(cls, value):
-        if isinstance(value, int) and value < 1:
-            raise ValueError("must be at least 1, or 'auto' (draft 'none' for plain decoding)")
-        return value
+    def _draft_tokens(cls, value):
+        try:
+            return None if value is None else parse_draft_tokens(value)
+        except UsageError as error:
+            raise ValueError(error.message) from None
 
     @field_validator("stop")
     @classmethod
@@ -167,6 +172,25 @@ class _Generation(BaseModel):
         if self.prediction is None:
             return None
         return content_text(self.prediction.content, "prediction.content")
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def generation_request(self, defaults: GenerationRequest) -> GenerationRequest:
+        """The generation this body asks for: its own fields over the server's defaults (its
+        options). No seed: a fresh one; no token limit: the server's (until the end)."""
+        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+                    if getattr(self, name) is not None}
+        return replace(defaults,
+                       max_tokens=self.token_limit or defaults.max_tokens,
+                       sampling=replace(defaults.sampling, **sampling),
+                       stop=tuple(self.stops),
+                       seed=self.seed,
+                       draft=self.draft or defaults.draft,
+                       draft_tokens=self.draft_tokens or defaults.draft_tokens,
+                       exact=defaults.exact if self.exact is None else self.exact,
+                       prediction=self.prediction_text())
 
 
 class ChatRequest(_Generation):
@@ -226,10 +250,6 @@ class CompletionRequest(_Generation):
             raise RequestError("suffix (fill-in-the-middle) is not supported", "suffix")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
             raise RequestError("one prompt per request", "prompt")
-
-    @property
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
 
 # --- responses ----------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The server's generations: one at a time on the loaded pair, in a thread of their own,
 the others waiting in a FIFO queue of bounded length.
 
-A request becomes a Job (prompt tokens, sampling, proposer, policy); `Worker.start` waits
-for its turn and starts it; the engine's events reach the request as they come (`Relay`),
-and the turn passes on when the generation has ended, whatever ended it. One Engine is kept
-for the whole server, so the target's KV cache keeps the longest prefix a request shares
-with the one before (an agent that resends its conversation prefills only the new turn).
+A request becomes a Job (its prompt's tokens and its GenerationRequest); `Worker.start`
+waits for its turn and starts it on the engine `Session.engine_for` builds for it; the
+engine's events reach the request as they come (`Relay`), and the turn passes on when the
+generation has ended, whatever ended it. The session keeps what the target's KV cache
+holds, so a request decodes only what its prompt adds to the longest prefix it shares with
+the one before (an agent that resends its conversation prefills only the new turn).
 Drafting is priced with the costs stored when the server started: it never changes midway.
 """
 
@@ -14,18 +15,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-import numpy as np
-
-from specli.decode.adaptive import MAX_DRAFT
-from specli.decode.costs import StepCosts
-from specli.decode.engine import DraftTokens, Engine, FixedDraftPolicy, GenerationOptions, Stats, StepRecord, Token
-from specli.decode.proposers import (LookupThenModel, NGramProposer, NoProposer, Proposer, TokenIndex, draft_model_of,
-                              model_proposer_of)
-from specli.decode.sampling import SamplingSettings
-from specli.session import Session, exact_batch_sizes
+from specli.decode.events import Stats, StepRecord, Token
+from specli.decode.ngram import TokenIndex
+from specli.decode.request import GenerationRequest
+from specli.session import Session
 from specli.stream import Outcome, stream
 
 # The suffix memory: the outputs of recent requests, searched by n-gram lookup. Bounded: past
@@ -48,15 +44,10 @@ class Gone(Exception):
 
 @dataclass(frozen=True)
 class Job:
-    """One request's generation, as the engine runs it."""
+    """One request's generation: its prompt's tokens and the request."""
 
     tokens: list[int]
-    options: GenerationOptions
-    draft: str  # "none" | "ngram" | "model"
-    draft_tokens: DraftTokens
-    exact: bool
-    seed: int
-    prediction: list[int] | None = None  # a Predicted Output's tokens, for n-gram lookup only
+    request: GenerationRequest
 
 
 class Relay:
@@ -117,24 +108,13 @@ class Worker:
         self.queue = queue
         self.memory = MemoryIndex() if memory else None
         self.closing = threading.Event()  # set on SIGINT/SIGTERM: the generation in flight stops
-        self._engine = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationOptions(), session.seed)
-        self._costs: StepCosts = self._fixed_costs()
-        self._exact_batch: dict[bool, int] | None = None  # measured on the first exact request
+        # -k auto prices every request with the costs read (or, the first time, measured) now,
+        # before any request: a request may draft on a server started with --draft none, and a
+        # calibration between requests would leave the target's cache empty (see module doc).
+        session.costs()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn
-
-    @property
-    def draft_model(self) -> Proposer | None:
-        """The loaded draft model's proposer (drafting through text where its vocabulary
-        differs), without lookup in front of it."""
-        return model_proposer_of(self.session.proposer)
-
-    def _fixed_costs(self) -> StepCosts:
-        """The costs -k auto prices every request with, read (or, the first time, measured) once,
-        before any request: a request may draft on a server started with --draft none, and a
-        calibration between requests would leave the target's cache empty (see module doc)."""
-        return self.session.costs()
 
     async def start(self, job: Job, on_event: Callable[[object], None] | None,
                     gone: Callable[[], Awaitable[bool]] | None = None) -> tuple[asyncio.Future, threading.Event]:
@@ -198,69 +178,13 @@ class Worker:
             raise
 
     def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
-        """In the worker thread: the job's proposer and policy on the kept engine, then stream."""
-        engine = self._engine
-        engine.proposer = self._proposer(job)
-        engine.policy = self._policy(job, engine.proposer)
-        engine.options = job.options
-        engine.seed = job.seed
+        """In the worker thread: the request's engine, then stream."""
+        engine = self.session.engine_for(job.request, memory=self.memory.index if self.memory is not None else None)
         outcome = stream(engine, job.tokens, sink, cancelled=lambda: cancel.is_set() or self.closing.is_set())
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
             self.memory.add(outcome.tokens)
         return outcome
 
-    def _proposer(self, job: Job) -> Proposer:
-        if job.draft == "none":
-            return NoProposer()
-        # The prediction is where the answer is expected to go, right after the prompt: indexed
-        # behind the prompt's last tokens, it drafts the answer's opening too.
-        opening = job.tokens[-NGramProposer.LENGTHS[0] :]
-        references = [TokenIndex(opening + job.prediction)] if job.prediction else []
-        if self.memory is not None:
-            references.append(self.memory.index)
-        lookup = NGramProposer(references=references)
-        if job.draft == "model":
-            draft = self.draft_model
-            model = draft_model_of(self.session.proposer)
-            assert draft is not None and model is not None, "checked when the request was read"
-            model.sampling, model.seed = job.options.sampling, job.seed
-            # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
-            return LookupThenModel(lookup, draft) if job.prediction or self.session.spec.draft_lookup else draft
-        return lookup
-
-    def _policy(self, job: Job, proposer: Proposer):
-        # exact: within the exact batch (the server's own --exact is a request's default).
-        most = self.exact_batch() - 1 if job.exact else MAX_DRAFT
-        costs = self._costs
-        if draft_model_of(proposer) is None:
-            costs = replace(costs, draft_per_token=0.0)  # n-gram lookup costs next to nothing
-        return self.session.draft_policy(job.draft_tokens, proposer=proposer, costs=costs, most=most)
-
-    def exact_batch(self) -> int:
-        """The largest bit-identical verify batch with the loaded repacking setting (measured
-        once per model and settings, then stored)."""
-        if self.session.exact_batch is not None:
-            return self.session.exact_batch
-        if self._exact_batch is None:
-            self._exact_batch = exact_batch_sizes(self.session.spec)
-        return self._exact_batch[self.session.spec.target_load.repack]
-
-    def new_seed(self) -> int:
-        return int(np.random.SeedSequence().entropy % (1 << 63))
-
     def close(self) -> None:
         self.closing.set()
         self._thread.shutdown(wait=True)
-
-
-def sampling_for(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
-                 repeat_penalty: float | None, defaults: SamplingSettings) -> SamplingSettings:
-    """A request's sampling: its own fields, else the server's (`specli run`'s defaults)."""
-    return SamplingSettings(
-        defaults.temperature if temperature is None else temperature,
-        defaults.top_k if top_k is None else top_k,
-        defaults.top_p if top_p is None else top_p,
-        defaults.min_p if min_p is None else min_p,
-        defaults.repeat_penalty if repeat_penalty is None else repeat_penalty,
-        defaults.repeat_last_n,
-    )

@@ -18,7 +18,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Literal, Optional
+from typing import Iterator, Optional
 
 import httpx2
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
@@ -49,8 +49,6 @@ from specli.models.hub.cache import (
 from specli.models.hub.repo import list_repo, missing_file
 from specli.models.registry import ModelRef, Pair
 
-Draft = Literal["ngram"]
-
 
 def hub_endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
@@ -63,13 +61,14 @@ def hub_offline() -> bool:
 # --- resolving: a local path for each model of a pair -------------------------------------------
 
 
-def resolve_pair(pair: Pair, *, download: bool = True) -> tuple[Path, Path | Draft]:
-    """Local paths of the target and the draft (or "ngram"), pulling missing files when allowed."""
+def resolve_pair(pair: Pair, *, download: bool = True) -> tuple[Path, Path | None]:
+    """Local paths of the target and the draft model (None: the pair drafts with n-gram
+    lookup), pulling missing files when allowed."""
     if download and not hub_offline() and not pair_status(pair).downloaded:
         return pull_pair(pair)
     target = resolve_model(pair.target, download=False, pair_name=pair.name)
     if not isinstance(pair.draft, ModelRef):
-        return target, pair.draft
+        return target, None
     return target, resolve_model(pair.draft, download=False, pair_name=pair.name)
 
 
@@ -225,15 +224,16 @@ def _make_room(files: list[HubFile], what: str) -> None:
 # --- pulling ------------------------------------------------------------------------------------
 
 
-def pull_pair(pair: Pair, plan: PullPlan | None = None) -> tuple[Path, Path | Draft]:
-    """Download whatever the pair lacks, verify it, and return the target and draft paths."""
+def pull_pair(pair: Pair, plan: PullPlan | None = None) -> tuple[Path, Path | None]:
+    """Download whatever the pair lacks, verify it, and return the target's and the draft
+    model's paths (None: the pair drafts with n-gram lookup)."""
     plan = plan or plan_pull(pair)
     _make_room(plan.files, pair.name)
     if plan.download_size:
         _say(f"pulling {pair.name}: {format_size(plan.download_size)} to download")
     target = _pulled_model("target", pair.target, plan, pair.name)
     if not isinstance(pair.draft, ModelRef):
-        return target, pair.draft
+        return target, None
     return target, _pulled_model("draft", pair.draft, plan, pair.name)
 
 

@@ -1,0 +1,191 @@
+"""What a generation yields: a Token as text is committed, a StepRecord after each step, and
+Finished with the run's Stats. Stats, the draft-length policy and `specli bench` read the
+same records; nothing else is timed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Sequence, Union
+
+Source = Literal["draft", "target"]
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One committed token: its id, the text it released, and who wrote it (a drafted token
+    also names its proposer: "ngram" or "draft", the draft model)."""
+
+    id: int
+    text: str
+    source: Source
+    proposer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One target decode after the prompt's: what was drafted and kept, and where its time went.
+
+    Stats, the draft-length policy and `specli bench` all read these; nothing else is timed.
+    """
+
+    drafted: int
+    accepted: int
+    draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes)
+    verify_seconds: float  # the target's batched decode of [last] + draft
+    read_seconds: float  # reading rows to accept (a vocabulary-sized scan each, or a device's few candidates)
+    loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
+    key: object = None  # the proposal's key (n-gram lookup: the match length)
+    extent: int = 0  # the proposal's extent (a copy in progress: how far back the match goes)
+    proposer: str = ""  # who drafted: "ngram" or "draft" ("" for a plain step)
+    support: tuple[float, ...] = ()  # the proposal's vote share per drafted token (Proposal.support)
+    agreeing: tuple[int, ...] = ()  # the occurrences in agreement per drafted token (Proposal.agreeing)
+    # The draft model's tokens the policy asked for (0: lookup's or a plain step). Through text
+    # it may bring none (its text ended inside a character), though its decodes were paid.
+    asked: int = 0
+
+    @property
+    def rows_read(self) -> int:
+        """Rows after the first rejection are never read."""
+        return self.accepted + 1
+
+
+@dataclass
+class Stats:
+    """Counts, summed times and the draft/accept histograms of one run (or several, combined).
+    Every other figure is derived below, once."""
+
+    proposer: str = "none"
+    translated: bool = False  # a draft model with another vocabulary, drafting through text
+    prompt_tokens: int = 0
+    prompt_cached: int = 0  # of the prompt's tokens, those the target's cache already held (a chat's earlier turns)
+    tokens: int = 0
+    steps: int = 0  # target decodes after the prompt's
+    drafted: int = 0
+    accepted: int = 0
+    rows_read: int = 0
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0  # generation time after the prompt's decode
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    read_seconds: float = 0.0
+    finish_reason: str = ""
+    first_token_from_prefill: bool = False  # the prompt's decode wrote the first token
+    draft_lengths: list[int] = field(default_factory=list)  # [n]: steps that drafted n tokens
+    accept_lengths: list[int] = field(default_factory=list)  # [n]: steps that kept n draft tokens
+    drafted_by: dict[str, int] = field(default_factory=dict)  # by proposer ("ngram", "draft")
+    accepted_by: dict[str, int] = field(default_factory=dict)
+
+    def record(self, step: StepRecord) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.rows_read += step.rows_read
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        self.read_seconds += step.read_seconds
+        if step.drafted:
+            _count(self.draft_lengths, step.drafted)
+            _count(self.accept_lengths, step.accepted)
+            self.drafted_by[step.proposer] = self.drafted_by.get(step.proposer, 0) + step.drafted
+            self.accepted_by[step.proposer] = self.accepted_by.get(step.proposer, 0) + step.accepted
+
+    @classmethod
+    def combine(cls, runs: Sequence[Stats]) -> Stats:
+        """Several runs' stats as one: counts, times and histograms added up (its
+        tokens_per_second counts every token; take each run's own for a rate)."""
+        total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated)
+        for run in runs:
+            for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "rows_read",
+                         "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
+                setattr(total, name, getattr(total, name) + getattr(run, name))
+            for name in ("draft_lengths", "accept_lengths"):
+                mine, theirs = getattr(total, name), getattr(run, name)
+                _grow(mine, len(theirs))
+                for n, count in enumerate(theirs):
+                    mine[n] += count
+            for name in ("drafted_by", "accepted_by"):
+                mine, theirs = getattr(total, name), getattr(run, name)
+                for proposer, count in theirs.items():
+                    mine[proposer] = mine.get(proposer, 0) + count
+        return total
+
+    @property
+    def generated_after_first(self) -> int:
+        """Tokens written by decode steps: the first token, written by the prompt's decode
+        (prefill time), is left out, as in llama.cpp's "eval time ... N - 1 runs"."""
+        return self.tokens - 1 if self.first_token_from_prefill and self.tokens > 0 else self.tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_after_first / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens kept per step that drafted anything."""
+        drafting = sum(self.draft_lengths)
+        return self.accepted / drafting if drafting else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Of the steps that drafted position i, the share that kept it."""
+        drafted = _at_least(self.draft_lengths)
+        kept = _at_least(self.accept_lengths)
+        return [(kept[i] if i < len(kept) else 0) / drafted[i] for i in range(len(drafted)) if drafted[i]]
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time outside proposing and the target's decodes: the loop, and the logits reads."""
+        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def python_overhead_ms_per_step(self) -> float:
+        return 1000 * self.overhead_seconds / self.steps if self.steps else 0.0
+
+    @property
+    def loop_overhead_ms_per_step(self) -> float:
+        """The overhead less the logits reads: what a step costs whatever its length."""
+        return 1000 * max(0.0, self.overhead_seconds - self.read_seconds) / self.steps if self.steps else 0.0
+
+    @property
+    def read_us_per_row(self) -> float:
+        """Microseconds to read one logits row (argmax, or warping when sampling): a row is
+        n_vocab floats, so memory bandwidth sets this cost."""
+        return 1e6 * self.read_seconds / self.rows_read if self.rows_read else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
+                     "overhead_seconds", "python_overhead_ms_per_step", "loop_overhead_ms_per_step",
+                     "read_us_per_row"):
+            data[name] = getattr(self, name)
+        return data
+
+
+def _grow(counts: list[int], size: int) -> None:
+    if len(counts) < size:
+        counts.extend([0] * (size - len(counts)))
+
+
+def _count(histogram: list[int], value: int) -> None:
+    _grow(histogram, value + 1)
+    histogram[value] += 1
+
+
+def _at_least(histogram: list[int]) -> list[int]:
+    """[i]: how many entries are above i, for i < the largest value."""
+    out, above = [], sum(histogram)
+    for count in histogram[:-1]:
+        above -= count
+        out.append(above)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: str  # "eog" | "length" | "stop" | "context"
+    stats: Stats
+
+
+Event = Union[Token, StepRecord, Finished]
