@@ -306,6 +306,7 @@ def _generate(session: Session, request: GenerationRequest, config: Config, toke
         request = replace(request, draft=DraftKind.NONE, max_tokens=max_tokens)
     else:
         request = replace(request, draft_tokens=config, max_tokens=max_tokens)
+    session.clear_cache()  # each run decodes its prompt afresh, as `specli run` does
     engine = session.engine_for(request)
     times = _ReleaseTimes()
     outcome = stream(engine, tokens, times)

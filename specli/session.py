@@ -95,6 +95,12 @@ class Session:
         return Engine(self.target, proposer, policy, request, cache=self._cache,
                       verify_on_device=self.spec.verify_on_device)
 
+    def clear_cache(self) -> None:
+        """Forget what the target's KV cache holds: the next generation decodes its whole
+        prompt, as a fresh `specli run` does (a prompt decoded on top of a kept prefix is
+        batched otherwise, and rounds otherwise at a near-tie)."""
+        self._cache = TargetCache()
+
     def drafts_plainly(self, request: GenerationRequest) -> bool:
         """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
         return request.exact and request.drafts and self.exact_batch_size() == 1
