@@ -83,6 +83,19 @@ class ModelState:
 
 
 @dataclass
+class StoredCurve:
+    """One stored verify-cost curve: what it holds for, how old it is, and whether it holds."""
+
+    model: str  # the model file
+    settings: str  # the load settings it holds for, as options
+    source: str  # "first run" | "calibrated"
+    measured_at: float | None  # Unix time; None: stored by an earlier specli
+    one_token_ms: float
+    state: str  # "ok", "stale: ...", "implausible: ...", "another build", "an earlier specli's"
+    refresh: str  # the command that measures it again
+
+
+@dataclass
 class Report:
     specli: str
     python: str
@@ -95,6 +108,7 @@ class Report:
     hints: list[str] = field(default_factory=list)  # faster settings; not problems (exit code 0)
     model: ModelState | None = None
     rpc_servers: list[RpcServerState] = field(default_factory=list)
+    costs: list[StoredCurve] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,7 +141,62 @@ def diagnose(rpc: tuple[str, ...] = ()) -> Report:
         problems=problems,
         hints=hints,
         rpc_servers=servers,
+        costs=check_costs(),
     )
+
+
+def check_costs() -> list[StoredCurve]:
+    """Every verify-cost curve in the store: its age, source, and whether it still holds (a
+    plausible shape, not marked stale by a run, measured by this build), with the command
+    that measures it again."""
+    from specli.config import cache_dir
+    from specli.decode.costs import CostStore, curve_problem
+    from specli.session import COSTS_VERSION, build_key, parse_settings_key
+
+    try:
+        build = build_key()
+    except Exception:  # noqa: BLE001 - no working backend: the report says so elsewhere
+        build = None
+    store = CostStore(cache_dir() / "costs.json")
+    curves = []
+    for key in store.keys():
+        costs, parsed = store.costs(key), parse_settings_key(key)
+        if costs is None or parsed is None:
+            continue
+        problem = curve_problem(costs.verify)
+        if parsed.version != COSTS_VERSION:
+            state = "an earlier specli's: not used"
+        elif build is not None and parsed.build != build:
+            state = "another build or devices: not used"
+        elif problem is not None:
+            state = f"implausible: {problem} (the next run measures again)"
+        elif costs.stale is not None:
+            state = f"stale: a run's verify steps took {costs.stale:.2f}x its price (the next run measures again)"
+        else:
+            state = "ok"
+        curves.append(StoredCurve(parsed.path.name, _options(parsed.load), costs.source, costs.measured_at,
+                                  1000 * costs.verify.get(1, 0.0), state,
+                                  f"specli doctor --calibrate --target {parsed.path} {_options(parsed.load)}".rstrip()))
+    return curves
+
+
+def _options(load) -> str:
+    """The options that load a model with these settings (defaults left out)."""
+    from specli.llama.backend import LoadSettings
+
+    default = LoadSettings()
+    options = []
+    if load.gpu_layers != default.gpu_layers:
+        options.append(f"-ngl {load.gpu_layers}")
+    if load.ctx_size != default.ctx_size:
+        options.append(f"-c {load.ctx_size}")
+    if load.threads is not None:
+        options.append(f"-t {load.threads}")
+    if not load.repack:
+        options.append("--no-repack")
+    if load.rpc:
+        options.append(f"--rpc {','.join(load.rpc)}")
+    return " ".join(options)
 
 
 def check_rpc_servers(endpoints: tuple[str, ...]) -> list[RpcServerState]:
@@ -314,6 +383,8 @@ def print_report(report: Report, console) -> None:
         console.print(pairs)
     if report.model is not None:
         print_model(report.model, console)
+    if report.costs:
+        print_costs(report.costs, console)
     for hint in report.hints:
         console.print(Text.assemble(("hint: ", "yellow"), hint))
     for problem in report.problems:
@@ -342,3 +413,31 @@ def print_model(model: ModelState, console) -> None:
     facts.add_row("verify costs", Text(costs))
     facts.add_row("exact batch", Text(found))
     console.print(facts)
+
+
+def print_costs(curves: list[StoredCurve], console) -> None:
+    """The stored verify-cost curves, and the command that measures again each one that does not hold."""
+    import time
+
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold", title="stored verify costs", title_justify="left")
+    for name in ("MODEL", "SETTINGS", "SOURCE", "AGE", "1 TOKEN", "STATE"):
+        table.add_column(name, overflow="fold")
+    for curve in curves:
+        age = _age(time.time() - curve.measured_at) if curve.measured_at else "-"
+        table.add_row(Text(curve.model), curve.settings or "defaults", curve.source, age,
+                      f"{curve.one_token_ms:.1f} ms", Text(curve.state, style="" if curve.state == "ok" else "yellow"))
+    console.print()
+    console.print(table)
+    for curve in curves:
+        if curve.state != "ok" and not curve.state.startswith(("an earlier", "another")):
+            console.print(Text(f"to measure {curve.model} again now: {curve.refresh}"))
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

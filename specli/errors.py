@@ -49,3 +49,7 @@ class HubError(SpecliError):
 
 class OfflineError(HubError):
     """A file is needed that is not in the cache and downloads are disabled."""
+
+
+class CalibrationError(SpecliError):
+    """The machine was too busy to measure a model's costs: nothing was stored."""

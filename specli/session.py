@@ -8,6 +8,8 @@ into the proposer, the draft-length policy and the engine that run it.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -19,12 +21,17 @@ from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.decode.costs import (
     CALIBRATION_SIZES,
     FIRST_RUN_SIZES,
+    PASSES,
     PRIOR_LOOP,
+    STALE_RANGE,
+    STALE_STEPS,
+    Calibration,
     CostSource,
     CostStore,
     StepCosts,
     VerifyCurve,
     calibrate,
+    curve_problem,
     prior_costs,
 )
 from specli.decode.draft_model import DraftModel, DraftModelProposer
@@ -35,7 +42,8 @@ from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
 from specli.decode.translate import TranslatedDraft, cost_per_target_token
-from specli.errors import UsageError, VocabMismatchError
+from specli.decode.events import Stats
+from specli.errors import CalibrationError, UsageError, VocabMismatchError
 from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.llama.devices import compute_fingerprint
 from specli.llama.vocab import check_vocab_compatible
@@ -63,7 +71,7 @@ class Session:
     """A loaded target, and a draft model where one was asked for, reusable across generations."""
 
     def __init__(self, spec: SessionSpec, target: Model, draft: DraftModel | None = None, *, translated: bool = False,
-                 exact_batch: int | None = None) -> None:
+                 exact_batch: int | None = None, notice: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.target = target
         self.draft = draft
@@ -71,6 +79,8 @@ class Session:
         self._exact_batch = exact_batch
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
         self._cost_store: CostStore | None = None
+        self._costs: StepCosts | None = None  # the costs generations are priced with, once read (costs)
+        self._notice = notice  # hears of a calibration the machine was too busy for, or of stale costs
 
     @property
     def exact_batch(self) -> int | None:
@@ -132,28 +142,87 @@ class Session:
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
     def costs(self, *, measure: bool = True) -> StepCosts:
-        """This target's stored costs; where none are stored, a quick calibration made now and
-        stored (measure=False: the prior instead). With a draft model, its stored cost per
-        token; where none is stored, its decode timed now and stored (measure=False: priced by
-        its file size). What a run's steps take is never stored, so a model's first run drafts
-        as every later one does."""
-        stored = self._store().costs(self._costs_key())
-        if stored is None and measure:
-            return self.calibrate(FIRST_RUN_SIZES, repeats=1, source="first run")
-        if stored is None:
+        """The costs -k auto prices this session's generations with, fixed once read: the
+        stored ones; where none can be used (none stored, or the stored curve is implausible
+        or stale), a quick calibration made now and stored (measure=False: the prior instead);
+        where the machine is too busy to measure, a conservative curve for this session only,
+        and nothing stored. With a draft model, its stored cost per token; where none is
+        stored, its decode timed now and stored (measure=False: priced by its file size).
+        What a run's steps take is never used to price them, so a model's first run drafts as
+        every later one does."""
+        if measure and self._costs is not None:
+            return self._costs
+        target = self._stored_costs(say=measure)
+        if target is None and not measure:
             return self._prior()
-        if self.draft is None:
+        if target is None:
+            target = self._first_run_costs()
+        costs = self._with_draft(target, measure)
+        if measure:
+            self._costs = costs
+        return costs
+
+    def _stored_costs(self, *, say: bool) -> StepCosts | None:
+        """The target's stored costs, unless they are implausible or marked stale (`say`: a
+        line says they will be measured again)."""
+        stored = self._store().costs(self._costs_key())
+        if stored is None or stored.source in ("prior", "conservative"):
+            return None
+        problem = curve_problem(stored.verify)
+        if problem is None and stored.stale is None:
             return stored
+        if say and self._notice is not None:
+            why = problem or f"a run's verify steps took {stored.stale:.2f}x their price"
+            self._notice(f"the stored verify costs of {self.target.path.name} no longer hold ({why}): measuring them again")
+        return None
+
+    def _first_run_costs(self) -> StepCosts:
+        """A quick calibration, stored; or, where the machine is too busy, the conservative curve."""
+        outcome = self._time_target(FIRST_RUN_SIZES, PASSES)
+        if outcome.problem is not None:
+            if self._notice is not None:
+                self._notice(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
+                             f"({outcome.problem}): drafting cautiously this run, measuring again on the next")
+            gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
+            return prior_costs(gpu, self._draft_size_ratio(), conservative=True)
+        return self._store_target(outcome, "first run")
+
+    def _with_draft(self, target: StepCosts, measure: bool) -> StepCosts:
+        """The target's costs with the draft model's (measured, or priced by its file size)."""
+        if self.draft is None:
+            return target
+        if target.source in ("prior", "conservative"):  # relative units: the draft by its size too
+            return target
         measured = self._draft_measurements()
         if measured is None and measure:
             self._calibrate_draft()  # the target's costs are stored, this draft's not yet
             measured = self._draft_measurements()
         if measured is not None:
             seconds, catch_up, acceptance = measured
-            return replace(stored, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
+            return replace(target, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
         # Not measured: priced by its file size, catching up a token at a decode's cost.
-        seconds = self._draft_size_ratio() * VerifyCurve(stored.verify).cost(1)
-        return replace(stored, draft_per_token=seconds, draft_catch_up=seconds)
+        seconds = self._draft_size_ratio() * VerifyCurve(target.verify).cost(1)
+        return replace(target, draft_per_token=seconds, draft_catch_up=seconds)
+
+    def review(self, stats: Stats) -> bool:
+        """After a generation: where its verify steps took consistently more or less than the
+        stored curve priced them at (Stats.costs_ratio outside STALE_RANGE over at least
+        STALE_STEPS steps), mark the stored curve stale, so the next run measures it again, and
+        say so. This generation's choices are made already, and so are this session's: only
+        the next run's costs change."""
+        ratio, costs = stats.costs_ratio, self._costs
+        if ratio is None or stats.priced_steps < STALE_STEPS or costs is None or costs.source in ("prior", "conservative"):
+            return False
+        if STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
+            return False
+        stored = self._store().costs(self._costs_key())
+        if stored is None or stored.stale is not None:
+            return False
+        self._store().put_costs(self._costs_key(), replace(stored, stale=ratio))
+        if self._notice is not None:
+            self._notice(f"this run's verify steps took {ratio:.2f}x what the stored costs priced them at: "
+                         "they will be measured again on the next run")
+        return True
 
     def _draft_measurements(self) -> tuple[float, float, float | None] | None:
         """The draft model's stored cost per token, catch-up cost per token and agreement
@@ -172,25 +241,42 @@ class Session:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
         return prior_costs(gpu, self._draft_size_ratio())
 
-    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, repeats: int = 2,
-                  source: CostSource = "calibrated") -> StepCosts:
+    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES + 1) -> StepCosts:
         """Time the target's verify batches, and a draft model's one-token decode, now and store
-        them (`specli bench`, `doctor --calibrate`; a first run's quick one: see costs)."""
+        them (`specli bench`, `doctor --calibrate`; a first run's quick one: see costs). Raises
+        CalibrationError, storing nothing, where the machine is too busy to measure."""
+        outcome = self._time_target(sizes, passes)
+        if outcome.problem is not None:
+            raise CalibrationError(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
+                                   f"({outcome.problem}); nothing was stored", "measure again when it is quieter")
+        self._store_target(outcome, "calibrated")
+        if self.draft is not None:
+            self._calibrate_draft()
+        self._costs = None
+        return self.costs()
+
+    def _time_target(self, sizes: tuple[int, ...], passes: int) -> Calibration:
         target = self.target
         sizes = tuple(size for size in sizes if size < min(target.n_ctx, target.batch_size))
         target.rewind(0)
         token = target.bos if target.bos >= 0 else 0
-        verify = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes, repeats)
+        load = self.spec.target_load
+        on_cpu = not load.rpc and (load.gpu_layers == 0 or not supports_gpu_offload())
+        threads = min(load.threads or os.cpu_count() or 1, usable_cpus()) if on_cpu else None
+        return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes, passes,
+                         threads)
+
+    def _store_target(self, outcome: Calibration, source: CostSource) -> StepCosts:
         stored = self._store().costs(self._costs_key())
+        verify = outcome.verify
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
-        costs = StepCosts(verify, 0.0, loop, source)
+        costs = StepCosts(verify, 0.0, loop, source, measured_at=time.time())
         self._store().put_costs(self._costs_key(), costs)
-        if self.draft is not None:
-            self._calibrate_draft()
-        return self.costs(measure=False)
+        return costs
 
     def _calibrate_draft(self) -> float:
-        """Time the draft model's one-token decode and store it as its cost per drafted token.
+        """Time the draft model's one-token decode and store it as its cost per drafted token
+        (where the machine is too busy, nothing: 0.0).
         Its own time, where it runs: its file size against the target's says nothing when the
         target's decodes cross a network (--rpc). Through text, a drafted token is priced per
         target token, with the round trip through both tokenizers; its catch-up stays per draft
@@ -199,8 +285,10 @@ class Session:
         self.draft.forget()
         draft = self.draft.model
         token = draft.bos if draft.bos >= 0 else 0  # its own vocabulary's, where it differs
-        timed = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1, CATCH_UP_BATCH), repeats=5)
-        seconds, catch_up = timed[1], timed[CATCH_UP_BATCH] / CATCH_UP_BATCH
+        timed = calibrate(lambda tokens: draft.decode(tokens), draft.rewind, token, (1, CATCH_UP_BATCH), passes=4)
+        if timed.problem is not None:  # too busy: priced by its file size this time, measured again next
+            return 0.0
+        seconds, catch_up = timed.verify[1], timed.verify[CATCH_UP_BATCH] / CATCH_UP_BATCH
         if self.translated:
             seconds = cost_per_target_token(self.target, draft, seconds)
         else:  # the same tokens mean the same to both: how often their greedy choices agree
@@ -239,6 +327,22 @@ class Session:
         self.close()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on at once: its affinity, and a cgroup's CPU quota (a
+    container's `--cpus`) where one is set."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
 def build_key() -> str:
     """The llama.cpp build and the devices it sees, as stored costs are keyed by them."""
     return f"{library_versions()['llama_cpp_python']}|{compute_fingerprint()}"
@@ -256,12 +360,12 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     target = Model(spec.target, spec.target_load, verbose=spec.verbose)
     try:
         if spec.draft_model is None or exact_batch == 1:
-            return Session(spec, target, exact_batch=exact_batch)
+            return Session(spec, target, exact_batch=exact_batch, notice=notice)
         draft, translated = _open_draft(spec, target, notice)
     except BaseException:
         target.close()
         raise
-    return Session(spec, target, draft, translated=translated, exact_batch=exact_batch)
+    return Session(spec, target, draft, translated=translated, exact_batch=exact_batch, notice=notice)
 
 
 # A sample for a draft model's agreement with its target: prose, a list, code, numbers.
@@ -341,7 +445,7 @@ def _open_draft(spec: SessionSpec, target: Model, notice: Callable[[str], None] 
 
 # --- where costs are stored ---------------------------------------------------------
 
-COSTS_VERSION = 3  # part of every key: a change in how costs are measured measures again
+COSTS_VERSION = 4  # part of every key: a change in how costs are measured measures again
 
 
 def settings_key(path: Path, load: LoadSettings, build: str) -> str:
@@ -351,6 +455,30 @@ def settings_key(path: Path, load: LoadSettings, build: str) -> str:
     parts = (path.resolve(), info.st_size, info.st_mtime_ns, load.gpu_layers, load.threads, load.repack,
              load.ctx_size, build, f"v{COSTS_VERSION}")
     return "|".join(str(part) for part in parts) + _servers_key(load)
+
+
+@dataclass(frozen=True)
+class CostsKey:
+    """What a stored curve's key says: the model file and the settings and build it holds for."""
+
+    path: Path
+    load: LoadSettings
+    build: str
+    version: int
+
+
+def parse_settings_key(key: str) -> CostsKey | None:
+    """settings_key's parts again (None: not a key of stored costs, or of a format it cannot read)."""
+    head, _, servers = key.partition("|rpc:")
+    parts = head.split("|")
+    try:
+        path, _, _, layers, threads, repack, ctx_size = parts[:7]
+        build, version = "|".join(parts[7:-1]), int(parts[-1].removeprefix("v"))
+        load = LoadSettings(int(layers), ctx_size=int(ctx_size), threads=None if threads == "None" else int(threads),
+                            repack=repack == "True", rpc=tuple(servers.split(",")) if servers else ())
+    except (ValueError, IndexError):
+        return None
+    return CostsKey(Path(path), load, build, version)
 
 
 def _servers_key(load: LoadSettings) -> str:

@@ -272,7 +272,7 @@ def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
 
 def test_calibration_leaves_the_cache_empty_and_costs_are_stored(tmp_path):
     model = FakeModel(n_ctx=64)
-    measured = calibrate(lambda t: model.decode(t, all_logits=True), model.rewind, 1, sizes=(1, 2, 4))
+    measured = calibrate(lambda t: model.decode(t, all_logits=True), model.rewind, 1, sizes=(1, 2, 4)).verify
     assert set(measured) == {1, 2, 4} and model.n_past == 0
     store = CostStore(tmp_path / "costs.json")
     store.put_costs("model-a", StepCosts(measured, 0.0, 0.001, "calibrated"))
@@ -286,28 +286,6 @@ def test_a_damaged_store_reads_as_empty(tmp_path):
     assert CostStore(tmp_path / "costs.json").costs("model-a") is None
     (tmp_path / "costs.json").write_text('{"model-a": {"verify": {"1": -1}}}')
     assert CostStore(tmp_path / "costs.json").costs("model-a") is None
-
-
-def test_calibration_measures_again_a_size_that_noise_made_dearer_than_a_longer_one(monkeypatch):
-    """After one untimed decode of the largest size, sizes are timed in turn, twice; a size still
-    dearer than a longer one of its parity is timed again, so one burst of noise does not price
-    it out of the policy's choices."""
-    clock = {"now": 0.0}
-    timings = {12: [0.245, 0.240, paired_rows_cost(12)]}  # two noisy samples, then the true cost
-    calls = []
-
-    def decode(tokens):
-        size = len(tokens)
-        calls.append(size)
-        clock["now"] += timings[size].pop(0) if timings.get(size) else paired_rows_cost(size)
-
-    monkeypatch.setattr("specli.decode.costs.time.perf_counter", lambda: clock["now"])
-    measured = calibrate(decode, lambda n: None, 1, sizes=(1, 2, 8, 12, 16))
-    assert calls[0] == 16, "an untimed decode of the largest size first (llama.cpp grows its buffers once)"
-    assert calls[1:11] == [1, 2, 8, 12, 16] * 2  # in turn, not size by size
-    assert calls[11:] == [12]
-    assert measured[12] == pytest.approx(paired_rows_cost(12))
-    assert measured[8] == pytest.approx(paired_rows_cost(8))
 
 
 def test_the_prior_prices_a_gpu_batch_as_nearly_free_and_a_cpu_batch_as_dear():

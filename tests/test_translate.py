@@ -217,10 +217,12 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
     """Proposer.behind counts the draft's own tokens, so its catch-up cost is stored per draft
     token as timed; a drafted token is priced per target token (the tokenizers' ratio)."""
     from specli import session as session_module
+    from specli.decode.costs import Calibration
     from specli.decode.translate import cost_per_target_token
 
     timings = {1: 0.010, session_module.CATCH_UP_BATCH: 0.048}
-    monkeypatch.setattr(session_module, "calibrate", lambda decode, rewind, token, sizes, repeats: timings)
+    monkeypatch.setattr(session_module, "calibrate",
+                        lambda decode, rewind, token, sizes, **_: Calibration(timings, None, 0.0, None))
     spec = session_module.SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
     with session_module.open_session(spec) as opened:
         assert opened.translated

@@ -260,6 +260,10 @@ class AdaptiveDraftPolicy:
         drafting = self._catch_up * self._behind + self._draft_per_token * k if key is None and k > 0 else 0.0
         return drafting + self._verify.cost(k + 1) + self._loop
 
+    def price(self, drafted: int) -> float:
+        """The verify of `drafted` draft tokens, as the costs price it (a prior's are relative: 0)."""
+        return self._verify.cost(drafted + 1) if self.costs.source not in ("prior", "conservative") else 0.0
+
     def record(self, step: StepRecord) -> None:
         """Learn from what the step kept. Its measured times are not used: see the module doc."""
         drafted, accepted = step.drafted, step.accepted

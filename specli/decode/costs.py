@@ -4,9 +4,14 @@ the loop's time per step.
 `-k auto` chooses draft lengths from these and never from times measured during a run, so
 the same command drafts, and writes, the same way every time, the first run included. They
 come from a calibration (`specli doctor --calibrate`, `specli bench`), or, where none is
-stored, from a quick one that a model's first run makes before it drafts (FIRST_RUN_SIZES),
-stored once and changed only by a full calibration. ("learned" costs, which earlier versions
-stored from a model's first run, are still read.)
+stored, from a quick one that a model's first run makes before it drafts (FIRST_RUN_SIZES).
+
+A calibration is only stored where it can be trusted: every size is warmed up, then timed
+in passes that alternate their order, and the fastest time of each kept (load only ever adds
+time); where the passes disagree, or the curve is not one a batch can have (`curve_problem`),
+or one token does not cost what a plain step does, the machine was too busy: nothing is
+stored, the run drafts on `conservative_costs`, and the next run measures again. A stored
+curve that a run finds far from its own verify times is marked stale, and measured again.
 """
 
 from __future__ import annotations
@@ -14,23 +19,42 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
 
-CostSource = Literal["prior", "learned", "first run", "calibrated"]
+# prior: nothing measured; conservative: the machine was too busy to measure (not stored).
+CostSource = Literal["prior", "conservative", "learned", "first run", "calibrated"]
 
 # Batch sizes a calibration times. Odd and even both: on CPUs llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
-# The quick calibration a model's first run makes, once, when nothing is stored: a few tenths
-# of a second on the embedded model; longer batches follow the line through the largest two.
-FIRST_RUN_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17)
+# The quick calibration a model's first run makes, once, when nothing is stored (0.8 s on the
+# embedded model here); longer batches follow the line through the largest two of a parity.
+FIRST_RUN_SIZES = (1, 2, 3, 4, 8, 9, 16)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
 # runs the whole output head, so each row adds much; on a GPU a batch of a few rows costs
 # little more than one (benchmarks/README.md, "Costs behind the code").
 PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.02, 1.0)}
+# Where the machine was too busy to measure: a curve at or above every one measured here (2
+# rows 1.85 plain decodes, 8 rows 5.0, 48 rows 16.8), so the run drafts only what is sure to pay.
+CONSERVATIVE_CURVE = {"cpu": (0.85, 0.8), "gpu": (0.1, 1.0)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
+
+# When a calibration can be trusted (`judge`): each size's second-fastest time within
+# BUSY_SPREAD of its fastest (the median over sizes; quiet passes here: 0.04-0.19, with two
+# busy processes on the two cores: 0.30-0.66), and one token within PLAIN_RANGE of a plain step.
+PASSES = 2  # timed passes over the sizes, after a warm-up one; two more where they disagree
+BUSY_SPREAD = 0.35
+PLAIN_RANGE = (0.67, 1.5)
+# On a CPU, the share of the CPU time its threads asked for that the decodes got: 0.98-1.0 on
+# a quiet machine here, 0.6-0.75 beside one busy process, 0.5 beside two. Load that slows every
+# size alike leaves the spread and the shape as they were: this is what shows it.
+BUSY_CPU_SHARE = 0.85
+# A run's verify times against the stored curve (Stats.costs_ratio): outside STALE_RANGE over at
+# least STALE_STEPS priced steps, the stored curve is marked stale and measured again.
+STALE_RANGE = (0.67, 1.5)
+STALE_STEPS = 30
 
 
 @dataclass(frozen=True)
@@ -47,6 +71,10 @@ class StepCosts:
     # Bringing a draft model's cache up to date, per token (one batched decode of what was
     # committed while it did not draft).
     draft_catch_up: float = 0.0
+    measured_at: float | None = None  # when the verify curve was measured (Unix time)
+    # A run's median verify time over this curve's price, where it was far enough off to
+    # measure again (Session.review); None: not stale.
+    stale: float | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -58,19 +86,44 @@ class StepCosts:
         verify = {int(size): float(seconds) for size, seconds in data["verify"].items()}
         if not verify or any(seconds <= 0 for seconds in verify.values()):
             raise ValueError("no verify costs")
-        acceptance = data.get("draft_acceptance")
+        acceptance, measured_at, stale = data.get("draft_acceptance"), data.get("measured_at"), data.get("stale")
         return cls(verify, float(data.get("draft_per_token", 0.0)), float(data.get("loop", 0.0)),
                    data.get("source", "calibrated"), None if acceptance is None else float(acceptance),
-                   float(data.get("draft_catch_up", 0.0)))
+                   float(data.get("draft_catch_up", 0.0)), None if measured_at is None else float(measured_at),
+                   None if stale is None else float(stale))
 
 
-def prior_costs(gpu: bool, draft_size_ratio: float = 0.0) -> StepCosts:
-    """Costs before anything is measured, in units of a one-token decode. A draft model is
-    priced by its file size against the target's: a decode reads every weight once (its
-    catch-up too, a token at a decode's cost, as Session prices an unmeasured draft)."""
-    scale, power = PRIOR_CURVE["gpu" if gpu else "cpu"]
+def prior_costs(gpu: bool, draft_size_ratio: float = 0.0, *, conservative: bool = False) -> StepCosts:
+    """Costs before anything is measured, in units of a one-token decode (conservative: where
+    the machine was too busy to measure, CONSERVATIVE_CURVE). A draft model is priced by its
+    file size against the target's: a decode reads every weight once (its catch-up too, a
+    token at a decode's cost, as Session prices an unmeasured draft)."""
+    scale, power = (CONSERVATIVE_CURVE if conservative else PRIOR_CURVE)["gpu" if gpu else "cpu"]
     verify = {size: 1.0 + scale * (size - 1) ** power for size in CALIBRATION_SIZES}
-    return StepCosts(verify, draft_size_ratio, PRIOR_LOOP, "prior", draft_catch_up=draft_size_ratio)
+    source: CostSource = "conservative" if conservative else "prior"
+    return StepCosts(verify, draft_size_ratio, PRIOR_LOOP, source, draft_catch_up=draft_size_ratio)
+
+
+def curve_problem(verify: dict[int, float]) -> str | None:
+    """Why a verify curve is not one a batch can have (noise under load made it), or None.
+
+    A batch of b rows costs at least most of one row's decode and at most about b of them;
+    and a longer batch costs no less than well over half a shorter one: the CPU kernels take
+    rows in fours, so 3 rows may cost more than 4 (3.5 and 2.7 plain decodes here), never
+    twice as much."""
+    if 1 not in verify:
+        return "no one-token cost"
+    one = verify[1]
+    for size, seconds in sorted(verify.items()):
+        ratio = seconds / one
+        if size > 1 and ratio < 0.8:
+            return f"a batch of {size} priced at {ratio:.2f}x one token"
+        if ratio > 1.5 * size:
+            return f"a batch of {size} priced at {ratio:.1f}x one token"
+        shorter = [other for other in verify if other < size and seconds < 0.6 * verify[other]]
+        if shorter:
+            return f"a batch of {size} priced at {seconds / verify[shorter[0]]:.2f}x a batch of {shorter[0]}"
+    return None
 
 
 class VerifyCurve:
@@ -128,37 +181,88 @@ class VerifyCurve:
         raise AssertionError("unreachable: smallest < batch < largest")
 
 
-def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
-              sizes: tuple[int, ...] = CALIBRATION_SIZES, repeats: int = 2) -> dict[int, float]:
-    """Time an all-logits decode of each batch size on an empty cache, keeping the fastest
-    of `repeats` runs: the machine's cost, not its noise (nor a first run's graph building).
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration's verify curve and whether it can be trusted."""
 
-    One untimed decode of the largest size comes first: llama.cpp grows its compute buffers
-    the first time a process decodes a batch that large, and the model's weights are read in
-    then, so no size is timed with that one-off cost (it would price every longer draft too
-    high). The repeats go over all sizes in turn, so a burst of noise hits one sample of a few
-    sizes rather than every sample of one. A size that still costs more than a longer one
-    of the same parity was caught by noise: it is measured again (twice at most).
-    """
-    costs: dict[int, float] = {}
-    decode([token] * max(sizes))
+    verify: dict[int, float]  # seconds by batch size: each size's fastest time
+    plain: float | None  # a plain step's fastest time (a token after a context), as timed beside them
+    spread: float  # the median over sizes of how far a size's second-fastest time lies over its fastest
+    problem: str | None  # why the machine was too busy to measure, or None
+    seconds: float = 0.0  # how long the calibration took
+    cpu_share: float | None = None  # of the CPU time its threads asked for, the share they got
+
+
+def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
+              sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES, threads: int | None = None) -> Calibration:
+    """Time an all-logits decode of each batch size on an empty cache.
+
+    The largest size is decoded once untimed first: its first use grows llama.cpp's buffers to
+    what every smaller batch needs too (here the first timed use of each smaller size then
+    costs what later ones do), and the model's weights are read in. Then `passes` timed
+    passes over the sizes, forward and
+    backward in turn, so a burst of load hits one sample of a few sizes rather than every
+    sample of one; after the largest size, a plain step is timed as a run makes it (a token
+    after a token, after a context: the first token after a batch of another size pays for
+    the change of shape, which a tiny model's step does not outweigh). Each size keeps its fastest time: load only ever adds time. Where the
+    passes disagree or the curve is implausible (`judge`), two passes more are timed and it
+    is judged again; its `problem` says why it cannot be trusted, if it still cannot.
+    `threads`: the CPU threads a decode runs on (a model on the CPU), whose share of the CPU
+    time they asked for is checked too; None where the decodes run elsewhere (a GPU, --rpc)."""
+    started = time.perf_counter()
+    largest = max(sizes)
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    plain: list[float] = []
+    used = {"wall": 0.0, "cpu": 0.0}
+
+    def timed(tokens: list[int]) -> float:
+        begun, cpu = time.perf_counter(), time.process_time()
+        decode(tokens)
+        wall = time.perf_counter() - begun
+        used["wall"] += wall
+        used["cpu"] += time.process_time() - cpu
+        return wall
+
+    decode([token] * largest)  # the warm-up
     rewind(0)
 
-    def measure(size: int) -> None:
-        started = time.perf_counter()
-        decode([token] * size)
-        costs[size] = min(costs.get(size, float("inf")), time.perf_counter() - started)
-        rewind(0)
+    def one_pass(index: int) -> None:
+        for size in sizes if index % 2 == 0 else sizes[::-1]:
+            samples[size].append(timed([token] * size))
+            if size == largest:  # a plain step as a run makes one: a token after a token, after a context
+                decode([token])
+                plain.append(timed([token]))
+            rewind(0)
 
-    for _ in range(repeats):
-        for size in sizes:
-            measure(size)
-    for _ in range(2):
-        suspects = [size for size in sizes
-                    if any(other > size and other % 2 == size % 2 and costs[other] < costs[size] for other in sizes)]
-        for size in suspects:
-            measure(size)
-    return costs
+    def share() -> float | None:
+        return used["cpu"] / (used["wall"] * threads) if threads and used["wall"] > 0 else None
+
+    for index in range(passes):
+        one_pass(index)
+    result = judge(samples, plain, share())
+    if result.problem is not None:
+        for index in range(passes, passes + 2):
+            one_pass(index)
+        result = judge(samples, plain, share())
+    return replace(result, seconds=time.perf_counter() - started)
+
+
+def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None) -> Calibration:
+    """The curve from timed samples (each size's fastest), and whether it can be trusted."""
+    verify = {size: min(times) for size, times in samples.items()}
+    spreads = sorted((sorted(times)[1] - min(times)) / min(times) for times in samples.values() if len(times) > 1)
+    spread = spreads[len(spreads) // 2] if spreads else 0.0
+    plain_step = min(plain) if plain else None
+    problem = curve_problem(verify)
+    if problem is None and cpu_share is not None and cpu_share < BUSY_CPU_SHARE:
+        problem = f"its threads got {cpu_share:.0%} of the CPU time they asked for"
+    if problem is None and spread > BUSY_SPREAD:
+        problem = f"a batch's times varied by {spread:.0%} from pass to pass"
+    if problem is None and plain_step is not None and 1 in verify:
+        ratio = verify[1] / plain_step
+        if not PLAIN_RANGE[0] <= ratio <= PLAIN_RANGE[1]:
+            problem = f"one token timed at {ratio:.2f}x a plain step"
+    return Calibration(verify, plain_step, spread, problem, cpu_share=cpu_share)
 
 
 @dataclass
@@ -187,6 +291,9 @@ class CostStore:
 
     def get(self, key: str) -> object:
         return self._data.get(key)
+
+    def keys(self) -> list[str]:
+        return sorted(self._data)
 
     def put(self, key: str, value: object) -> None:
         self._data[key] = value

@@ -241,7 +241,7 @@ class Engine:
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
                           proposal.proposer if draft else "", proposal.support[: len(draft)],
-                          proposal.agreeing[: len(draft)], asked)
+                          proposal.agreeing[: len(draft)], asked, self.policy.price(len(draft)))
         self.stats.record(step)
         self.policy.record(step)
         committed = draft[:accepted] + [written]

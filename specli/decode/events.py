@@ -40,6 +40,8 @@ class StepRecord:
     # The draft model's tokens the policy asked for (0: lookup's or a plain step). Through text
     # it may bring none (its text ended inside a character), though its decodes were paid.
     asked: int = 0
+    # What the draft-length policy priced the verify at (DraftPolicy.price; 0: not priced, -k N).
+    priced_seconds: float = 0.0
 
     @property
     def rows_read(self) -> int:
@@ -72,6 +74,8 @@ class Stats:
     accept_lengths: list[int] = field(default_factory=list)  # [n]: steps that kept n draft tokens
     drafted_by: dict[str, int] = field(default_factory=dict)  # by proposer ("ngram", "draft")
     accepted_by: dict[str, int] = field(default_factory=dict)
+    # Each priced step's verify time over its price: how far the stored costs are from this run's.
+    verify_over_price: list[float] = field(default_factory=list, repr=False)
 
     def record(self, step: StepRecord) -> None:
         self.steps += 1
@@ -81,6 +85,8 @@ class Stats:
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
         self.read_seconds += step.read_seconds
+        if step.priced_seconds > 0:
+            self.verify_over_price.append(step.verify_seconds / step.priced_seconds)
         if step.drafted:
             _count(self.draft_lengths, step.drafted)
             _count(self.accept_lengths, step.accepted)
@@ -105,6 +111,7 @@ class Stats:
                 mine, theirs = getattr(total, name), getattr(run, name)
                 for proposer, count in theirs.items():
                     mine[proposer] = mine.get(proposer, 0) + count
+            total.verify_over_price.extend(run.verify_over_price)
         return total
 
     @property
@@ -116,6 +123,17 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.generated_after_first / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def priced_steps(self) -> int:
+        return len(self.verify_over_price)
+
+    @property
+    def costs_ratio(self) -> float | None:
+        """The median step's verify time over what the stored costs priced it at (None: no step
+        was priced): near 1 where the costs hold on this machine, now."""
+        ratios = sorted(self.verify_over_price)
+        return ratios[len(ratios) // 2] if ratios else None
 
     @property
     def acceptance_rate(self) -> float:
@@ -156,9 +174,10 @@ class Stats:
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        del data["verify_over_price"]
         for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
                      "overhead_seconds", "python_overhead_ms_per_step", "loop_overhead_ms_per_step",
-                     "read_us_per_row"):
+                     "read_us_per_row", "costs_ratio", "priced_steps"):
             data[name] = getattr(self, name)
         return data
 

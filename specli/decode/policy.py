@@ -30,6 +30,11 @@ class DraftPolicy(Protocol):
         of the draft model (`behind` the committed text by that many tokens)."""
         ...
 
+    def price(self, drafted: int) -> float:
+        """The seconds the policy priced the verify of `drafted` draft tokens at (0: it prices
+        nothing). Set beside the measured time, it shows whether the stored costs still hold."""
+        ...
+
     def record(self, step: StepRecord) -> None: ...
 
 
@@ -45,6 +50,9 @@ class FixedDraftPolicy:
 
     def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
         return free.extent > 0  # a copy in progress (a match of lookup's longest n)
+
+    def price(self, drafted: int) -> float:
+        return 0.0
 
     def record(self, step: StepRecord) -> None:
         pass

@@ -183,6 +183,7 @@ class Worker:
         outcome = stream(engine, job.tokens, sink, cancelled=lambda: cancel.is_set() or self.closing.is_set())
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
             self.memory.add(outcome.tokens)
+        self.session.review(outcome.stats)  # stale costs: measured again when the server next starts
         return outcome
 
     def close(self) -> None:
