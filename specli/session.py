@@ -36,13 +36,13 @@ from specli.decode.costs import (
 )
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, TargetCache
+from specli.decode.events import Stats
 from specli.decode.exact import exact_batch_size
 from specli.decode.ngram import NGramProposer, TokenIndex
 from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
 from specli.decode.translate import TranslatedDraft, cost_per_target_token
-from specli.decode.events import Stats
 from specli.errors import CalibrationError, UsageError, VocabMismatchError
 from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.llama.devices import compute_fingerprint

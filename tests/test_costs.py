@@ -13,9 +13,15 @@ from dataclasses import replace
 
 import pytest
 
-from fakes import FakeModel
-from specli.decode.costs import (BUSY_SPREAD, STALE_STEPS, Calibration, CostStore, StepCosts, calibrate,
-                                 curve_problem, judge)
+from specli.decode.costs import (
+    BUSY_SPREAD,
+    STALE_STEPS,
+    Calibration,
+    CostStore,
+    calibrate,
+    curve_problem,
+    judge,
+)
 from specli.decode.events import Stats, StepRecord
 from specli.errors import CalibrationError
 from specli.llama.backend import LoadSettings
