@@ -22,6 +22,17 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) ->
     return text
 
 
+def read_prediction(path: Path) -> str:
+    """--prediction FILE: text the answer is expected to repeat (a Predicted Output)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as error:
+        raise PromptError(f"prediction file not found: {path}") from error
+    except OSError as error:
+        raise PromptError(f"cannot read prediction file {path}: {error.strerror or error}") from error
+    return _decode_prompt(data, f"prediction file {path}")
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
     if prompt_file is not None:
         if prompt not in (None, "-"):

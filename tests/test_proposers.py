@@ -161,3 +161,54 @@ def test_only_the_latest_occurrences_vote():
     proposer = NGramProposer(lengths=(1,))
     proposer.prepare(tokens)
     assert proposer.propose(tokens, 1).tokens == [2], "the older 5 1 pairs fell out of the index"
+
+
+# --- a Predicted Output: the client's claim about the answer ---------------------------------
+
+
+def test_a_prediction_backs_its_proposals_with_a_key_of_its_own():
+    from specli.decode.ngram import PREDICTED, PREDICTION_MATCH
+
+    prompt = [9, 8, 7]
+    answer = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    proposer = NGramProposer(lengths=(3, 2, 1), prediction=answer)
+    proposer.prepare(prompt)
+    # After the prompt and the answer's first tokens, the prediction continues it.
+    tokens = prompt + answer[:PREDICTION_MATCH]
+    proposal = proposer.propose(tokens, 5)
+    assert proposal.tokens == answer[PREDICTION_MATCH : PREDICTION_MATCH + 5] and proposal.key is PREDICTED
+    assert proposal.extent >= PREDICTION_MATCH
+    # A match in the prediction shorter than PREDICTION_MATCH is as likely a coincidence as any.
+    short = NGramProposer(lengths=(3, 2, 1), prediction=[50, 5, 6, 7])
+    short.prepare([1, 2])
+    assert short.propose([1, 2, 40, 5], 3).key == 1
+
+
+def test_a_predictions_prior_starts_high_and_lookups_does_not():
+    from specli.decode.ngram import PREDICTED
+
+    assert NGramProposer.prior(PREDICTED, 1) > 0.95 > NGramProposer.prior(1, 1)
+    assert NGramProposer.prior(PREDICTED, 40) > NGramProposer.prior(12, 40) > 0.99
+
+
+def test_a_prediction_drafts_long_from_its_first_token_and_turns_cautious_where_the_answer_departs():
+    """On a CPU curve where a 48-token draft rejected outright costs 17 plain steps, lookup's
+    first draft is held to the risk budget's few tokens; a prediction's may be as long as
+    max_draft. Once the answer departs from it, its next draft is shorter."""
+    from dataclasses import replace
+
+    from specli.decode.adaptive import AdaptiveDraftPolicy
+    from specli.decode.costs import StepCosts
+    from specli.decode.events import StepRecord
+    from specli.decode.ngram import PREDICTED
+
+    measured = {1: 0.0135, 2: 0.0253, 3: 0.0433, 4: 0.0333, 5: 0.0517, 8: 0.0451, 9: 0.0648, 16: 0.0813, 17: 0.1036,
+                32: 0.165, 33: 0.2, 48: 0.22, 49: 0.235}
+    costs = StepCosts(measured, 0.0, 0.0003, "calibrated")
+    lookup = AdaptiveDraftPolicy(costs, NGramProposer.prior, max_draft=48)
+    predicted = AdaptiveDraftPolicy(costs, NGramProposer.prior, max_draft=48)
+    assert lookup.choose(12, 20, 48) < 8
+    first = predicted.choose(PREDICTED, 20, 48)
+    assert first >= 16
+    predicted.record(replace(StepRecord(first, 0, 0.0, measured[49], 0.0, 0.0), key=PREDICTED, extent=20))
+    assert predicted.choose(PREDICTED, 3, 48) < first

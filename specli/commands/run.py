@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Optional
@@ -19,7 +19,7 @@ from specli.decode.engine import Engine
 from specli.decode.proposers import NoProposer
 from specli.decode.request import GenerationRequest
 from specli.errors import UsageError
-from specli.prompt import prompt_tokens, read_prompt
+from specli.prompt import prompt_tokens, read_prediction, read_prompt
 from specli.render import JsonRenderer, Output, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
@@ -61,6 +61,7 @@ def run(
     color: Annotated[ColorMode, typer.Option("--color", metavar="WHEN", rich_help_panel=opt.OUTPUT, help="auto, always or never.")] = ColorMode.auto,
     json_output: Annotated[bool, typer.Option("--json", rich_help_panel=opt.OUTPUT, help="JSON Lines: each token, then stats.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", rich_help_panel=opt.OUTPUT, help="No legend and no stats line.")] = False,
+    prediction: Annotated[Optional[Path], typer.Option("--prediction", metavar="PATH", rich_help_panel=opt.DRAFTING, help="Text the answer should repeat much of (an edit's file).")] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli.models import resolve
@@ -73,10 +74,14 @@ def run(
     if conversation and json_output:
         raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
     text = None if conversation else read_prompt(prompt, file, sys.stdin)
+    if prediction is not None and conversation:
+        raise UsageError("--prediction needs a prompt: it is what one answer should repeat")
     models = opt.models(ctx.params)
     spec = opt.session_spec(models, ctx.params)
     request = opt.generation_request(models, ctx.params,
                                      max_tokens=max_tokens or (opt.NO_LIMIT if conversation else opt.DEFAULT_MAX_TOKENS))
+    if prediction is not None:
+        request = replace(request, prediction=read_prediction(prediction))
     if opt.hardware(ctx.params).asks_for_gpu:
         warn_without_gpu(sys.stderr)
     if not quiet and not json_output:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from specli.decode.costs import StepCosts, VerifyCurve
+from specli.decode.ngram import PREDICTED
 
 if TYPE_CHECKING:
     from specli.decode.events import StepRecord
@@ -74,6 +75,7 @@ MAX_DRAFT = 48  # longest draft considered
 # RISK_ALLOWANCE plain steps plus RISK_SHARE of the run's time: the most a run can lose.
 RISK_ALLOWANCE = 2.0
 RISK_SHARE = 0.05
+PREDICTION_ALLOWANCE = 20.0  # a 48-token draft rejected outright costs 17 plain steps on this CPU
 # How much m agreeing occurrences lower a drafted token's hazard: by (2 / (m + 1))**power, so
 # 0.44 for two, 0.16 for four (chosen on the development prompts with `benchmarks/replay.py`).
 AGREEMENT_POWER = 2.0
@@ -236,9 +238,12 @@ class AdaptiveDraftPolicy:
         drafts saved pays for longer ones: a copy that keeps being accepted earns the budget
         for its next, longer chunk, and a run whose drafts fail is held to short ones. (A
         draft model's acceptance is learnt from every step it drafts, and its own decodes
-        make even a kept draft cost more than it saves at first: it is not held to this.)"""
+        make even a kept draft cost more than it saves at first: it is not held to this.) A
+        Predicted Output is the client's claim about the answer: it may lose PREDICTION_ALLOWANCE
+        plain steps, a longest draft rejected at its first token on a CPU, before it earns more."""
         plain = self._step_cost(0)
-        budget = RISK_ALLOWANCE * plain + RISK_SHARE * self._seconds - self._drafting_loss
+        allowance = PREDICTION_ALLOWANCE if key is PREDICTED else RISK_ALLOWANCE
+        budget = allowance * plain + RISK_SHARE * self._seconds - self._drafting_loss
         k = 0
         while k < most and self._step_cost(k + 1, key) - plain <= budget:
             k += 1

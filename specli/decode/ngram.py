@@ -37,8 +37,10 @@ class NGramProposer:
     committed text's, the deepest match first wherever it is. A `prediction` (a Predicted
     Output) is where the answer is expected to go, right after the prompt: it is indexed
     behind the prompt's last tokens, so it drafts the answer's opening too, and searched
-    before the other references. None of them is ever decoded: only what they propose and
-    the target keeps is written.
+    before the other references. A proposal it backs (one of its occurrences votes, on a
+    match of PREDICTION_MATCH tokens or more) has the key PREDICTED: the client's claim is evidence of its own (`prior`), and the policy keeps
+    a record of how it holds apart from lookup's. None of them is ever decoded: only what
+    they propose and the target keeps is written.
     """
 
     name = "ngram"
@@ -52,6 +54,7 @@ class NGramProposer:
         self.references = tuple(references)
         self.prediction = list(prediction)
         self._searched = self.references
+        self._predicted: TokenIndex | None = None  # the prediction, behind the prompt's last tokens
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.lengths}
         self._indexed = 0  # n-grams ending before this position are in the index
         self.last_match_extent = 0  # how many tokens the last proposal's match really spans
@@ -62,7 +65,8 @@ class NGramProposer:
         self._extend_index(prompt)
         if self.prediction:
             opening = prompt[-self.lengths[0] :]
-            self._searched = (TokenIndex(opening + self.prediction, self.lengths), *self.references)
+            self._predicted = TokenIndex(opening + self.prediction, self.lengths)
+            self._searched = (self._predicted, *self.references)
 
     def propose(self, tokens: list[int], count: int) -> Proposal:
         self._extend_index(tokens)
@@ -95,6 +99,10 @@ class NGramProposer:
             if not draft:
                 continue
             self.last_match_extent = longest
+            predicted = self._predicted is not None and any(reference is self._predicted for reference, _ in voters)
+            if predicted and longest >= PREDICTION_MATCH:
+                return Proposal(draft, key=PREDICTED, extent=longest, proposer="ngram", support=support,
+                                agreeing=agreeing)
             extent = longest if n == self.lengths[0] else 0
             return Proposal(draft, key=n, extent=extent, proposer="ngram", support=support, agreeing=agreeing)
         return Proposal()
@@ -119,7 +127,14 @@ class NGramProposer:
         (key: the match length n): 1 - (0.7·exp(-x/4.25) + 0.0075), 0.44 for one token,
         0.72 for four, 0.95 for twelve, 0.99 past 25. In a copy in progress the policy
         passes the match's extent plus the drafted tokens before the one judged. Fitted to
-        recorded greedy outputs by `benchmarks/replay.py hazard`."""
+        recorded greedy outputs by `benchmarks/replay.py hazard`.
+
+        A Predicted Output (key PREDICTED) is the client's claim about the answer: its match
+        counts PREDICTION_EVIDENCE tokens longer, and a long one reaches a lower floor, so it
+        drafts long from its first token on while the answer follows it."""
+        if key is PREDICTED:
+            length = context + PREDICTION_EVIDENCE
+            return 1.0 - (HAZARD_SCALE * math.exp(-length / HAZARD_LENGTH) + PREDICTION_FLOOR)
         length = max(int(key), context)  # type: ignore[call-overload]
         return 1.0 - (HAZARD_SCALE * math.exp(-length / HAZARD_LENGTH) + HAZARD_FLOOR)
 
@@ -129,6 +144,21 @@ class NGramProposer:
 HAZARD_SCALE = 0.7
 HAZARD_LENGTH = 4.25
 HAZARD_FLOOR = 0.0075
+# A Predicted Output's match counts this many tokens longer, down to a floor of its own: 0.96
+# acceptance one token past an edit, 0.997 once a dozen follow it.
+PREDICTION_EVIDENCE = 12
+PREDICTION_FLOOR = 0.002
+PREDICTION_MATCH = 3  # a shorter match in the prediction is a coincidence as likely as elsewhere
+
+
+class _Predicted:
+    """The key of a proposal that a Predicted Output backs (NGramProposer.prior)."""
+
+    def __repr__(self) -> str:
+        return "PREDICTED"
+
+
+PREDICTED = _Predicted()
 EXTENT_LIMIT = 256  # past this the hazard is the floor: no need to look further back
 MAX_OCCURRENCES = 8  # the latest occurrences of an n-gram that vote on its continuation
 RECENCY = 0.8  # an occurrence's vote against the next later one's (benchmarks/README.md, "Costs behind the code")
