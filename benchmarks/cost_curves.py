@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-m", "--model", type=Path, required=True)
     parser.add_argument("-t", "--threads", type=int)
     parser.add_argument("--no-repack", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per size (the fastest kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the sizes (each size's fastest kept)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         target = session.target
         token = target.bos if target.bos >= 0 else 0
         sizes = tuple(range(1, MAX_DRAFT + 2))
-        seconds = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes,
+        outcome = calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes,
                             args.repeats)
+    if outcome.problem is not None:
+        print(f"the machine was too busy to measure: {outcome.problem}", file=sys.stderr)
+        return 1
+    seconds = outcome.verify
     settings = [f"-t {args.threads}" if args.threads else "", "--no-repack" if args.no_repack else ""]
     source = f"{args.model.name} {' '.join(s for s in settings if s)} on {platform.machine()}, cost_curves.py".replace("  ", " ")
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,7 @@ def test_a_continuation_that_several_occurrences_agree_on_is_trusted_after_this_
     policy = AdaptiveDraftPolicy(cpu_cost(), prior=NGramProposer.prior, max_draft=16)
     for _ in range(3):
         policy.record(step(3, 0, key=6))
-    for _ in range(40):
+    for _ in range(70):
         policy.record(step(0, 0))  # plain steps: the run's risk budget grows again
     assert policy.choose(6, 0, 7) == 0
     assert policy.choose(6, 0, 7, support=(1.0,) * 7, agreeing=(4,) * 7) == 5
