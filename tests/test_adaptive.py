@@ -262,6 +262,16 @@ def test_verify_curve_extends_each_parity_past_the_largest_known_size():
         assert curve.cost(size) == pytest.approx(paired_rows_cost(size))
 
 
+def test_noise_at_one_size_does_not_price_long_drafts_low():
+    """A quick calibration up to 16 rows in which noise raised 8 rows by 40% (as a first run here
+    stored): the line past 16 is the steeper one, not the flattened one through 8 and 16."""
+    measured = {1: 0.0137, 2: 0.0253, 3: 0.0408, 4: 0.034, 8: 0.0451 * 1.4, 9: 0.066, 16: 0.0865}
+    curve = VerifyCurve(measured)
+    per_row = (measured[16] - measured[2]) / 14
+    assert curve.cost(48) == pytest.approx(measured[16] + 32 * per_row)
+    assert curve.cost(49) == pytest.approx(measured[9] + 40 * (measured[9] - measured[3]) / 6)
+
+
 def test_policy_prefers_a_longer_draft_when_its_batch_is_cheaper():
     policy = AdaptiveDraftPolicy(costs(paired_rows_cost), max_draft=16)
     chosen = drive(policy, acceptance=0.9, steps=200)

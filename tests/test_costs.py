@@ -79,8 +79,9 @@ def quiet(size: int, call: int) -> float:
 def test_the_largest_size_warms_up_then_all_are_timed_in_passes_of_alternating_order(monkeypatch):
     outcome, calls = fake_calibration(monkeypatch, quiet)
     assert calls[0] == 8, "the largest once, untimed: its first use grows llama.cpp's buffers for all"
-    # A forward pass, then a backward one; a plain step (one token after a context) after the largest.
-    assert calls[1:] == [1, 2, 4, 8, 1, 1] + [8, 1, 1, 4, 2, 1]
+    # Passes forward, backward, forward; a plain step (a token after a token, after a context)
+    # after the largest.
+    assert calls[1:] == [1, 2, 4, 8, 1, 1] + [8, 1, 1, 4, 2, 1] + [1, 2, 4, 8, 1, 1]
     assert outcome.problem is None and outcome.verify == pytest.approx({size: MEASURED[size] for size in (1, 2, 4, 8)})
     assert outcome.plain == pytest.approx(MEASURED[1]) and outcome.spread == pytest.approx(0.0, abs=1e-9)
 
@@ -92,11 +93,11 @@ def test_each_size_keeps_its_fastest_time_for_load_only_adds_time(monkeypatch):
 
 
 def test_a_busy_machine_gets_two_passes_more_and_then_says_what_was_wrong(monkeypatch):
-    def busy(size: int, call: int) -> float:  # each decode slowed down by 0-200%, irregularly
-        return quiet(size, call) * (1.0 + 2.0 * ((call * 7919) % 13) / 12)
+    def busy(size: int, call: int) -> float:  # each decode slowed down by 0-300%, irregularly
+        return quiet(size, call) * (1.0 + 3.0 * ((call * 7919) % 13) / 12)
 
     outcome, calls = fake_calibration(monkeypatch, busy)
-    assert len(calls) == 1 + 4 * 6, "the warm-up, two passes, two passes more"
+    assert len(calls) == 1 + 5 * 6, "the warm-up, three passes, two passes more"
     assert outcome.problem is not None
 
 
@@ -104,6 +105,13 @@ def test_passes_that_agree_but_price_one_token_far_from_a_plain_step_are_not_tru
     samples = {size: [seconds, seconds] for size, seconds in MEASURED.items()}
     assert judge(samples, [MEASURED[1] / 2.0]).problem == "one token timed at 2.00x a plain step"
     assert judge(samples, [MEASURED[1] * 1.1]).problem is None
+
+
+def test_one_token_costs_the_fastest_of_its_own_times_and_the_plain_steps():
+    """Both are one-token decodes, and a plain step is what every draft is weighed against."""
+    samples = {size: [seconds, seconds * 1.1] for size, seconds in MEASURED.items()}
+    assert judge(samples, [MEASURED[1] * 0.9]).verify[1] == pytest.approx(MEASURED[1] * 0.9)
+    assert judge(samples, [MEASURED[1] * 1.1]).verify[1] == pytest.approx(MEASURED[1])
 
 
 def test_spread_is_how_far_a_sizes_second_fastest_time_lies_over_its_fastest():

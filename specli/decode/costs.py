@@ -29,7 +29,7 @@ CostSource = Literal["prior", "conservative", "learned", "first run", "calibrate
 # Batch sizes a calibration times. Odd and even both: on CPUs llama.cpp's matrix kernels take
 # the rows of a batch in pairs, so an odd batch can cost more than the even one above it.
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
-# The quick calibration a model's first run makes, once, when nothing is stored (0.8 s on the
+# The quick calibration a model's first run makes, once, when nothing is stored (1.1 s on the
 # embedded model here); longer batches follow the line through the largest two of a parity.
 FIRST_RUN_SIZES = (1, 2, 3, 4, 8, 9, 16)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
@@ -44,9 +44,11 @@ PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
 # When a calibration can be trusted (`judge`): each size's second-fastest time within
 # BUSY_SPREAD of its fastest (the median over sizes; quiet passes here: 0.04-0.19, with two
 # busy processes on the two cores: 0.30-0.66), and one token within PLAIN_RANGE of a plain step.
-PASSES = 2  # timed passes over the sizes, after a warm-up one; two more where they disagree
-BUSY_SPREAD = 0.35
-PLAIN_RANGE = (0.67, 1.5)
+# Three passes: with two, a quick calibration here priced one token 30% high and 8 rows 40%
+# high now and then, which -k auto paid for in drafts that lose.
+PASSES = 3  # timed passes over the sizes, after a warm-up one; two more where they disagree
+BUSY_SPREAD = 0.25
+PLAIN_RANGE = (0.8, 1.25)
 # On a CPU, the share of the CPU time its threads asked for that the decodes got: 0.98-1.0 on
 # a quiet machine here, 0.6-0.75 beside one busy process, 0.5 beside two. Load that slows every
 # size alike leaves the spread and the shape as they were: this is what shows it.
@@ -130,7 +132,7 @@ class VerifyCurve:
     """Seconds for the target to decode a batch of b tokens, from costs known at some sizes.
 
     Sizes in between are interpolated between neighbours of the same parity; beyond the
-    largest known size the line through the two largest of its parity extends; below the
+    largest known size a line through the largest of its parity extends (see _estimate); below the
     smallest, the cost scales down in proportion. A batch is never priced above a longer one
     of the same parity: where measured noise says otherwise, the longer one's cost stands.
     """
@@ -163,12 +165,16 @@ class VerifyCurve:
         if batch < smallest:
             return known[smallest] * batch / smallest
         if batch > largest:
-            # The line through the two largest sizes of the same parity (the cost of one more
-            # row in a long batch), else through the two largest of any.
+            # The cost of one more row in a long batch: the steeper of the lines through the two
+            # largest sizes of the same parity and through its smallest (above 1) and largest (noise at
+            # one size must not flatten the line, or every long draft would be priced too low),
+            # else the same through the sizes of any parity.
             for candidates in (same_parity, sizes):
                 if len(candidates) >= 2:
+                    # (A one-row decode is no point of the line: its fixed costs are not shared.)
+                    first = next(size for size in candidates if size > 1 or size == candidates[-2])
                     below, top = candidates[-2], candidates[-1]
-                    slope = (known[top] - known[below]) / (top - below)
+                    slope = max((known[top] - known[below]) / (top - below), (known[top] - known[first]) / (top - first))
                     if slope > 0:
                         return known[top] + slope * (batch - top)
             return known[largest] * batch / largest
@@ -248,8 +254,11 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
 
 
 def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None) -> Calibration:
-    """The curve from timed samples (each size's fastest), and whether it can be trusted."""
+    """The curve from timed samples (each size's fastest), and whether it can be trusted. One
+    token's cost is the fastest of its own samples and the plain steps': both are one-token
+    decodes, and the price of a plain step is what every draft is weighed against."""
     verify = {size: min(times) for size, times in samples.items()}
+    one_token = verify.get(1)
     spreads = sorted((sorted(times)[1] - min(times)) / min(times) for times in samples.values() if len(times) > 1)
     spread = spreads[len(spreads) // 2] if spreads else 0.0
     plain_step = min(plain) if plain else None
@@ -258,10 +267,12 @@ def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float 
         problem = f"its threads got {cpu_share:.0%} of the CPU time they asked for"
     if problem is None and spread > BUSY_SPREAD:
         problem = f"a batch's times varied by {spread:.0%} from pass to pass"
-    if problem is None and plain_step is not None and 1 in verify:
-        ratio = verify[1] / plain_step
+    if problem is None and plain_step is not None and one_token is not None:
+        ratio = one_token / plain_step
         if not PLAIN_RANGE[0] <= ratio <= PLAIN_RANGE[1]:
             problem = f"one token timed at {ratio:.2f}x a plain step"
+    if plain_step is not None and one_token is not None:
+        verify[1] = min(one_token, plain_step)
     return Calibration(verify, plain_step, spread, problem, cpu_share=cpu_share)
 
 
