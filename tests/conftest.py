@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import specli  # noqa: F401  (llama.cpp's libraries load before any test module imports numpy)
+
 _HUB_VARIABLES = ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SPECLI_DEBUG")
 
 

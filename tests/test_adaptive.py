@@ -298,10 +298,13 @@ def test_a_damaged_store_reads_as_empty(tmp_path):
     assert CostStore(tmp_path / "costs.json").costs("model-a") is None
 
 
-def test_the_prior_prices_a_gpu_batch_as_nearly_free_and_a_cpu_batch_as_dear():
+def test_the_prior_prices_a_gpu_batch_as_nearly_flat_and_a_cpu_batch_as_dear():
     cpu, gpu = VerifyCurve(prior_costs(False).verify), VerifyCurve(prior_costs(True).verify)
     assert 1.5 < cpu.cost(2) < 2.0 and 3.0 < cpu.cost(8) < 5.0
-    assert gpu.cost(8) < 1.2
+    # The H200's measured curve: 1.34 at 2 rows, 1.40 at 8, 1.65 at 48.
+    assert 1.25 < gpu.cost(2) < 1.45 and 1.3 < gpu.cost(8) < 1.6 and 1.5 < gpu.cost(48) < 1.8
+    busy = VerifyCurve(prior_costs(True, conservative=True).verify)
+    assert all(busy.cost(size) >= gpu.cost(size) for size in (2, 4, 8, 16, 32, 48))
 
 
 def test_auto_policy_keeps_greedy_output_identical():

@@ -285,7 +285,9 @@ def _specli_bench_rows(bench: dict) -> list[list[object]]:
         rows.append([workload["name"], speed(plain), speed(auto), f"K={best_k}: {speed(fixed)}" if fixed else None,
                      _f(auto.get("acceptance_rate") if auto else None),
                      _f(auto.get("python_overhead_ms_per_step") if auto else None),
-                     _f(plain.get("python_overhead_ms_per_step"))])
+                     _f(plain.get("python_overhead_ms_per_step")),
+                     _f((auto or {}).get("time_split", {}).get("overhead"), 3),
+                     _f(plain.get("time_split", {}).get("overhead"), 3)])
     return rows
 
 
@@ -319,11 +321,14 @@ COMPARE_HEADER = ["workload", "llama.cpp setting", "llama.cpp t/s", "specli -k a
 
 def _bench_section(results: dict) -> list[str]:
     lines = []
-    bench = results.get("bench-specli")
-    if bench:
-        lines += ["## (b) `specli bench` on the embedded model", ""]
-        lines += _table(["workload", "plain t/s", "-k auto t/s (× plain)", "best fixed K", "auto acceptance",
-                         "auto py ms/step", "plain py ms/step"], _specli_bench_rows(bench))
+    header = ["workload", "plain t/s", "-k auto t/s (× plain)", "best fixed K", "auto acceptance",
+              "auto py ms/step", "plain py ms/step", "auto py share", "plain py share"]
+    for name, title in (("bench-specli", "verifying on the host"),
+                        ("bench-specli-on-device", "`--verify-on-device`")):
+        bench = results.get(name)
+        if bench:
+            lines += [f"## (b) `specli bench` on the embedded model, {title}", ""]
+            lines += _table(header, _specli_bench_rows(bench))
     sweeps = {name[len("bench-best-"):]: data for name, data in results.items() if name.startswith("bench-best-")}
     if sweeps:
         lines += ["llama.cpp `ngram-simple` alone, by setting (t/s; the fastest is compared below):", ""]

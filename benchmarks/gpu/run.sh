@@ -8,7 +8,8 @@
 #   tools      llama-speculative-simple, llama-completion and llama-bench, linked to the very
 #              libraries the wheel holds (same llama.cpp, same flags, same kernels)
 #   tests      (a) the real-model tests, every layer on the GPU
-#   bench      (b) `specli bench` on the embedded model, and specli -k auto against
+#   bench      (b) `specli bench` on the embedded model (verifying on the host, then with
+#              --verify-on-device), and specli -k auto against
 #              `llama-speculative-simple --spec-type ngram-simple` at its best settings
 #   synthetic  (c) an 8B-shaped F16 target and its 2-layer draft: llama-bench's verify costs,
 #              GPU memory with both models loaded, specli -k auto against draft-simple at its best K
@@ -464,6 +465,13 @@ step_bench() {
         "$PY" -m specli bench --json -k "$BENCH_K" --runs "$RUNS" ${BENCH_TOKENS:+-n "$BENCH_TOKENS"} \
             >"$RESULTS/bench-specli.json.partial"
         mv "$RESULTS/bench-specli.json.partial" "$RESULTS/bench-specli.json"
+    fi
+    # The same with verification on the device (greedy: the argmax is taken on the GPU).
+    if [[ ! -f "$RESULTS/bench-specli-on-device.json" ]] || forced bench; then
+        log "bench: specli bench -k $BENCH_K --runs $RUNS --verify-on-device"
+        "$PY" -m specli bench --json -k "$BENCH_K" --runs "$RUNS" ${BENCH_TOKENS:+-n "$BENCH_TOKENS"} \
+            --verify-on-device >"$RESULTS/bench-specli-on-device.json.partial"
+        mv "$RESULTS/bench-specli-on-device.json.partial" "$RESULTS/bench-specli-on-device.json"
     fi
     local tokens=()
     [[ -n "$BENCH_TOKENS" ]] && tokens=(-n "$BENCH_TOKENS")

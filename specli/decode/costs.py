@@ -33,12 +33,15 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 49)
 # embedded model here); longer batches follow the line through the largest two of a parity.
 FIRST_RUN_SIZES = (1, 2, 3, 4, 8, 9, 16)
 # The prior's verify curve relative to one token: 1 + scale·(b - 1)^power. On a CPU every row
-# runs the whole output head, so each row adds much; on a GPU a batch of a few rows costs
-# little more than one (benchmarks/README.md, "Costs behind the code").
-PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.02, 1.0)}
-# Where the machine was too busy to measure: a curve at or above every one measured here (2
-# rows 1.85 plain decodes, 8 rows 5.0, 48 rows 16.8), so the run drafts only what is sure to pay.
-CONSERVATIVE_CURVE = {"cpu": (0.85, 0.8), "gpu": (0.1, 1.0)}
+# runs the whole output head, so each row adds much. On a GPU the step is from one row to two
+# (another kernel), then nearly flat: an 8B-shaped F16 model on an H200 measured 1.34 at 2
+# rows, 1.40 at 8, 1.52 at 16, 1.65 at 48 (llama-bench, 2026-11-26); this prior gives 1.34,
+# 1.47, 1.54, 1.65 (benchmarks/README.md, "Costs behind the code").
+PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.34, 0.17)}
+# Where the machine was too busy to measure: a curve at or above every one measured (CPU here:
+# 2 rows 1.85 plain decodes, 8 rows 5.0, 48 rows 16.8; the H200: 1.34, 1.40, 1.65), so the run
+# drafts only what is sure to pay.
+CONSERVATIVE_CURVE = {"cpu": (0.85, 0.8), "gpu": (0.45, 0.35)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
 
 # When a calibration can be trusted (`judge`): each size's second-fastest time within
