@@ -105,6 +105,10 @@ def test_passes_that_agree_but_price_one_token_far_from_a_plain_step_are_not_tru
     samples = {size: [seconds, seconds] for size, seconds in MEASURED.items()}
     assert judge(samples, [MEASURED[1] / 2.0]).problem == "one token timed at 2.00x a plain step"
     assert judge(samples, [MEASURED[1] * 1.1]).problem is None
+    # One token below a plain step (an empty cache against a context) prices plain decoding low,
+    # which errs against drafting: allowed down to half.
+    assert judge(samples, [MEASURED[1] * 1.6]).problem is None
+    assert judge(samples, [MEASURED[1] * 2.5]).problem == "one token timed at 0.40x a plain step"
 
 
 def test_one_token_costs_the_fastest_of_its_own_times_and_the_plain_steps():
