@@ -22,6 +22,11 @@
 # result file per measurement), so a step cut off by a time limit goes on where it stopped
 # when run again on the same machine. A fresh machine starts again from `build`.
 #
+# Where the machine is lent in short calls that each carry one wheel folder (2026-11-26, an
+# H200, 15 minutes in all): the first call starts `run.sh build install tools` under setsid,
+# with WHEELS and WORK outside the checkout, and returns; the next calls carry the model
+# folders (seconds each) while it builds; one call then runs `tests bench plain synthetic`.
+#
 # Results: one JSON file per measurement in $WORK/results; after every invocation,
 # OUTPUT_DIR gets summary.md (markdown tables), results.json (all results in one object),
 # run.log (this invocation's output) and raw.tar.gz (result files and step logs).
