@@ -24,26 +24,25 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) ->
 
 def read_prediction(path: Path) -> str:
     """--prediction FILE: text the answer is expected to repeat (a Predicted Output)."""
+    return _read_file(path, "prediction file")
+
+
+def _read_file(path: Path, what: str) -> str:
+    """A prompt-like file's text (`what`: "prompt file", "prediction file"), decoded as prompts are."""
     try:
         data = path.read_bytes()
     except FileNotFoundError as error:
-        raise PromptError(f"prediction file not found: {path}") from error
+        raise PromptError(f"{what} not found: {path}") from error
     except OSError as error:
-        raise PromptError(f"cannot read prediction file {path}: {error.strerror or error}") from error
-    return _decode_prompt(data, f"prediction file {path}")
+        raise PromptError(f"cannot read {what} {path}: {error.strerror or error}") from error
+    return _decode_prompt(data, f"{what} {path}")
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
     if prompt_file is not None:
         if prompt not in (None, "-"):
             raise PromptError("give the prompt either as an argument or with -f, not both")
-        try:
-            data = prompt_file.read_bytes()
-        except FileNotFoundError as error:
-            raise PromptError(f"prompt file not found: {prompt_file}") from error
-        except OSError as error:
-            raise PromptError(f"cannot read prompt file {prompt_file}: {error.strerror or error}") from error
-        return _decode_prompt(data, f"prompt file {prompt_file}")
+        return _read_file(prompt_file, "prompt file")
     if prompt == "-" or (prompt is None and not _isatty(stdin)):
         buffer = getattr(stdin, "buffer", None)
         if buffer is None:  # a text stream without bytes underneath (tests)

@@ -183,8 +183,7 @@ class Session:
             if self._notice is not None:
                 self._notice(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
                              f"({outcome.problem}): drafting cautiously this run, measuring again on the next")
-            gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
-            return prior_costs(gpu, self._draft_size_ratio(), conservative=True)
+            return self._prior(conservative=True)
         return self._store_target(outcome, "first run")
 
     def _with_draft(self, target: StepCosts, measure: bool) -> StepCosts:
@@ -237,9 +236,9 @@ class Session:
             acceptance = None
         return float(seconds), float(catch_up), None if acceptance is None else float(acceptance)
 
-    def _prior(self) -> StepCosts:
+    def _prior(self, *, conservative: bool = False) -> StepCosts:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
-        return prior_costs(gpu, self._draft_size_ratio())
+        return prior_costs(gpu, self._draft_size_ratio(), conservative=conservative)
 
     def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES + 1) -> StepCosts:
         """Time the target's verify batches, and a draft model's one-token decode, now and store

@@ -9,8 +9,9 @@ stored, from a quick one that a model's first run makes before it drafts (FIRST_
 A calibration is only stored where it can be trusted: every size is warmed up, then timed
 in passes that alternate their order, and the fastest time of each kept (load only ever adds
 time); where the passes disagree, or the curve is not one a batch can have (`curve_problem`),
-or one token does not cost what a plain step does, the machine was too busy: nothing is
-stored, the run drafts on `conservative_costs`, and the next run measures again. A stored
+or one token is priced far from a plain step (PLAIN_RANGE), the machine was too busy: nothing
+is stored, the run drafts on `prior_costs(..., conservative=True)`, and the next run measures
+again. A stored
 curve that a run finds far from its own verify times is marked stale, and measured again.
 """
 

@@ -38,9 +38,10 @@ class NGramProposer:
     Output) is where the answer is expected to go, right after the prompt: it is indexed
     behind the prompt's last tokens, so it drafts the answer's opening too, and searched
     before the other references. A proposal it backs (one of its occurrences votes, on a
-    match of PREDICTION_MATCH tokens or more) has the key PREDICTED: the client's claim is evidence of its own (`prior`), and the policy keeps
-    a record of how it holds apart from lookup's. None of them is ever decoded: only what
-    they propose and the target keeps is written.
+    match of PREDICTION_MATCH tokens or more) has the key PREDICTED: the client's claim is
+    evidence of its own (`prior`), and the policy keeps a record of how it holds apart from
+    lookup's. None of them is ever decoded: only what they propose and the target keeps is
+    written.
     """
 
     name = "ngram"
