@@ -147,7 +147,7 @@ def stored_entries(cache) -> dict:
 
 
 @pytest.mark.slow
-def test_a_stored_implausible_curve_is_replaced_on_the_next_run(gemma_path, tmp_path, monkeypatch):
+def test_a_stored_implausible_curve_is_replaced_on_the_next_run(gemma_path, tmp_path, monkeypatch, quiet_calibration):
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=512))
     with open_session(spec) as session:
@@ -167,7 +167,7 @@ def test_a_stored_implausible_curve_is_replaced_on_the_next_run(gemma_path, tmp_
 
 @pytest.mark.slow
 def test_a_run_far_from_its_stored_curve_marks_it_stale_and_the_next_run_measures_again(gemma_path, tmp_path,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, quiet_calibration):
     from specli.decode.request import GenerationRequest
     from specli.prompt import prompt_tokens
     from specli.stream import stream

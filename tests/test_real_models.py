@@ -183,7 +183,7 @@ def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs
     assert outputs[0] == outputs[1]
 
 
-def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch):
+def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch, quiet_calibration):
     """A reinstall with other flags (CUDA, AVX-512) decodes at other speeds: the stored
     verify costs of the old build must not steer the new one."""
     from specli import session as session_module
@@ -198,7 +198,7 @@ def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch):
         assert opened.costs(measure=False).source == "prior"
 
 
-def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path):
+def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_calibration):
     """The synthetic prefix pair's files are about the same size (4 and 2 tiny layers over one
     large vocabulary), so the prior prices a draft token like a target decode; calibration
     times the draft itself, as it must over --rpc, where the target's decodes also pay the

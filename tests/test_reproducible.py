@@ -140,7 +140,8 @@ def test_the_first_run_from_an_empty_cache_writes_what_later_runs_write(gemma_pa
 
 
 @pytest.mark.slow
-def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_path, smollm_path, monkeypatch, tmp_path):
+def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_path, smollm_path, monkeypatch, tmp_path,
+                                                                         quiet_calibration):
     """The target's costs are stored (an n-gram run came first); the first run with a draft model
     times the draft's decode and stores it, through text priced per target token, so later runs
     price the draft as the first did, never by file size."""
@@ -159,7 +160,7 @@ def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_pa
 
 @pytest.mark.slow
 def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemma_path, smollm_path, monkeypatch,
-                                                                             tmp_path):
+                                                                             tmp_path, quiet_calibration):
     """A same-vocabulary draft (Gemma drafting for itself) agrees with its target on nearly
     every position of the sample; -k auto starts from that, not from PRIOR_ACCEPTANCE. Through
     text there is no position-by-position agreement to measure."""
