@@ -27,6 +27,11 @@ def read_prediction(path: Path) -> str:
     return _read_file(path, "prediction file")
 
 
+def read_constraint_file(path: Path, what: str) -> str:
+    """--grammar-file or --json-schema-file (`what` names it in errors)."""
+    return _read_file(path, what)
+
+
 def _read_file(path: Path, what: str) -> str:
     """A prompt-like file's text (`what`: "prompt file", "prediction file"), decoded as prompts are."""
     try:

@@ -148,6 +148,8 @@ def format_stats(stats: Stats) -> str:
                                    for name, count in sorted(stats.drafted_by.items())))
     else:
         parts.append("plain decoding")
+    if stats.forced:
+        parts.append(f"grammar: forced {stats.forced}")
     if stats.finish_reason == "context":
         parts.append("stopped: context full")
     elif stats.finish_reason == "interrupted":

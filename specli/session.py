@@ -18,6 +18,7 @@ import numpy as np
 
 from specli.config import cache_dir
 from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
+from specli.decode.constraint import Matcher, Vocabulary
 from specli.decode.costs import (
     CALIBRATION_SIZES,
     FIRST_RUN_SIZES,
@@ -81,6 +82,7 @@ class Session:
         self._cost_store: CostStore | None = None
         self._costs: StepCosts | None = None  # the costs generations are priced with, once read (costs)
         self._notice = notice  # hears of a calibration the machine was too busy for, or of stale costs
+        self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
 
     @property
     def exact_batch(self) -> int | None:
@@ -100,10 +102,18 @@ class Session:
         (the server's). What the target's and the draft model's caches hold is kept across
         engines, so a request that shares a prefix with the one before decodes only the rest."""
         request = request.seeded()
-        proposer = self._proposer(request, memory)
+        matcher = Matcher(self.vocabulary(), request.constraint) if request.constraint is not None else None
+        proposer = self._proposer(request, memory, matcher)
         policy = self._policy(request, proposer)
+        max_batch = self.exact_batch_size() if request.exact and not isinstance(proposer, NoProposer) else MAX_DRAFT + 1
         return Engine(self.target, proposer, policy, request, cache=self._cache,
-                      verify_on_device=self.spec.verify_on_device)
+                      verify_on_device=self.spec.verify_on_device, matcher=matcher, max_batch=max_batch)
+
+    def vocabulary(self) -> Vocabulary:
+        """The target's tokens as a constraint reads them, built on the first constrained request."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.target)
+        return self._vocabulary
 
     def clear_cache(self) -> None:
         """Forget what the target's KV cache holds: the next generation decodes its whole
@@ -115,7 +125,7 @@ class Session:
         """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
         return request.exact and request.drafts and self.exact_batch_size() == 1
 
-    def _proposer(self, request: GenerationRequest, memory: TokenIndex | None) -> Proposer:
+    def _proposer(self, request: GenerationRequest, memory: TokenIndex | None, matcher: Matcher | None) -> Proposer:
         if not request.drafts or self.drafts_plainly(request):
             return NoProposer()
         prediction = self.target.tokenize(request.prediction, add_special=False) if request.prediction else []
@@ -124,8 +134,9 @@ class Session:
             return lookup
         if self.draft is None:
             raise UsageError("draft 'model': no draft model is loaded", "load one with --draft MODEL")
+        # Through text its tokens are not the target's: the engine checks what it brings instead.
         model: Proposer = DraftModelProposer(self.draft, request.sampling, request.seed or 0, request.draft_min_p,
-                                             keyed=not self.translated)
+                                             keyed=not self.translated, constraint=None if self.translated else matcher)
         if self.translated:
             model = TranslatedDraft(self.target, model)  # type: ignore[arg-type]
         # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.

@@ -39,7 +39,8 @@ class Outcome:
     stats: Stats
     tokens: list[int] = field(default_factory=list)  # the committed token ids
     text: str = ""  # the released text (stop strings and what follows them left out)
-    spans: list[tuple[str, str]] = field(default_factory=list)  # (text, source): text joined by who wrote it
+    # (text, source, proposer): text joined by who wrote it (proposer: "" for the target's)
+    spans: list[tuple[str, str, str]] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
 
 
@@ -51,7 +52,7 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
     context here, once, before the sink hears anything."""
     events = engine.generate(prompt)
     outcome = Outcome(engine.stats)
-    pieces: list[tuple[str, str]] = []  # (text, source) of every token that released text
+    pieces: list[tuple[str, str, str]] = []  # (text, source, proposer) of every token that released text
 
     def flush_partial() -> None:  # an RPC server went away: what was generated still shows
         engine.stats.finish_reason = "error"
@@ -65,7 +66,7 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
                     if event.id >= 0:
                         outcome.tokens.append(event.id)
                     if event.text:
-                        pieces.append((event.text, event.source))
+                        pieces.append((event.text, event.source, event.proposer))
                     sink.token(event)
                 elif isinstance(event, StepRecord):
                     outcome.steps.append(event)
@@ -83,18 +84,18 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
             events.close()
             raise
         outcome.stats = engine.stats
-        outcome.text = "".join(text for text, _ in pieces)
+        outcome.text = "".join(piece[0] for piece in pieces)
         outcome.spans = spans_of(pieces)
         sink.finish(engine.stats)
     return outcome
 
 
-def spans_of(pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Consecutive pieces of one source joined: (text, source) runs."""
-    spans: list[tuple[str, str]] = []
+def spans_of(pieces: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Consecutive pieces of one source and proposer joined: (text, source, proposer) runs."""
+    spans: list[tuple[str, str, str]] = []
     start = 0
     for i in range(1, len(pieces) + 1):
-        if i == len(pieces) or pieces[i][1] != pieces[start][1]:
-            spans.append(("".join(text for text, _ in pieces[start:i]), pieces[start][1]))
+        if i == len(pieces) or pieces[i][1:] != pieces[start][1:]:
+            spans.append(("".join(piece[0] for piece in pieces[start:i]), *pieces[start][1:]))
             start = i
     return spans

@@ -33,13 +33,27 @@ def refused_param(request) -> str | None:
 
 
 @pytest.mark.parametrize("field, value", [
-    ("reasoning_effort", "high"), ("grammar", "root ::= \"a\""), ("json_schema", {"type": "object"}),
+    ("reasoning_effort", "high"), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("ignore_eos", True), ("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
     ("n_predict", 12), ("chat_template_kwargs", {"enable_thinking": False}),
 ])
 def test_fields_other_servers_honour_are_refused_by_name(field, value):
     assert refused_param(ChatRequest(messages=MESSAGES, **{field: value})) == field
     assert refused_param(CompletionRequest(prompt="hi", **{field: value})) == field
+
+
+def test_constraints_are_read_from_response_format_json_schema_and_grammar():
+    defaults = GenerationRequest()
+    for fields, kind in [({"response_format": {"type": "json_object"}}, "json_schema"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+                             "type": "object", "properties": {"a": {"type": "integer"}}}}}}, "json_schema"),
+                         ({"json_schema": {"type": "object"}}, "json_schema"),
+                         ({"grammar": 'root ::= "a"'}, "grammar")]:
+        for request in (ChatRequest(messages=MESSAGES, **fields), CompletionRequest(prompt="hi", **fields)):
+            assert refused_param(request) is None
+            assert request.generation_request(defaults).constraint.kind == kind
+    text = ChatRequest(messages=MESSAGES, response_format={"type": "text"})
+    assert text.generation_request(defaults).constraint is None
 
 
 def test_fields_that_change_nothing_are_ignored():
@@ -110,7 +124,7 @@ class FailingOnceWorker:
             future.set_exception(SpecliError("llama_decode failed (-3)"))
         else:
             stats = Stats(proposer="ngram", prompt_tokens=3, tokens=1, finish_reason="length")
-            future.set_result(Outcome(stats, [5], "fine", [("fine", "target")]))
+            future.set_result(Outcome(stats, [5], "fine", [("fine", "target", "")]))
         return future, threading.Event()
 
 

@@ -12,19 +12,22 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping, Optional, Union, get_type_hints
 
 import typer
 
+from specli.decode.constraint import Constraint
 from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
 from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
 from specli.llama.backend import LoadSettings
 from specli.llama.rpc import parse_endpoints
 from specli.models.resolve import ResolvedModels
+from specli.prompt import read_constraint_file
 from specli.session import SessionSpec
 
-MODEL, DRAFTING, SAMPLING, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Output", "Hardware"
+MODEL, DRAFTING, SAMPLING, CONSTRAINT, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Constraint", "Output", "Hardware"
 
 
 def _check(test, requirement: str):
@@ -92,21 +95,31 @@ NoLookup = Annotated[bool, typer.Option("--no-ngram", rich_help_panel=DRAFTING,
                                         help="No lookup before a draft model.")]
 # --- Sampling --------------------------------------------------------------------
 Temperature = Annotated[float, typer.Option("--temp", metavar="T", callback=_not_negative, rich_help_panel=SAMPLING,
-                                            help="Temperature; 0 is greedy.")]
+                                            show_default=False, help="Temperature (default 0: greedy).")]
 TopK = Annotated[int, typer.Option("--top-k", metavar="K", callback=_not_negative, rich_help_panel=SAMPLING,
-                                   help="Keep the k likeliest tokens (0: off).")]
+                                   show_default=False, help="Top-k (default 40; 0: off).")]
 TopP = Annotated[float, typer.Option("--top-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING,
-                                     help="Nucleus threshold (1: off).")]
+                                     show_default=False, help="Top-p (default 0.95; 1: off).")]
 MinP = Annotated[float, typer.Option("--min-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING,
-                                     help="Drop tokens under p x the best one's (0: off).")]
+                                     show_default=False, help="Min-p (default 0.05; 0: off).")]
 RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", metavar="X", callback=_positive, rich_help_panel=SAMPLING,
-                                              help="Penalise repeated tokens (1: off).")]
+                                              show_default=False, help="Repeat penalty (default 1: off).")]
 RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING,
-                                          help="How far back --repeat-penalty looks.")]
+                                          show_default=False, help="Tokens it looks back (default 64).")]
 Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING,
                                              help="Seed; the same seed repeats a run.")]
 MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=_positive,
                                                  rich_help_panel=SAMPLING, help="Tokens to write.")]
+# --- Constraint (llama.cpp's spellings) -----------------------------------------
+Grammar = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", rich_help_panel=CONSTRAINT,
+                                                help="Write only what this GBNF grammar allows.")]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", metavar="FILE", rich_help_panel=CONSTRAINT,
+                                                     help="Read the GBNF grammar from this file.")]
+JsonSchema = Annotated[Optional[str], typer.Option("-j", "--json-schema", metavar="JSON", rich_help_panel=CONSTRAINT,
+                                                   help="JSON this schema allows ('{}': any).")]
+JsonSchemaFile = Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", metavar="FILE",
+                                                        rich_help_panel=CONSTRAINT,
+                                                        help="Read the JSON schema from this file.")]
 # --- Output ----------------------------------------------------------------------
 Verbose = Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")]
 # --- Hardware --------------------------------------------------------------------
@@ -145,6 +158,8 @@ DRAFTING_OPTIONS = _group(draft_tokens=(DraftTokensOption, None), draft_min_p=(D
 SAMPLING_OPTIONS = _group(temperature=(Temperature, 0.0), top_k=(TopK, DEFAULT_TOP_K), top_p=(TopP, DEFAULT_TOP_P),
                           min_p=(MinP, DEFAULT_MIN_P), repeat_penalty=(RepeatPenalty, 1.0),
                           repeat_last_n=(RepeatLastN, 64), seed=(Seed, None))
+CONSTRAINT_OPTIONS = _group(grammar=(Grammar, None), grammar_file=(GrammarFile, None), json_schema=(JsonSchema, None),
+                            json_schema_file=(JsonSchemaFile, None))
 HARDWARE_OPTIONS = _group(verbose=(Verbose, False), gpu_layers=(GpuLayers, None),
                           draft_gpu_layers=(DraftGpuLayers, None), ctx_size=(CtxSize, DEFAULT_CTX_SIZE),
                           threads=(Threads, None), repack=(Repack, True), rpc=(Servers, None),
@@ -257,4 +272,23 @@ def generation_request(models: ResolvedModels, params: Mapping[str, Any], *, max
         lookup=not params.get("no_ngram", False),
         draft_min_p=params.get("draft_min_p", 0.0),
         exact=params.get("exact", False),
+        constraint=constraint(params),
     )
+
+
+def constraint(params: Mapping[str, Any]) -> Constraint | None:
+    """--grammar, --grammar-file, -j or -jf, at most one of them: the constraint it gives."""
+    given = [name for name in ("grammar", "grammar_file", "json_schema", "json_schema_file") if params.get(name) is not None]
+    if len(given) > 1:
+        raise UsageError("give one of --grammar, --grammar-file, --json-schema and --json-schema-file")
+    if params.get("grammar") is not None:
+        return Constraint.gbnf(params["grammar"], "--grammar")
+    if params.get("grammar_file") is not None:
+        path = params["grammar_file"]
+        return Constraint.gbnf(read_constraint_file(path, "grammar file"), f"grammar in {path}")
+    if params.get("json_schema") is not None:
+        return Constraint.json_schema(params["json_schema"], "--json-schema")
+    if params.get("json_schema_file") is not None:
+        path = params["json_schema_file"]
+        return Constraint.json_schema(read_constraint_file(path, "JSON schema file"), f"JSON schema in {path}")
+    return None

@@ -7,13 +7,16 @@ session, so across a chat's turns and a server's requests only new tokens are de
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specli.decode.proposers import Proposal
 from specli.decode.sampling import SamplingSettings, keyed_choice, warp
 from specli.decode.text import common_prefix_length
+
+if TYPE_CHECKING:
+    from specli.decode.constraint import Matcher
 
 
 class DecoderModel(Protocol):
@@ -82,7 +85,10 @@ class DraftModelProposer:
     position (sampling.keyed_choice), so where the two distributions are alike the two
     draws agree. `keyed` False (drafting through text, where its positions are not the
     target's, so the noise cannot be shared): it drafts its likeliest token instead.
-    `draft_min_p`: it stops where its likeliest token is less likely than this."""
+    `draft_min_p`: it stops where its likeliest token is less likely than this. `constraint`:
+    the request's matcher (at the engine's place when it proposes): each drafted token is
+    chosen from the draft's row masked by it, as the target's will be, so every token it
+    drafts is one the constraint allows; the matcher is left where it was found."""
 
     name = "draft"
     cheap = False
@@ -90,8 +96,9 @@ class DraftModelProposer:
     prior = None
 
     def __init__(self, draft: DraftModel, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
-                 *, keyed: bool = True) -> None:
+                 *, keyed: bool = True, constraint: Matcher | None = None) -> None:
         self.draft = draft
+        self.constraint = constraint
         self.sampling = sampling
         self.seed = seed
         self.draft_min_p = draft_min_p
@@ -114,22 +121,39 @@ class DraftModelProposer:
             return Proposal()
         row = self.draft.row_after(tokens)
         drafted: list[int] = []
-        while True:
-            if self.sampling.penalises:
-                row = self.sampling.penalise(row, tokens[-self.sampling.repeat_last_n :] + drafted)
-            if self.sampling.greedy or not self.keyed:
-                token = int(np.argmax(row))
-                if self.draft_min_p > 0.0 and _top_probability(row) < self.draft_min_p:
-                    break  # the draft is unsure: verifying this token is unlikely to pay
-            else:
-                dist = warp(row, self.sampling)
-                if self.draft_min_p > 0.0 and float(dist.probs.max()) < self.draft_min_p:
+        constraint = self.constraint
+        consumed = 0  # drafted tokens the constraint has taken, given back at the end
+        try:
+            while True:
+                if self.sampling.penalises:
+                    row = self.sampling.penalise(row, tokens[-self.sampling.repeat_last_n :] + drafted)
+                if constraint is not None:
+                    if constraint.stopped:
+                        break
+                    if self.sampling.greedy or not self.keyed:
+                        best = int(np.argmax(row))
+                        row = row if constraint.allows(best) else constraint.restrict(row)
+                    else:
+                        row = constraint.restrict(row)
+                if self.sampling.greedy or not self.keyed:
+                    token = int(np.argmax(row))
+                    if self.draft_min_p > 0.0 and _top_probability(row) < self.draft_min_p:
+                        break  # the draft is unsure: verifying this token is unlikely to pay
+                else:
+                    dist = warp(row, self.sampling)
+                    if self.draft_min_p > 0.0 and float(dist.probs.max()) < self.draft_min_p:
+                        break
+                    token = keyed_choice(dist, self.seed, len(tokens) + len(drafted))
+                drafted.append(token)
+                if len(drafted) == count:
                     break
-                token = keyed_choice(dist, self.seed, len(tokens) + len(drafted))
-            drafted.append(token)
-            if len(drafted) == count:
-                break
-            row = self.draft.extend(token)
+                if constraint is not None:
+                    constraint.consume(token)
+                    consumed += 1
+                row = self.draft.extend(token)
+        finally:
+            if constraint is not None:
+                constraint.rollback(consumed)
         return Proposal(drafted, proposer="draft")
 
 

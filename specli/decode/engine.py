@@ -8,6 +8,12 @@ batch with logits at every position; verification keeps the longest valid prefix
 the target writes the next token itself (the correction, or a bonus token when every
 draft token was kept); rejected positions are removed from the target's KV cache.
 With no draft the step is exactly one plain decode, so `--draft none` runs this same loop.
+
+Under a constraint (a JSON schema, a grammar) every choice of the target is made from its
+row masked by the constraint's state before that position. Where the constraint forces
+tokens they are drafted first ("grammar") and need no verification: their rows ask
+llama.cpp for no logits. A draft token the constraint forbids ends the draft before it is
+verified. So the output is what plain decoding under the same constraint writes.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
+from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
 from specli.decode.policy import DraftPolicy
-from specli.decode.proposers import Proposal, Proposer
+from specli.decode.proposers import NoProposer, Proposal, Proposer
 from specli.decode.request import GenerationRequest
 from specli.decode.sampling import (
     Distribution,
@@ -41,7 +48,8 @@ class TargetModel(Protocol):
     n_ctx: int
     n_past: int
 
-    def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray: ...
+    def decode(self, tokens: list[int], *, all_logits: bool = False,
+               outputs: Sequence[bool] | None = None) -> np.ndarray: ...
     def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> Sequence[int]:
         """As decode, but each row's argmax (ties: the first best), chosen where the logits
         are; only with GenerationOptions.verify_on_device."""
@@ -86,10 +94,13 @@ class Engine:
     `cache` is what the target's KV cache holds, kept by whoever keeps the target loaded
     (the session); `verify_on_device`: greedy runs without a repetition penalty have
     llama.cpp take each verified row's argmax on the device that computed the logits, and
-    the host reads a few candidates per row instead of a vocabulary row (the same tokens)."""
+    the host reads a few candidates per row instead of a vocabulary row (the same tokens).
+    `matcher`: the request's constraint, followed afresh in each generation; `max_batch`: the
+    most tokens one verify decodes ([last], forced and drafted)."""
 
     def __init__(self, target: TargetModel, proposer: Proposer, policy: DraftPolicy, request: GenerationRequest,
-                 *, cache: TargetCache | None = None, verify_on_device: bool = False) -> None:
+                 *, cache: TargetCache | None = None, verify_on_device: bool = False,
+                 matcher: Matcher | None = None, max_batch: int = 0) -> None:
         self.target = target
         self.proposer = proposer
         self.policy = policy
@@ -98,8 +109,12 @@ class Engine:
         self.seed: int = self.request.seed  # type: ignore[assignment]
         self.sampling = request.sampling
         self.cache = cache if cache is not None else TargetCache()
-        # A penalised row depends on the tokens before it, which the device does not see.
-        self._on_device = verify_on_device and self.sampling.pure_greedy
+        self.matcher = matcher
+        # Forced tokens are drafted only where something drafts (--draft none: one token a step).
+        self._forces = matcher is not None and not isinstance(proposer, NoProposer)
+        self.max_batch = max_batch or policy.max_draft + 1
+        # A penalised or masked row depends on the tokens before it, which the device does not see.
+        self._on_device = verify_on_device and self.sampling.pure_greedy and matcher is None
         self.stats = Stats(proposer=proposer.name, translated=proposer.translated)
         self._step_ended: float | None = None  # when the previous step's logits were read
 
@@ -110,6 +125,8 @@ class Engine:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
         self.stats = Stats(proposer=self.proposer.name, translated=self.proposer.translated)
+        if self.matcher is not None:
+            self.matcher.reset()
         return self._generate(prompt)
 
     def _prefill(self, prompt: list[int]) -> int | None:
@@ -144,7 +161,7 @@ class Engine:
         cache.prompt, cache.prompt_on_device, cache.prompt_row = list(prompt), self._on_device, row
         if self._on_device:
             return row  # type: ignore[return-value]
-        return self._choose(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+        return self._write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
 
     def _generate(self, prompt: list[int]) -> Iterator[Event]:
         target, stats = self.target, self.stats
@@ -167,19 +184,23 @@ class Engine:
             while committed:
                 # Emit what the last step committed; committed[-1] is not in the KV cache yet.
                 reason = ""
-                for token, source in zip(committed, sources):
+                forced = step.forced if step else 0
+                for i, (token, source) in enumerate(zip(committed, sources)):
                     tokens.append(token)
                     if target.is_end_of_generation(token):
                         reason = "eog"
                         break
                     stats.tokens += 1
                     released = text.push(target.piece(token))
-                    yield Token(token, released, source, step.proposer if source == "draft" and step else "")
+                    proposer = ("grammar" if i < forced else step.proposer) if source == "draft" and step else ""
+                    yield Token(token, released, source, proposer)
                     if text.stopped:
                         reason = "stop"
                         break
                 if step is not None:
                     yield step
+                if not reason and self.matcher is not None and self.matcher.stopped:
+                    reason = "eog"  # the structure is complete: only the end of generation may follow
                 if reason:
                     break
                 remaining = self.request.max_tokens - stats.tokens
@@ -199,14 +220,41 @@ class Engine:
 
     def _choose(self, row: np.ndarray, position: int) -> int:
         """The target's own token at `position` from its logits row: argmax, or the keyed
-        draw from the warped row."""
+        draw from the warped row; under a constraint, from the row masked by it."""
+        matcher = self.matcher
         if self.sampling.greedy:
-            return int(np.argmax(row))
+            best = int(np.argmax(row))
+            if matcher is None or matcher.allows(best):
+                return best  # the first best of all tokens, so of the allowed ones too
+            return int(np.argmax(matcher.restrict(row)))
+        if matcher is not None:
+            row = matcher.restrict(row)
         return keyed_choice(warp(row, self.sampling), self.seed, position)
+
+    def _write(self, row: np.ndarray, position: int) -> int:
+        """The target's token at `position`, which the constraint (if any) then consumes."""
+        token = self._choose(row, position)
+        if self.matcher is not None and not self.target.is_end_of_generation(token):
+            self.matcher.consume(token)
+        return token
+
+    def _forced_run(self, limit: int) -> list[int]:
+        """The tokens the constraint forces from here, at most `limit`, consumed: certain,
+        whatever the target's logits."""
+        forced: list[int] = []
+        matcher = self.matcher
+        while self._forces and len(forced) < limit and matcher is not None:
+            token = matcher.forced()
+            if token is None:
+                break
+            matcher.consume(token)
+            forced.append(token)
+        return forced
 
     def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int], int]:
         """The proposal, the part of it to verify (at most `room` tokens: what the output
-        budget and the context leave), and how many tokens the draft model was asked for."""
+        budget, the context and the batch leave), and how many tokens the draft model was
+        asked for."""
         policy = self.policy
         available = min(room, policy.max_draft)
         if available <= 0:
@@ -225,27 +273,39 @@ class Engine:
 
     def _step(self, tokens: list[int], last: int, room: int) -> tuple[list[int], list[Source], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
-        target = self.target
+        target, matcher = self.target, self.matcher
         t0 = time.perf_counter()
-        proposal, draft, asked = self._propose(tokens, room)
+        # `tokens` ends with `last`, which the matcher has consumed.
+        room = min(room, self.max_batch - 1)
+        forced = self._forced_run(room)
+        proposal, draft, asked = self._propose(tokens + forced if forced else tokens, room - len(forced))
+        if matcher is not None and draft:
+            draft = draft[: matcher.valid_prefix(draft)]  # a forbidden token ends the draft unverified
         t1 = time.perf_counter()
-        batch = [last] + draft  # row i: after last + draft[:i]
-        rows = target.decode_argmax(batch, all_rows=True) if self._on_device else target.decode(batch, all_logits=True)
+        batch = [last] + forced + draft  # row i: after last + (forced + draft)[:i]
+        if self._on_device:
+            rows = target.decode_argmax(batch, all_rows=True)
+        elif forced:  # a forced token needs no row: the rows before them ask for no logits
+            rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1))
+        else:
+            rows = target.decode(batch, all_logits=True)
         t2 = time.perf_counter()
-        accepted, written = self._verify(rows, tokens, draft)
+        accepted, written = self._verify(rows, tokens + forced, draft)
         t3 = time.perf_counter()
-        # Keep `last` and the accepted draft tokens; the written token is the new `last`.
+        # Keep `last`, the forced and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft):
             target.rewind(target.n_past - (len(draft) - accepted))
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
                           proposal.proposer if draft else "", proposal.support[: len(draft)],
-                          proposal.agreeing[: len(draft)], asked, self.policy.price(len(draft)))
+                          proposal.agreeing[: len(draft)], asked,
+                          # (the costs price batches whose every row has logits)
+                          0.0 if forced else self.policy.price(len(draft)), forced=len(forced))
         self.stats.record(step)
         self.policy.record(step)
-        committed = draft[:accepted] + [written]
-        sources: list[Source] = ["draft"] * accepted + ["target"]
+        committed = forced + draft[:accepted] + [written]
+        sources: list[Source] = ["draft"] * (len(forced) + accepted) + ["target"]
         return committed, sources, step
 
     def _verify(self, rows: Sequence, tokens: list[int], draft: list[int]) -> tuple[int, int]:
@@ -254,9 +314,21 @@ class Engine:
         if self._on_device:
             return verify_greedy_tokens(draft, rows)
         logits = _Rows(rows, self.sampling, tokens, draft)
+        if self.matcher is not None:
+            return self._verify_constrained(logits, len(tokens), draft)
         if self.sampling.greedy:
             return verify_greedy(draft, logits)
         return verify_keyed(draft, _WarpedRows(logits, self.sampling), self.seed, len(tokens))
+
+    def _verify_constrained(self, rows: Sequence[np.ndarray], position: int, draft: list[int]) -> tuple[int, int]:
+        """verify_greedy or verify_keyed with row i masked by the constraint after
+        draft[:i]: the matcher consumes each kept draft token, then the written one. Rows
+        after a rejection are never read."""
+        for i in range(len(draft) + 1):
+            chosen = self._write(rows[i], position + i)
+            if i == len(draft) or chosen != draft[i]:
+                return i, chosen
+        raise AssertionError("unreachable")
 
 
 class _Rows(Sequence[np.ndarray]):

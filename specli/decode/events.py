@@ -11,7 +11,8 @@ Source = Literal["draft", "target"]
 @dataclass(frozen=True, slots=True)
 class Token:
     """One committed token: its id, the text it released, and who wrote it (a drafted token
-    also names its proposer: "ngram" or "draft", the draft model)."""
+    also names its proposer: "ngram", "draft" (the draft model) or "grammar" (forced by the
+    constraint))."""
 
     id: int
     text: str
@@ -42,6 +43,9 @@ class StepRecord:
     asked: int = 0
     # What the draft-length policy priced the verify at (DraftPolicy.price; 0: not priced, -k N).
     priced_seconds: float = 0.0
+    # Tokens the constraint forced ahead of the draft ("grammar"): certain, never verified,
+    # so not counted in `drafted` or `accepted`.
+    forced: int = 0
 
     @property
     def rows_read(self) -> int:
@@ -62,6 +66,7 @@ class Stats:
     steps: int = 0  # target decodes after the prompt's
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0  # tokens the constraint forced (proposer "grammar"), apart from drafted
     rows_read: int = 0
     prefill_seconds: float = 0.0
     seconds: float = 0.0  # generation time after the prompt's decode
@@ -81,6 +86,7 @@ class Stats:
         self.steps += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
+        self.forced += step.forced
         self.rows_read += step.rows_read
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
@@ -99,7 +105,7 @@ class Stats:
         tokens_per_second counts every token; take each run's own for a rate)."""
         total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated)
         for run in runs:
-            for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "rows_read",
+            for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
                          "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
                 setattr(total, name, getattr(total, name) + getattr(run, name))
             for name in ("draft_lengths", "accept_lengths"):

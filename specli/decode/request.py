@@ -1,7 +1,8 @@
 """A generation as asked for: what `run`, `chat`, `bench` and `serve` hand to
 `Session.engine_for`, the one place that turns it into an engine.
 
-The request says what to write (sampling, seed, stop strings, the token limit) and how to
+The request says what to write (sampling, seed, stop strings, the token limit, a constraint
+such as a JSON schema) and how to
 draft it (which proposer, how many draft tokens a step, --exact, a Predicted Output). It
 holds no model: the session holds the loaded models, and what they cost.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal, Union
 
+from specli.decode.constraint import Constraint
 from specli.decode.sampling import SamplingSettings, fresh_seed
 from specli.errors import UsageError
 
@@ -71,8 +73,8 @@ class GenerationRequest:
     # gives one-token logits bit for bit, and the whole prompt decoded as a fresh run does.
     exact: bool = False
     prediction: str | None = None  # a Predicted Output: text the answer is expected to repeat
-    # Room for a constraint (a JSON schema or a grammar) that the target's choices must meet.
-    constraint: None = None
+    # A JSON schema or a grammar that every token must meet (None: free text).
+    constraint: Constraint | None = None
 
     def seeded(self) -> GenerationRequest:
         """This request with its seed drawn now where it gives none: the one place a fresh

@@ -225,12 +225,18 @@ class Model:
         for i in range(capacity):
             batch.seq_id[i][0] = 0
 
-    def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray:
-        """Append tokens to the KV cache; return logits rows (one per token, or only the last).
+    def decode(self, tokens: list[int], *, all_logits: bool = False,
+               outputs: Sequence[bool] | None = None) -> np.ndarray:
+        """Append tokens to the KV cache; return logits rows (one per token, or only the last;
+        `outputs`: one per token flagged True, in order, and the last token's always). A row
+        with no output costs the model's body only, not its output head.
 
         The returned array is a view of llama.cpp's buffer, valid until the next decode.
         """
         self._sample_on_device(False)
+        if outputs is not None:
+            self._decode(tokens, True, outputs)
+            return self._logits_rows(int(sum(bool(flag) for flag in outputs[: len(tokens) - 1])) + 1)
         self._decode(tokens, all_logits)
         return self._logits_rows(len(tokens) if all_logits else 1)
 
@@ -246,7 +252,7 @@ class Model:
         self._decode(tokens, all_rows)
         return DeviceChoices(self, len(tokens) if all_rows else 1)
 
-    def _decode(self, tokens: list[int], all_rows: bool) -> None:
+    def _decode(self, tokens: list[int], all_rows: bool, outputs: Sequence[bool] | None = None) -> None:
         if not tokens:
             raise ValueError("decode needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
@@ -261,7 +267,10 @@ class Model:
             last_chunk = start + n == len(tokens)
             self._batch_tokens[:n] = chunk
             self._batch_pos[:n] = np.arange(self.n_past, self.n_past + n)
-            self._batch_logits[:n] = 1 if all_rows else 0
+            if outputs is not None:
+                self._batch_logits[:n] = np.asarray(outputs[start : start + n], dtype=bool)
+            else:
+                self._batch_logits[:n] = 1 if all_rows else 0
             if last_chunk:
                 self._batch_logits[n - 1] = 1
             self._batch.n_tokens = n
@@ -374,6 +383,29 @@ class Model:
         if cached is None:
             cached = self._eog_cache[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
         return cached
+
+    def end_of_generation_tokens(self) -> list[int]:
+        """Every token id that ends a generation (EOS, end of turn, ...)."""
+        return [token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)]
+
+    def token_table(self) -> list[tuple[bytes, bool]]:
+        """Each token's bytes (special tokens as their text) and whether it is a control
+        token (or a user-defined one spelled like one, <...>), in id order."""
+        control, user = llama.LLAMA_TOKEN_ATTR_CONTROL, llama.LLAMA_TOKEN_ATTR_USER_DEFINED
+        table = []
+        for token in range(self.n_vocab):
+            piece = self.piece(token, special=True)
+            attr = llama.llama_vocab_get_attr(self._vocab, token)
+            special = bool(attr & control) or bool(attr & user and piece.startswith(b"<") and piece.endswith(b">"))
+            table.append((piece, special))
+        return table
+
+    def tokenizer_handles(self) -> tuple[int, int]:
+        """(the vocabulary's address, llama_tokenize's address): for a library that tokenizes
+        through llama.cpp itself (llguidance), valid while this model is loaded."""
+        vocab = ctypes.cast(self._vocab, ctypes.c_void_p).value
+        function = ctypes.cast(llama.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return int(vocab or 0), int(function or 0)
 
     def token_text(self, token: int) -> bytes:
         return llama.llama_vocab_get_text(self._vocab, token) or b""

@@ -196,7 +196,7 @@ async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest]
     outcome = _outcome(future, request, log)
     if outcome.stats.finish_reason == "cancelled":
         raise ApiError(503, "the generation was cancelled: the server is shutting down", "server_error")
-    spans = [Span(text=text, source=source) for text, source in outcome.spans]
+    spans = [Span(text=text, source=source, proposer=proposer or None) for text, source, proposer in outcome.spans]
     usage, timings = _usage(outcome.stats), _timings(outcome.stats)
     finish = FINISH_REASONS.get(outcome.stats.finish_reason, outcome.stats.finish_reason)
     _log_line(log, request, 200, outcome.stats)
@@ -238,14 +238,17 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
     generator and the `finally` cancels the generation."""
     chunk_id, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
 
-    def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False) -> str:
+    def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False,
+              proposer: str = "") -> str:
         if chat:
             delta = Delta(role="assistant" if first else None, content=text)
             data = ChatChunk(id=chunk_id, created=created, model=info.name,
-                             choices=[ChatChunkChoice(delta=delta, finish_reason=finish, source=source)])
+                             choices=[ChatChunkChoice(delta=delta, finish_reason=finish, source=source,
+                                                      proposer=proposer or None)])
         else:
             data = TextChunk(id=chunk_id, created=created, model=info.name,
-                             choices=[TextChunkChoice(text=text or "", finish_reason=finish, source=source)])
+                             choices=[TextChunkChoice(text=text or "", finish_reason=finish, source=source,
+                                                      proposer=proposer or None)])
         return _event(data.model_dump(exclude_none=chat))
 
     try:
@@ -258,14 +261,14 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
             if isinstance(event, Token) and first:
                 first = False
                 if event.text:
-                    yield chunk(event.text, event.source)
+                    yield chunk(event.text, event.source, proposer=event.proposer)
                 continue
             if isinstance(event, Token):
                 if event.text:
                     pending.append(event)
                 continue
-            for text, source in _merge(pending):  # a StepRecord, or the end (None)
-                yield chunk(text, source)
+            for text, source, proposer in _merge(pending):  # a StepRecord, or the end (None)
+                yield chunk(text, source, proposer=proposer)
             pending = []
             if event is None:
                 break
@@ -307,9 +310,9 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _merge(tokens: list[Token]) -> list[tuple[str, str]]:
-    """A step's tokens as runs of text of one source."""
-    return spans_of([(token.text, token.source) for token in tokens])
+def _merge(tokens: list[Token]) -> list[tuple[str, str, str]]:
+    """A step's tokens as runs of text of one source and proposer."""
+    return spans_of([(token.text, token.source, token.proposer) for token in tokens])
 
 
 def _usage(stats: Stats) -> Usage:

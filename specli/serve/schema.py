@@ -1,7 +1,8 @@
 """The OpenAI request and response bodies `specli serve` speaks, as pydantic models.
 
-Requests keep OpenAI's names and add llama.cpp's sampling extensions (`top_k`, `min_p`,
-`repeat_penalty`) and specli's drafting fields (`draft`, `draft_tokens`, `exact`). A field
+Requests keep OpenAI's names (`response_format` included) and add llama.cpp's sampling
+extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constraints (`json_schema`,
+`grammar`) and specli's drafting fields (`draft`, `draft_tokens`, `exact`). A field
 that would change what is generated but that specli cannot honour is refused by name
 (`refused`); a field that changes nothing (`user`, `store`, `metadata`...) is ignored.
 """
@@ -11,10 +12,11 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 
@@ -78,7 +80,7 @@ class Prediction(BaseModel):
 # settings of a sampler that one of these switches on (mirostat_tau, dry_base, xtc_threshold...)
 # change nothing while it is off, so they are ignored like any other field.
 REFUSED_EXTRAS = {
-    "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options", "grammar", "json_schema",
+    "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options",
     "ignore_eos", "n_predict", "n_probs", "mirostat", "typical_p", "top_n_sigma", "dynatemp_range",
     "dry_multiplier", "xtc_probability", "samplers", "penalty_last_n", "repeat_last_n", "logit_bias_eog",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
@@ -122,6 +124,9 @@ class _Generation(BaseModel):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     response_format: Optional[dict[str, Any]] = None
+    # llama-server's constraints: a JSON schema, or a GBNF grammar.
+    json_schema: Any = None  # an object (or its JSON text); Constraint.json_schema says what is wrong with it
+    grammar: Optional[str] = None
 
     @field_validator("draft_tokens")
     @classmethod
@@ -157,8 +162,39 @@ class _Generation(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise RequestError("response_format other than text is not supported", "response_format")
+
+    def constraint(self) -> Constraint | None:
+        """The constraint the body asks for: response_format (json_object, or json_schema with
+        its `schema`), or llama-server's json_schema or grammar; at most one of them. A schema
+        or grammar that cannot be used is a RequestError naming the field and the place."""
+        given: list[tuple[str, Callable[[], Constraint]]] = []
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            given.append(("response_format", Constraint.json_object))
+        elif kind == "json_schema":
+            schema = (self.response_format or {}).get("json_schema")
+            if not isinstance(schema, dict):
+                raise RequestError("response_format.json_schema must be an object with a `schema`",
+                                   "response_format.json_schema")
+            inner = schema.get("schema", {"type": "object"})
+            given.append(("response_format.json_schema.schema",
+                          lambda: Constraint.json_schema(inner, "response_format.json_schema.schema")))
+        elif kind != "text":
+            raise RequestError(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+                               "response_format.type")
+        if self.json_schema is not None:
+            given.append(("json_schema", lambda: Constraint.json_schema(self.json_schema, "json_schema")))  # type: ignore[arg-type]
+        if self.grammar is not None:
+            given.append(("grammar", lambda: Constraint.gbnf(self.grammar or "", "grammar")))
+        if len(given) > 1:
+            raise RequestError(f"give one of {', '.join(name for name, _ in given)}, not several", given[1][0])
+        if not given:
+            return None
+        field, make = given[0]
+        try:
+            return make()
+        except ConstraintError as error:
+            raise RequestError(error.message, field) from None
 
     @property
     def stops(self) -> list[str]:
@@ -190,7 +226,8 @@ class _Generation(BaseModel):
                        draft=self.draft or defaults.draft,
                        draft_tokens=self.draft_tokens or defaults.draft_tokens,
                        exact=defaults.exact if self.exact is None else self.exact,
-                       prediction=self.prediction_text())
+                       prediction=self.prediction_text(),
+                       constraint=self.constraint())
 
 
 class ChatRequest(_Generation):
@@ -261,6 +298,7 @@ class Span(BaseModel):
 
     text: str
     source: Literal["draft", "target"]
+    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None  # who drafted a draft span
 
 
 class PromptTokensDetails(BaseModel):
@@ -346,6 +384,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     finish_reason: Optional[str] = None
     source: Optional[Literal["draft", "target"]] = None
+    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
 
 
 class TextChunkChoice(BaseModel):
@@ -354,6 +393,7 @@ class TextChunkChoice(BaseModel):
     finish_reason: Optional[str] = None
     logprobs: None = None
     source: Optional[Literal["draft", "target"]] = None
+    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
 
 
 class ChatChunk(BaseModel):

@@ -1,0 +1,198 @@
+"""Constraints: a JSON schema or a grammar that the target's tokens must meet. The only module
+that imports llguidance, as backend.py is the only one that imports llama_cpp.
+
+- `Constraint` is what a request asks for, checked when it is made: a schema or grammar
+  llguidance cannot use is a ConstraintError that names the place (the keyword's path in the
+  schema, or llguidance's own words for a grammar).
+- `Vocabulary` is the target's tokens as llguidance reads them, built once per loaded target
+  from the GGUF's own vocabulary (token bytes from llama.cpp), so any GGUF works.
+- `Matcher` follows one generation through the constraint: which tokens it allows next,
+  which single token it forces, and how many of a draft it accepts.
+
+Where the grammar forces bytes (a key, punctuation, the rest of an enum value), llguidance
+allows exactly one token: their canonical tokenization. So a forced token is the only one
+plain masked decoding can write, and drafting it needs no verification.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import llguidance
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer
+
+from specli.errors import UsageError
+
+if TYPE_CHECKING:
+    from specli.llama.backend import Model
+
+# JSON is written as Python's json.dumps writes it: ", " between items, ": " after a key,
+# and no other whitespace. Fixed separators force more: after a value's closing quote the
+# comma, the next key and its ": " are all forced.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ConstraintError(UsageError):
+    """A JSON schema or grammar that cannot constrain a generation (exit 2; serve: 400)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A JSON schema or a grammar (GBNF or Lark), compiled for llguidance when made."""
+
+    kind: Literal["json_schema", "grammar"]
+    source: str  # the schema as JSON text, or the grammar's text
+    grammar: str = field(compare=False, repr=False)  # llguidance's form of it
+
+    @classmethod
+    def json_schema(cls, schema: str | dict | bool, where: str = "JSON schema") -> Constraint:
+        """A JSON schema (JSON text or parsed). `where` names it in errors: an option, a field."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ConstraintError(f"the {where} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                                      "give a JSON schema object, e.g. '{\"type\": \"object\"}'") from None
+        if schema is True:
+            schema = {}
+        if not isinstance(schema, dict):
+            raise ConstraintError(f"the {where} must be a JSON object, not {type(schema).__name__}")
+        problem = _schema_problem(schema)
+        if problem is not None:
+            path, message = problem
+            raise ConstraintError(f"the {where} is not usable at {path or '/'}: {message}")
+        return cls("json_schema", json.dumps(schema), _compile_schema(schema))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Any JSON object (OpenAI's JSON mode)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def gbnf(cls, text: str, where: str = "grammar") -> Constraint:
+        """A grammar in llama.cpp's GBNF (a Lark grammar is taken as well)."""
+        if not text.strip():
+            raise ConstraintError(f"the {where} is empty")
+        try:
+            grammar = llguidance.grammar_from("grammar", text)
+        except ValueError as error:
+            raise ConstraintError(f"the {where} is not valid GBNF: {_one_line(str(error))}") from None
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}")
+        return cls("grammar", text, grammar)
+
+
+def _compile_schema(schema: dict) -> str:
+    return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+
+
+def _schema_error(schema: Any) -> str | None:
+    """llguidance's objection to a schema, or None."""
+    if not isinstance(schema, dict):
+        return None
+    try:
+        grammar = _compile_schema(schema)
+    except ValueError as error:
+        return str(error)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    return messages[0] if is_error else None
+
+
+def _schema_problem(schema: dict) -> tuple[str, str] | None:
+    """(the JSON pointer of the deepest subschema that fails as the whole does, the message),
+    or None when llguidance takes the schema. llguidance's messages name a keyword but not
+    where it is, so subschemas are compiled alone, deepest first, to find it."""
+    message = _schema_error(schema)
+    if message is None:
+        return None
+    nodes = sorted(_descendants(schema, ""), key=lambda node: -node[0].count("/"))
+    for path, node in nodes[:SEARCHED_SUBSCHEMAS]:
+        if _schema_error(node) == message:
+            return path, _one_line(message)
+    return "", _one_line(message)
+
+
+SEARCHED_SUBSCHEMAS = 256  # a huge schema's error is reported without its place
+
+
+def _descendants(node: Any, path: str):
+    """(JSON pointer, object) for every object nested in `node`, through lists and objects."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        here = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+        if isinstance(value, dict):
+            yield here, value
+        yield from _descendants(value, here)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class Vocabulary:
+    """The target's tokens as llguidance reads them: each token's bytes (control tokens
+    marked), its end-of-generation tokens, and llama.cpp's own tokenizer for forced text.
+    Built once per loaded target (about a second for a 262k vocabulary)."""
+
+    def __init__(self, target: Model) -> None:
+        tokens = [b"\xff" + piece if special else piece for piece, special in target.token_table()]
+        vocab, tokenize = target.tokenizer_handles()
+        self.size = len(tokens)
+        self._target = target  # tokenizer_handles are valid while it is loaded
+        self.tokenizer = LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+            tokens=tokens, vocab_ptr=vocab, tokenize_fptr=tokenize,
+            eos_token=target.end_of_generation_tokens() or [target.eos], slices=None)
+
+
+class Matcher:
+    """One generation's place in a constraint. Tokens are consumed as they are committed or
+    accepted; a generation starts again with `reset`."""
+
+    def __init__(self, vocabulary: Vocabulary, constraint: Constraint) -> None:
+        self.constraint = constraint
+        self._size = vocabulary.size
+        self._matcher = LLMatcher(vocabulary.tokenizer, constraint.grammar, log_level=0)
+        if self._matcher.is_error():
+            raise ConstraintError(f"the {constraint.kind.replace('_', ' ')} cannot be used: "
+                                  f"{_one_line(self._matcher.get_error())}")
+
+    def reset(self) -> None:
+        self._matcher.reset()
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing but the end of generation can follow: the structure is complete."""
+        return self._matcher.is_stopped()
+
+    def forced(self) -> int | None:
+        """The one token the constraint allows next, where it forces bytes; else None."""
+        tokens = self._matcher.compute_ff_tokens()
+        return tokens[0] if tokens else None
+
+    def allows(self, token: int) -> bool:
+        return self._matcher.validate_tokens([token]) == 1
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order from here, the constraint allows (none consumed)."""
+        return self._matcher.validate_tokens(tokens) if tokens else 0
+
+    def mask(self) -> np.ndarray:
+        """A bool per token id: allowed next."""
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self._size].astype(bool)
+
+    def restrict(self, row: np.ndarray) -> np.ndarray:
+        """The logits row with every token the constraint forbids at -inf (a copy)."""
+        return np.where(self.mask(), row, -np.inf).astype(row.dtype, copy=False)
+
+    def consume(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise RuntimeError(f"the constraint refused token {token}: {self._matcher.get_error()}")
+
+    def rollback(self, count: int) -> None:
+        if count > 0:
+            self._matcher.rollback(count)
