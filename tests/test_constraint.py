@@ -307,3 +307,21 @@ def test_every_generated_schema_gets_valid_json(gemma, schema):
     ids, text, who, reason, stats = run(gemma, tokens, request)
     assert reason == "eog", text
     jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.slow
+def test_where_bytes_are_forced_only_their_canonical_token_is_allowed(gemma):
+    """After '{"' the schema forces "name": llguidance's grammar admits "n" or "na" as well, but
+    its mask allows only the canonical token, and plain decoding's check (`allows`) must agree
+    with the mask, or plain and speculative decoding would write different tokens."""
+    target = gemma.target
+    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(PERSON))
+    matcher.consume(target.tokenize('{"', add_special=False)[0])
+    forced = matcher.forced()
+    assert target.piece(forced) == b"name"
+    mask = matcher.mask()
+    assert mask.sum() == 1 and mask[forced] and matcher.allows(forced)
+    spellings = [target.tokenize(prefix, add_special=False) for prefix in ("n", "na", "nam")]
+    prefixes = [tokens[0] for tokens in spellings if len(tokens) == 1]
+    assert prefixes and all(matcher.valid_prefix([token]) == 1 for token in prefixes), "the grammar admits them"
+    assert not any(matcher.allows(token) for token in prefixes), "the mask does not"

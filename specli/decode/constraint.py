@@ -174,10 +174,14 @@ class Matcher:
         return tokens[0] if tokens else None
 
     def allows(self, token: int) -> bool:
-        return self._matcher.validate_tokens([token]) == 1
+        """Whether the mask allows `token` next. (Not validate_tokens: where bytes are forced,
+        the grammar admits any spelling of them but the mask only their canonical token.)"""
+        bits = self._matcher.compute_bitmask()
+        return bool(bits[token >> 3] >> (token & 7) & 1)
 
     def valid_prefix(self, tokens: list[int]) -> int:
-        """How many of `tokens`, in order from here, the constraint allows (none consumed)."""
+        """How many of `tokens`, in order from here, the grammar admits (none consumed). A
+        non-canonical spelling of forced bytes passes here and is rejected by verification."""
         return self._matcher.validate_tokens(tokens) if tokens else 0
 
     def mask(self) -> np.ndarray:

@@ -262,6 +262,8 @@ class Engine:
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
         proposal = self.proposer.lookup(tokens, available)
+        if self.matcher is not None and proposal.tokens:  # what the constraint forbids is never verified
+            proposal.tokens = proposal.tokens[: self.matcher.valid_prefix(proposal.tokens)]
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
         if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
