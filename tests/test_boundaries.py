@@ -82,6 +82,10 @@ def test_only_backend_imports_llama_cpp():
     assert importers("llama_cpp") == {"llama/backend.py"}
 
 
+def test_only_the_constraint_module_imports_llguidance():
+    assert importers("llguidance") == {"decode/constraint.py"}
+
+
 def test_only_hub_imports_huggingface_hub():
     assert importers("huggingface_hub") and all(module.startswith("models/hub/") for module in importers("huggingface_hub"))
 

@@ -325,3 +325,19 @@ def test_where_bytes_are_forced_only_their_canonical_token_is_allowed(gemma):
     prefixes = [tokens[0] for tokens in spellings if len(tokens) == 1]
     assert prefixes and all(matcher.valid_prefix([token]) == 1 for token in prefixes), "the grammar admits them"
     assert not any(matcher.allows(token) for token in prefixes), "the mask does not"
+
+
+@pytest.mark.slow
+def test_an_integer_without_bounds_ends_within_the_safe_range(gemma):
+    """As llama.cpp's schema grammars hold an integer to 16 digits: without a bound, Gemma
+    wrote "timeout_ms": 1000... until the token limit on the extraction workload."""
+    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(
+        {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+    for digits, allowed in ((16, True), (17, False)):
+        matcher.reset()
+        tokens = gemma.target.tokenize('{"n": 1' + "0" * (digits - 1), add_special=False)
+        assert (matcher.valid_prefix(tokens) == len(tokens)) is allowed, digits
+    bounded = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(bounded))
+    tokens = gemma.target.tokenize('{"n": 1' + "0" * 20, add_special=False)
+    assert matcher.valid_prefix(tokens) == len(tokens), "a schema's own bound is left as it is"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import llguidance
 import numpy as np
@@ -26,8 +26,15 @@ from llguidance import LLMatcher, LLTokenizer
 
 from specli.errors import UsageError
 
-if TYPE_CHECKING:
-    from specli.llama.backend import Model
+
+class TokenSource(Protocol):
+    """What a Vocabulary reads of the target (backend.Model)."""
+
+    eos: int
+
+    def token_table(self) -> list[tuple[bytes, bool]]: ...
+    def tokenizer_handles(self) -> tuple[int, int]: ...
+    def end_of_generation_tokens(self) -> list[int]: ...
 
 # JSON is written as Python's json.dumps writes it: ", " between items, ": " after a key,
 # and no other whitespace. Fixed separators force more: after a value's closing quote the
@@ -79,15 +86,36 @@ class Constraint:
         try:
             grammar = llguidance.grammar_from("grammar", text)
         except ValueError as error:
-            raise ConstraintError(f"the {where} is not valid GBNF: {_one_line(str(error))}") from None
+            message = str(error).replace("Failed to convert the grammar from GBNF to Lark: ", "")
+            raise ConstraintError(f"the {where} is not valid GBNF: {_one_line(message)}") from None
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
             raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}")
         return cls("grammar", text, grammar)
 
 
+# An integer without bounds is held to JSON's safe range, the integers a double holds exactly
+# (llama.cpp's schema grammars hold one to 16 digits): otherwise a small model may write zeros
+# until the token limit ("timeout_ms": 1000000000...).
+SAFE_INTEGER = 2**53 - 1
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
 def _compile_schema(schema: dict) -> str:
-    return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    return LLMatcher.grammar_from_json_schema(_bounded(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+
+
+def _bounded(node: Any) -> Any:
+    """A copy of the schema with SAFE_INTEGER's bounds on every integer that has none."""
+    if isinstance(node, list):
+        return [_bounded(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    copy = {key: _bounded(value) for key, value in node.items()}
+    kind = copy.get("type")
+    if (kind == "integer" or isinstance(kind, list) and "integer" in kind) and not any(b in copy for b in _BOUNDS):
+        copy["minimum"], copy["maximum"] = -SAFE_INTEGER, SAFE_INTEGER
+    return copy
 
 
 def _schema_error(schema: Any) -> str | None:
@@ -138,7 +166,7 @@ class Vocabulary:
     marked), its end-of-generation tokens, and llama.cpp's own tokenizer for forced text.
     Built once per loaded target (about a second for a 262k vocabulary)."""
 
-    def __init__(self, target: Model) -> None:
+    def __init__(self, target: TokenSource) -> None:
         tokens = [b"\xff" + piece if special else piece for piece, special in target.token_table()]
         vocab, tokenize = target.tokenizer_handles()
         self.size = len(tokens)
