@@ -36,6 +36,7 @@ class TokenSource(Protocol):
     def tokenizer_handles(self) -> tuple[int, int]: ...
     def end_of_generation_tokens(self) -> list[int]: ...
 
+
 # JSON is written as Python's json.dumps writes it: ", " between items, ": " after a key,
 # and no other whitespace. Fixed separators force more: after a value's closing quote the
 # comma, the next key and its ": " are all forced.
