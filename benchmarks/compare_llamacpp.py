@@ -264,7 +264,7 @@ def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
             continue
         drafted = stats.get("drafted")
         text = "".join(
-            event.get("text", "") for event in _json_lines(stdout) if event.get("type") == "token"
+            event.get("text", "") for event in json_lines(stdout) if event.get("type") == "token"
         ).rstrip()
         return Run(
             tool,
@@ -278,7 +278,8 @@ def parse_specli_output(stdout: str, tool: str = "specli") -> Run:
     raise RunError(f'{tool}: no {{"type": "stats", ...}} line on stdout')
 
 
-def _json_lines(stdout: str) -> list[dict]:
+def json_lines(stdout: str) -> list[dict]:
+    """The JSON objects among a tool's output lines (`specli run --json`'s events)."""
     events = []
     for line in stdout.splitlines():
         try:

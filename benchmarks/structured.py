@@ -54,7 +54,7 @@ held-out ones (`heldout = true`) apart, and how many outputs were valid per conf
 `--only-llama` or `--only-specli` runs one side; `-t N` gives both tools N threads (on a loaded
 2-core box, llama.cpp's default of every core can run several times slower: give both -t 1).
 
-Only the standard library is used.
+Only the standard library is used (and compare_llamacpp.py beside it).
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
+from benchmarks.compare_llamacpp import json_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LLAMA_SERVER_ENV = "LLAMA_SERVER_BIN"
@@ -330,14 +333,7 @@ def run_specli(name: str, command: list[str], timeout: float) -> dict:
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-15:])
         raise RunError(f"{name} exited with {result.returncode}:\n{tail}\ncommand: {shlex.join(command)}")
-    events = []
-    for line in result.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
+    events = json_lines(result.stdout)
     stats = next((event for event in reversed(events) if event.get("type") == "stats"), None)
     if stats is None:
         raise RunError(f'{name}: no {{"type": "stats", ...}} line on stdout\ncommand: {shlex.join(command)}')

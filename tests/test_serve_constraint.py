@@ -3,6 +3,7 @@
 llama-server's `json_schema` and `grammar` fields, provenance that names the grammar's forced
 tokens, and bad schemas answered with a 400 that names the field and the place."""
 
+# ruff: noqa: F811
 from __future__ import annotations
 
 import json
@@ -13,7 +14,9 @@ import pytest
 from openai import BadRequestError
 from pydantic import BaseModel, Field
 
-from tests.test_serve import serving, specli_run
+# test_serve's server fixtures (module-scoped: this module starts its own); tests naming them
+# as arguments redefine the imported names, as pytest means them to.
+from tests.test_serve import gemma_server, smol_server, specli_run  # noqa: F401
 
 pytestmark = pytest.mark.slow  # real models, real processes
 
@@ -46,18 +49,6 @@ class Invoice(BaseModel):
     amount: float
     currency: str
     paid: bool
-
-
-@pytest.fixture(scope="module")
-def gemma_server(gemma_path):
-    with serving("--target", gemma_path, "--no-memory") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def smol_server(smollm_path):
-    with serving("--target", smollm_path) as server:
-        yield server
 
 
 def test_llama_servers_json_schema_field_gives_run_json_schemas_text_with_grammar_provenance(gemma_server, gemma_path,
@@ -121,8 +112,8 @@ def test_the_openai_clients_parse_gets_a_pydantic_object(smol_server):
     messages = [{"role": "user", "content": f"{INVOICE_TEXT}\nGive the invoice as JSON."}]
     completion = client.chat.completions.parse(model="x", messages=messages, max_tokens=120, response_format=Invoice)
     invoice = completion.choices[0].message.parsed
-    assert isinstance(invoice, Invoice)
-    assert invoice.currency == "EUR" or invoice.currency  # the model's choice; the schema's shape is the point
+    assert isinstance(invoice, Invoice), completion.choices[0].message.content
+    assert len(invoice.customer) <= 32 and completion.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("body, param, fragment", [

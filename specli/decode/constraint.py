@@ -185,12 +185,17 @@ class Matcher:
         self.constraint = constraint
         self._size = vocabulary.size
         self._matcher = LLMatcher(vocabulary.tokenizer, constraint.grammar, log_level=0)
+        # The mask of the current state, one bit per token id: computed into this one buffer
+        # at most once per state (consume, rollback and reset make it stale).
+        self._words = np.zeros((vocabulary.size + 31) // 32, dtype=np.uint32)
+        self._fresh = False
         if self._matcher.is_error():
             raise ConstraintError(f"the {constraint.kind.replace('_', ' ')} cannot be used: "
                                   f"{_one_line(self._matcher.get_error())}")
 
     def reset(self) -> None:
         self._matcher.reset()
+        self._fresh = False
 
     @property
     def stopped(self) -> bool:
@@ -205,8 +210,7 @@ class Matcher:
     def allows(self, token: int) -> bool:
         """Whether the mask allows `token` next. (Not validate_tokens: where bytes are forced,
         the grammar admits any spelling of them but the mask only their canonical token.)"""
-        bits = self._matcher.compute_bitmask()
-        return bool(bits[token >> 3] >> (token & 7) & 1)
+        return bool(int(self._bits()[token >> 5]) >> (token & 31) & 1)
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from here, the grammar admits (none consumed). A
@@ -215,17 +219,24 @@ class Matcher:
 
     def mask(self) -> np.ndarray:
         """A bool per token id: allowed next."""
-        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[: self._size].astype(bool)
+        return np.unpackbits(self._bits().view(np.uint8), bitorder="little")[: self._size].view(bool)
+
+    def _bits(self) -> np.ndarray:
+        if not self._fresh:
+            self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+            self._fresh = True
+        return self._words
 
     def restrict(self, row: np.ndarray) -> np.ndarray:
         """The logits row with every token the constraint forbids at -inf (a copy)."""
         return np.where(self.mask(), row, -np.inf).astype(row.dtype, copy=False)
 
     def consume(self, token: int) -> None:
+        self._fresh = False
         if not self._matcher.consume_token(token):
             raise RuntimeError(f"the constraint refused token {token}: {self._matcher.get_error()}")
 
     def rollback(self, count: int) -> None:
         if count > 0:
+            self._fresh = False
             self._matcher.rollback(count)

@@ -261,28 +261,31 @@ class Engine:
             return Proposal(), [], 0
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
-        proposal = self.proposer.lookup(tokens, available)
-        if self.matcher is not None and proposal.tokens:  # what the constraint forbids is never verified
-            proposal.tokens = proposal.tokens[: self.matcher.valid_prefix(proposal.tokens)]
+        proposal = self._allowed(self.proposer.lookup(tokens, available))
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
         if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
                               agreeing=proposal.agreeing) if proposal.tokens else 0
             return proposal, proposal.tokens[:k], 0
         k = policy.choose(None, 0, available, behind=behind)
-        proposal = self.proposer.propose(tokens, k) if k > 0 else Proposal()
+        proposal = self._allowed(self.proposer.propose(tokens, k)) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k], k
+
+    def _allowed(self, proposal: Proposal) -> Proposal:
+        """The proposal cut where the constraint forbids a token: that one and the rest are
+        never verified (lookup's, before the policy prices them; a draft model's through text)."""
+        if self.matcher is not None and proposal.tokens:
+            proposal.tokens = proposal.tokens[: self.matcher.valid_prefix(proposal.tokens)]
+        return proposal
 
     def _step(self, tokens: list[int], last: int, room: int) -> tuple[list[int], list[Source], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
-        target, matcher = self.target, self.matcher
+        target = self.target
         t0 = time.perf_counter()
         # `tokens` ends with `last`, which the matcher has consumed.
         room = min(room, self.max_batch - 1)
         forced = self._forced_run(room)
         proposal, draft, asked = self._propose(tokens + forced if forced else tokens, room - len(forced))
-        if matcher is not None and draft:
-            draft = draft[: matcher.valid_prefix(draft)]  # a forbidden token ends the draft unverified
         t1 = time.perf_counter()
         batch = [last] + forced + draft  # row i: after last + (forced + draft)[:i]
         if self._on_device:
