@@ -4,10 +4,10 @@ target's tokens, through its chat template when it has one."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from specli.errors import PromptError
-from specli.llama.template import apply_chat_template
+from specli.llama.template import apply_chat_template, check_jinja_template
 
 if TYPE_CHECKING:
     from specli.llama.backend import Model
@@ -30,6 +30,14 @@ def read_prediction(path: Path) -> str:
 def read_constraint_file(path: Path, what: str) -> str:
     """--grammar-file or --json-schema-file (`what` names it in errors)."""
     return _read_file(path, what)
+
+
+def read_chat_template(path: Path) -> str:
+    """--chat-template-file: a Jinja chat template, used in place of the target's own (its
+    syntax checked now, before any model loads)."""
+    text = _read_file(path, "chat template file")
+    check_jinja_template(text, f"chat template {path}")
+    return text
 
 
 def _read_file(path: Path, what: str) -> str:
@@ -103,6 +111,7 @@ def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat:
     return chat_tokens(model, messages)
 
 
-def chat_tokens(model: Model, messages: list[dict[str, str]]) -> list[int]:
-    """A conversation through the model's chat template, ready for the assistant's turn."""
-    return model.tokenize(apply_chat_template(model, messages), add_special=True, parse_special=True)
+def chat_tokens(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+    """A conversation through the model's chat template, ready for the assistant's turn
+    (`tools`: the functions it may call, in OpenAI's shape)."""
+    return model.tokenize(apply_chat_template(model, messages, tools), add_special=True, parse_special=True)

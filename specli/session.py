@@ -66,6 +66,7 @@ class SessionSpec:
     # Greedy runs without a repetition penalty verify on the device (Engine's verify_on_device).
     verify_on_device: bool = False
     verbose: bool = False
+    chat_template: str | None = None  # --chat-template-file: the template's text, in place of the GGUF's
 
 
 class Session:
@@ -367,7 +368,7 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     exact_batch = None
     if spec.exact:
         spec, exact_batch = _exact_settings(spec, notice)
-    target = Model(spec.target, spec.target_load, verbose=spec.verbose)
+    target = Model(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
     try:
         if spec.draft_model is None or exact_batch == 1:
             return Session(spec, target, exact_batch=exact_batch, notice=notice)

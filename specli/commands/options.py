@@ -24,10 +24,10 @@ from specli.errors import UsageError
 from specli.llama.backend import LoadSettings
 from specli.llama.rpc import parse_endpoints
 from specli.models.resolve import ResolvedModels
-from specli.prompt import read_constraint_file
+from specli.prompt import read_chat_template, read_constraint_file
 from specli.session import SessionSpec
 
-MODEL, DRAFTING, SAMPLING, CONSTRAINT, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Constraint", "Output", "Hardware"
+MODEL, DRAFTING, SAMPLING, FORMAT, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Format", "Output", "Hardware"
 
 
 def _check(test, requirement: str):
@@ -110,15 +110,17 @@ Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callba
                                              help="Seed; the same seed repeats a run.")]
 MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=_positive,
                                                  rich_help_panel=SAMPLING, help="Tokens to write.")]
-# --- Constraint (llama.cpp's spellings) -----------------------------------------
-Grammar = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", rich_help_panel=CONSTRAINT,
+# --- Format: the chat template, and a constraint (llama.cpp's spellings) ----------
+ChatTemplateFile = Annotated[Optional[Path], typer.Option("--chat-template-file", metavar="FILE", rich_help_panel=FORMAT,
+                                                          help="Use this Jinja chat template instead.")]
+Grammar = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", rich_help_panel=FORMAT,
                                                 help="Write only what this GBNF grammar allows.")]
-GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", metavar="FILE", rich_help_panel=CONSTRAINT,
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", metavar="FILE", rich_help_panel=FORMAT,
                                                      help="Read the GBNF grammar from this file.")]
-JsonSchema = Annotated[Optional[str], typer.Option("-j", "--json-schema", metavar="JSON", rich_help_panel=CONSTRAINT,
+JsonSchema = Annotated[Optional[str], typer.Option("-j", "--json-schema", metavar="JSON", rich_help_panel=FORMAT,
                                                    help="JSON this schema allows ('{}': any).")]
 JsonSchemaFile = Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", metavar="FILE",
-                                                        rich_help_panel=CONSTRAINT,
+                                                        rich_help_panel=FORMAT,
                                                         help="Read the JSON schema from this file.")]
 # --- Output ----------------------------------------------------------------------
 Verbose = Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")]
@@ -153,6 +155,7 @@ def _group(**options: tuple[Any, Any]) -> tuple[inspect.Parameter, ...]:
 # to a command; their values reach it in ctx.params, where session_spec, generation_request,
 # hardware and sampling find them by name.
 MODELS = _group(model=(Pair, None), target=(Target, None), draft=(Draft, None))
+TEMPLATE_OPTIONS = _group(chat_template_file=(ChatTemplateFile, None))
 DRAFTING_OPTIONS = _group(draft_tokens=(DraftTokensOption, None), draft_min_p=(DraftMinP, 0.0), exact=(Exact, False),
                           no_ngram=(NoLookup, False))
 SAMPLING_OPTIONS = _group(temperature=(Temperature, 0.0), top_k=(TopK, DEFAULT_TOP_K), top_p=(TopP, DEFAULT_TOP_P),
@@ -253,6 +256,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         exact=params.get("exact", False),
         verify_on_device=where.verify_on_device,
         verbose=params.get("verbose", False),
+        chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
     )
 
 

@@ -43,7 +43,8 @@ class Prompt:
 
 @app.command("run", cls=Command)
 @app.command("chat", cls=Command, help="Chat with the target, turn by turn: the same options as run, and no prompt.")
-@opt.with_options(opt.MODELS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.CONSTRAINT_OPTIONS, opt.HARDWARE_OPTIONS)
+@opt.with_options(opt.MODELS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.TEMPLATE_OPTIONS, opt.CONSTRAINT_OPTIONS,
+                  opt.HARDWARE_OPTIONS)
 def run(
     ctx: typer.Context,
     prompt: Annotated[

@@ -13,7 +13,7 @@ SERVER = "Server"
 
 
 @app.command("serve", cls=Command)
-@opt.with_options(opt.MODELS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.HARDWARE_OPTIONS)
+@opt.with_options(opt.MODELS, opt.TEMPLATE_OPTIONS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.HARDWARE_OPTIONS)
 def serve(
     ctx: typer.Context,
     *,

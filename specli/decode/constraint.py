@@ -95,6 +95,25 @@ class Constraint:
         return cls("grammar", text, grammar)
 
 
+    @classmethod
+    def lark(cls, text: str, where: str = "grammar") -> Constraint:
+        """A grammar in llguidance's Lark (what tool calls are constrained by)."""
+        try:
+            grammar = LLMatcher.grammar_from_lark(text)
+        except ValueError as error:
+            raise ConstraintError(f"the {where} is not valid: {_one_line(str(error))}") from None
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}")
+        return cls("grammar", text, grammar)
+
+
+def json_lark(schema: dict) -> str:
+    """A schema as part of a Lark grammar (`%json {...}`), written as a JSON schema constraint
+    writes it: JSON_OPTIONS' separators, and integers held to SAFE_INTEGER."""
+    return "%json " + json.dumps({**_bounded(schema), "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+
+
 # An integer without bounds is held to JSON's safe range, the integers a double holds exactly
 # (llama.cpp's schema grammars hold one to 16 digits): otherwise a small model may write zeros
 # until the token limit ("timeout_ms": 1000000000...).

@@ -154,8 +154,10 @@ DEVICE_CANDIDATES = 8
 class Model:
     """One GGUF model with one llama.cpp context and a single sequence (id 0)."""
 
-    def __init__(self, path: Path | str, settings: LoadSettings = LoadSettings(), *, verbose: bool = False) -> None:
+    def __init__(self, path: Path | str, settings: LoadSettings = LoadSettings(), *, verbose: bool = False,
+                 chat_template: str | None = None) -> None:
         self.path = Path(path)
+        self._template_override = chat_template  # --chat-template-file: in place of the GGUF's
         check_gguf_file(self.path)
         init_backend(verbose)
         self._model = None
@@ -437,17 +439,26 @@ class Model:
 
     # --- chat ---------------------------------------------------------------
 
+    def special_token(self, text: str) -> int | None:
+        """The id of the special token written `text` (`[TOOL_CALLS]`, `<|python_tag|>`), or
+        None where the vocabulary has no such token."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        plain = self.tokenize(text, add_special=False, parse_special=False)
+        return ids[0] if len(ids) == 1 and ids != plain else None
+
     def chat_template(self) -> str | None:
-        """The model's chat template (Jinja source) from its GGUF metadata, if it has one."""
+        """The model's chat template (Jinja source): the one given at load, else the GGUF's."""
+        if self._template_override is not None:
+            return self._template_override
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8", "replace") if template else None
 
     def apply_builtin_chat_template(self, messages: list[dict[str, str]]) -> str | None:
         """Messages formatted by llama.cpp's built-in copy of the model's chat template, ready
-        for the assistant's turn; None where llama.cpp does not recognise the template (or
-        the model has none)."""
+        for the assistant's turn; None where llama.cpp does not recognise the template, the
+        model has none, or a template was given at load (rendered from its Jinja source)."""
         template = llama.llama_model_chat_template(self._model, None)
-        if not template:
+        if not template or self._template_override is not None:
             return None
         chat = (llama.llama_chat_message * len(messages))()
         encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]

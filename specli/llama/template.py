@@ -11,7 +11,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from specli.errors import PromptError
+from specli.errors import PromptError, UsageError
 
 if TYPE_CHECKING:
     from specli.llama.backend import Model
@@ -19,22 +19,25 @@ if TYPE_CHECKING:
 NO_CHAT_HINT = "use --no-chat to send the prompt as is"
 
 
-def apply_chat_template(model: Model, messages: list[dict[str, str]]) -> str:
+def apply_chat_template(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
     """Format messages with the model's own template, ready for the assistant's turn.
 
-    llama.cpp's built-in copy of the template is used where it recognises it; any other
-    template is rendered from its Jinja source.
+    llama.cpp's built-in copy of the template is used where it recognises it, for text
+    messages without tools; any other conversation is rendered from the template's Jinja
+    source, with `tools` in its `tools` variable (as Transformers' apply_chat_template does).
     """
     template = model.chat_template()
     if template is None:
         raise PromptError(f"{model.path.name} has no chat template", NO_CHAT_HINT)
-    formatted = model.apply_builtin_chat_template(messages)
+    plain = not tools and all(set(m) <= {"role", "content"} and isinstance(m["content"], str) for m in messages)
+    formatted = model.apply_builtin_chat_template(messages) if plain else None
     if formatted is not None:
         return formatted
     bos = _special_text(model, model.bos)
     try:
-        prompt = render_jinja_template(template, messages, bos_token=bos, eos_token=_special_text(model, model.eos))
-    except (jinja2.TemplateError, ValueError) as error:
+        prompt = render_jinja_template(template, messages, bos_token=bos, eos_token=_special_text(model, model.eos),
+                                       tools=tools)
+    except (jinja2.TemplateError, ValueError, TypeError) as error:
         raise PromptError(f"the chat template of {model.path.name} failed: {error}", NO_CHAT_HINT) from None
     # The BOS token is added by tokenization; a template that writes it would double it.
     return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
@@ -73,8 +76,7 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def render_jinja_template(template: str, messages: list[dict[str, str]], *, bos_token: str, eos_token: str) -> str:
-    """The template's text for `messages`, ending with the assistant's turn opened."""
+def _environment() -> ImmutableSandboxedEnvironment:
     environment = ImmutableSandboxedEnvironment(
         loader=jinja2.BaseLoader(),
         trim_blocks=True,
@@ -82,7 +84,21 @@ def render_jinja_template(template: str, messages: list[dict[str, str]], *, bos_
         extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols],
     )
     environment.filters["tojson"] = _tojson
-    return environment.from_string(template).render(
+    return environment
+
+
+def check_jinja_template(template: str, what: str) -> None:
+    """UsageError (exit 2) naming the line where a template's Jinja syntax fails."""
+    try:
+        _environment().parse(template)
+    except jinja2.TemplateSyntaxError as error:
+        raise UsageError(f"the {what} is not valid Jinja: {error.message} (line {error.lineno})") from None
+
+
+def render_jinja_template(template: str, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str,
+                          tools: list[dict] | None = None) -> str:
+    """The template's text for `messages`, ending with the assistant's turn opened."""
+    return _environment().from_string(template).render(
         messages=messages,
         eos_token=eos_token,
         bos_token=bos_token,
@@ -90,7 +106,7 @@ def render_jinja_template(template: str, messages: list[dict[str, str]], *, bos_
         add_generation_prompt=True,
         functions=None,
         function_call=None,
-        tools=None,
+        tools=tools or None,
         tool_choice=None,
         strftime_now=_strftime_now,
     )
