@@ -136,7 +136,7 @@ def test_a_draft_model_that_fell_behind_is_priced_with_its_catch_up():
 
 
 def test_the_draft_model_knows_how_far_behind_the_text_it_is():
-    target, draft = FakeModel(seed=0), FakeModel(seed=0)
+    draft = FakeModel(seed=0)
     model = DraftModelProposer(DraftModel(draft), SamplingSettings())
     model.prepare(PROMPT)
     assert model.behind(PROMPT) == 0, "prepared: all but the last prompt token decoded"

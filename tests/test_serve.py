@@ -8,7 +8,6 @@ fixture.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, AsyncIterator, Callable, Union
 
 from fastapi import Depends, FastAPI, Request
@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specli.config import debug_enabled
+from specli.decode.constraint import ConstraintError
 from specli.decode.engine import ContextLengthError, check_prompt_fits
 from specli.decode.events import Stats, Token
 from specli.decode.request import DraftKind, GenerationRequest
@@ -41,6 +42,8 @@ from specli.serve.schema import (
     Delta,
     ErrorBody,
     ErrorResponse,
+    FunctionCall,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -50,11 +53,22 @@ from specli.serve.schema import (
     TextChunk,
     TextChunkChoice,
     Timings,
+    ToolCall,
+    ToolCallDelta,
     Usage,
     _new_id,
 )
 from specli.serve.worker import Busy, Closing, Gone, Job, Worker
-from specli.stream import Outcome, spans_of
+from specli.stream import Outcome
+from specli.tools.plan import (
+    ContentDelta,
+    SpecialText,
+    ToolPlan,
+    ToolStream,
+    ToolsUnsupported,
+    answer_content,
+    tool_format,
+)
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
 RETRY_AFTER_SECONDS = 1
@@ -132,8 +146,11 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorised)])
     async def chat_completions(body: ChatRequest, request: Request):
-        job = _job(body, worker, info, lambda: chat_tokens(worker.session.target, body.conversation()))
-        return await _respond(request, body, job, worker, info, log, chat=True)
+        target = worker.session.target
+        plan = _tool_plan(body, worker)
+        job = _job(body, worker, info, lambda: chat_tokens(target, body.conversation(), body.template_tools()),
+                   plan)
+        return await _respond(request, body, job, worker, info, log, chat=True, plan=plan)
 
     @app.post("/v1/completions", dependencies=[Depends(authorised)])
     async def completions(body: CompletionRequest, request: Request):
@@ -158,12 +175,34 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
     return app
 
 
+def _tool_plan(body: ChatRequest, worker: Worker) -> ToolPlan | None:
+    """The request's tools in the format of the loaded template (None: no tools, or
+    tool_choice "none"); ApiError (400) names what cannot be served."""
+    try:
+        body.refused()
+        if not body.tools or body.choice == "none":
+            return None
+        target = worker.session.target
+        functions = body.functions_called()
+        format = tool_format(target.chat_template(), target.path.name)
+    except RequestError as error:
+        raise ApiError(400, error.message, param=error.param, code=error.code) from None
+    except ToolsUnsupported as error:
+        raise ApiError(400, f"{error.message}: tools are not supported ({error.hint})", param="tools") from None
+    return ToolPlan(format, functions, body.choice, parallel=body.parallel_tool_calls is not False)
+
+
 def _job(body: Union[ChatRequest, CompletionRequest], worker: Worker, info: ServerInfo,
-         tokens: Callable[[], list[int]]) -> Job:
+         tokens: Callable[[], list[int]], plan: ToolPlan | None = None) -> Job:
     """The request as a generation, or ApiError (400) naming what cannot be served."""
     try:
         body.refused()
         request = body.generation_request(info.defaults)
+        if plan is not None:
+            try:
+                request = replace(request, constraint=plan.constraint(worker.session.target.special_token))
+            except ConstraintError as error:
+                raise RequestError(error.message, "tools") from None
         if request.draft is DraftKind.MODEL and worker.session.draft is None:
             raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
         prompt = tokens()
@@ -179,12 +218,15 @@ def _job(body: Union[ChatRequest, CompletionRequest], worker: Worker, info: Serv
 
 
 async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest], job: Job, worker: Worker,
-                   info: ServerInfo, log: IO[str], *, chat: bool):
+                   info: ServerInfo, log: IO[str], *, chat: bool, plan: ToolPlan | None = None):
+    special = SpecialText(lambda token: worker.session.target.piece(token, special=True), job.request.stop)
     if body.stream:
         events: asyncio.Queue = asyncio.Queue()
         future, cancel = await _start(worker, job, events.put_nowait, request, log)
         future.add_done_callback(lambda _: events.put_nowait(None))  # also ends a generation that failed
-        return StreamingResponse(_sse(request, body, future, cancel, events, info, log, chat=chat),
+        calls = ToolStream(plan) if plan is not None else None
+        return StreamingResponse(_sse(request, body, future, cancel, events, info, log, chat=chat,
+                                      calls=calls, special=special),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     future, cancel = await _start(worker, job, None, request, log)
     while not future.done():  # a client that goes away cancels its generation within a step
@@ -201,10 +243,28 @@ async def _respond(request: Request, body: Union[ChatRequest, CompletionRequest]
     finish = FINISH_REASONS.get(outcome.stats.finish_reason, outcome.stats.finish_reason)
     _log_line(log, request, 200, outcome.stats)
     if chat:
-        choice = ChatChoice(message=AssistantMessage(content=outcome.text), finish_reason=finish, spans=spans)
+        message = AssistantMessage(content=outcome.text)
+        if plan is not None:
+            message, finish = _answer(plan, special.all(outcome.tokens), outcome.text, finish)
+        choice = ChatChoice(message=message, finish_reason=finish, spans=spans)
         return ChatCompletion(model=info.name, choices=[choice], usage=usage, timings=timings).model_dump()
     choice = TextChoice(text=outcome.text, finish_reason=finish, spans=spans)
     return Completion(model=info.name, choices=[choice], usage=usage, timings=timings).model_dump()
+
+
+def _answer(plan: ToolPlan, special_text: str, text: str, finish: str) -> tuple[AssistantMessage, str]:
+    """The whole answer's message (content, and the calls read from the text with its
+    special tokens written out) and finish reason: "tool_calls" where it made calls. An
+    answer cut off inside a call keeps its text as content."""
+    parsed = plan.read(special_text)
+    calls = [ToolCall(id=plan.new_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
+             for call in parsed.calls if call.complete]
+    if any(not call.complete for call in parsed.calls):
+        return AssistantMessage(content=text, tool_calls=calls or None), finish
+    if not calls:
+        return AssistantMessage(content=parsed.content), finish
+    return AssistantMessage(content=answer_content(parsed), tool_calls=calls), \
+        "tool_calls" if finish == "stop" else finish
 
 
 async def _start(worker: Worker, job: Job, on_event, request: Request, log: IO[str]):
@@ -231,17 +291,20 @@ def _outcome(future: asyncio.Future, request: Request, log: IO[str]) -> Outcome:
 
 
 async def _sse(request: Request, body, future: asyncio.Future, cancel, events: asyncio.Queue, info: ServerInfo,
-               log: IO[str], *, chat: bool) -> AsyncIterator[str]:
+               log: IO[str], *, chat: bool, calls: ToolStream | None = None,
+               special: SpecialText | None = None) -> AsyncIterator[str]:
     """Server-sent events: the first token as soon as the prompt's decode writes it, then one
     chunk per run of a step's tokens from one source, a last chunk with the finish reason, the
-    usage chunk when asked for, then [DONE]. If the client goes away, Starlette stops this
-    generator and the `finally` cancels the generation."""
+    usage chunk when asked for, then [DONE]. With tools (`calls`), a run's text is read for
+    calls: content until a call opens, then the call's id and name, then its arguments in
+    pieces. If the client goes away, Starlette stops this generator and the `finally` cancels
+    the generation."""
     chunk_id, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
 
     def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False,
-              proposer: str = "") -> str:
+              proposer: str = "", tool_calls: list[ToolCallDelta] | None = None) -> str:
         if chat:
-            delta = Delta(role="assistant" if first else None, content=text)
+            delta = Delta(role="assistant" if first else None, content=text, tool_calls=tool_calls)
             data = ChatChunk(id=chunk_id, created=created, model=info.name,
                              choices=[ChatChunkChoice(delta=delta, finish_reason=finish, source=source,
                                                       proposer=proposer or None)])
@@ -250,6 +313,26 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
                              choices=[TextChunkChoice(text=text or "", finish_reason=finish, source=source,
                                                       proposer=proposer or None)])
         return _event(data.model_dump(exclude_none=chat))
+
+    def deltas(found: list, source: str | None, proposer: str = "") -> list[str]:
+        out = []
+        for delta in found:
+            if isinstance(delta, ContentDelta):
+                out.append(chunk(delta.text, source, proposer=proposer))
+            else:
+                function = FunctionCallDelta(name=delta.name, arguments=delta.arguments)
+                call = ToolCallDelta(index=delta.index, id=delta.id, type="function" if delta.id else None,
+                                     function=function)
+                out.append(chunk(None, source, proposer=proposer, tool_calls=[call]))
+        return out
+
+    def run(tokens: list[Token]) -> list[str]:
+        """Chunks for a run of tokens of one source and proposer."""
+        if calls is None or special is None:
+            text = "".join(token.text for token in tokens)
+            return [chunk(text, tokens[0].source, proposer=tokens[0].proposer)] if text else []
+        text = "".join(special(token.id) for token in tokens if token.id >= 0)
+        return deltas(calls.feed(text), tokens[0].source, tokens[0].proposer)
 
     try:
         if chat:
@@ -260,15 +343,16 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
             event = await events.get()
             if isinstance(event, Token) and first:
                 first = False
-                if event.text:
-                    yield chunk(event.text, event.source, proposer=event.proposer)
+                for line in run([event]):
+                    yield line
                 continue
             if isinstance(event, Token):
-                if event.text:
+                if event.text or calls is not None:  # tokens that write no text (special ones) may open a call
                     pending.append(event)
                 continue
-            for text, source, proposer in _merge(pending):  # a StepRecord, or the end (None)
-                yield chunk(text, source, proposer=proposer)
+            for tokens in _runs(pending):  # a StepRecord, or the end (None)
+                for line in run(tokens):
+                    yield line
             pending = []
             if event is None:
                 break
@@ -288,6 +372,11 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
             yield "data: [DONE]\n\n"
             return
         finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
+        if calls is not None and special is not None:
+            for line in deltas(calls.feed(special.flush()) + calls.finish(), None):
+                yield line
+            if calls.ids and finish == "stop":
+                finish = "tool_calls"
         yield chunk(None if chat else "", None, finish)
         if body.include_usage:
             usage = _usage(stats)
@@ -310,9 +399,15 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _merge(tokens: list[Token]) -> list[tuple[str, str, str]]:
-    """A step's tokens as runs of text of one source and proposer."""
-    return spans_of([(token.text, token.source, token.proposer) for token in tokens])
+def _runs(tokens: list[Token]) -> list[list[Token]]:
+    """A step's tokens in runs of one source and proposer."""
+    runs: list[list[Token]] = []
+    for token in tokens:
+        if runs and (runs[-1][0].source, runs[-1][0].proposer) == (token.source, token.proposer):
+            runs[-1].append(token)
+        else:
+            runs.append([token])
+    return runs
 
 
 def _usage(stats: Stats) -> Usage:

@@ -1,20 +1,22 @@
 """The OpenAI request and response bodies `specli serve` speaks, as pydantic models.
 
-Requests keep OpenAI's names (`response_format` included) and add llama.cpp's sampling
-extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constraints (`json_schema`,
-`grammar`) and specli's drafting fields (`draft`, `draft_tokens`, `exact`). A field
-that would change what is generated but that specli cannot honour is refused by name
+Requests keep OpenAI's names (`response_format`, `tools` included) and add llama.cpp's
+sampling extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constraints
+(`json_schema`, `grammar`) and specli's drafting fields (`draft`, `draft_tokens`, `exact`).
+Fields are read strictly: a number given as a string, a boolean as a number, is a 400. A
+field that would change what is generated but that specli cannot honour is refused by name
 (`refused`); a field that changes nothing (`user`, `store`, `metadata`...) is ignored.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
@@ -32,8 +34,11 @@ class RequestError(ValueError):
 # --- requests ----------------------------------------------------------------------
 
 
+STRICT = ConfigDict(extra="ignore", strict=True)  # "10" is not a number, nor true a number
+
+
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: Optional[str] = None
 
@@ -55,22 +60,70 @@ def content_text(content: Content, param: str) -> str:
     return "".join(pieces)
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the history, or of an answer."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")  # read by ChatRequest.refused: tool_calls
+    model_config = ConfigDict(extra="allow", strict=True)  # read by ChatRequest.refused: function_call
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's
+    tool_call_id: Optional[str] = None  # a tool message's: the call it answers
+
+    @model_validator(mode="after")
+    def _content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant's calls may go without)")
+        return self
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema; none: no arguments
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class Prediction(BaseModel):
     """OpenAI's Predicted Outputs: text the answer is expected to repeat much of."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["content"]
     content: Union[str, list[TextPart]]
 
@@ -93,12 +146,29 @@ NEUTRAL_EXTRAS = {
 }
 
 
+def _check_text(value: Any, where: str) -> None:
+    """Every string in the body must be Unicode text: JSON's escapes can write a lone surrogate
+    ("\\ud800"), which no tokenizer can read."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise RequestError(f"{where or 'the body'} holds a lone surrogate (character {error.start}): "
+                               "not Unicode text", where or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_text(item, f"{where}[{i}]")
+
+
 class _Generation(BaseModel):
     """What both completion endpoints take. Other fields are kept aside (extra="allow") for
     `refused`: a field in REFUSED_EXTRAS is refused, any other (user, store, metadata,
     cache_prompt...) changes nothing and is ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: Optional[str] = None  # any name: the loaded pair answers
     max_tokens: Optional[int] = Field(default=None, ge=1)
@@ -113,7 +183,7 @@ class _Generation(BaseModel):
     stream_options: Optional[StreamOptions] = None
     prediction: Optional[Prediction] = None
     # specli's own: which proposer drafts, how many tokens a step, and --exact.
-    draft: Optional[DraftKind] = None
+    draft: Optional[DraftKind] = Field(default=None, strict=False)  # "ngram" names DraftKind.NGRAM
     draft_tokens: Union[int, Literal["auto"], None] = None
     exact: Optional[bool] = None
     # Fields that change what is generated; `refused` says which specli cannot honour.
@@ -141,11 +211,14 @@ class _Generation(BaseModel):
     def _stops(cls, value):
         if isinstance(value, list) and len(value) > 4:
             raise ValueError("at most 4 stop sequences")
+        if value == "" or isinstance(value, list) and "" in value:
+            raise ValueError("a stop sequence must not be empty")
         return value
 
     def refused(self) -> None:
         """Raise RequestError for the first field that would change the output in a way
-        specli does not do."""
+        specli does not do, or that holds text that is not Unicode."""
+        _check_text(self.model_dump(), "")
         extras = self.model_extra or {}
         for name in sorted(set(extras) & REFUSED_EXTRAS):
             value = extras[name]
@@ -233,8 +306,9 @@ class _Generation(BaseModel):
 class ChatRequest(_Generation):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
-    tools: Optional[list[Any]] = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[Any]] = None
     function_call: Union[str, dict[str, Any], None] = None
     audio: Optional[dict[str, Any]] = None
@@ -242,31 +316,105 @@ class ChatRequest(_Generation):
 
     def refused(self) -> None:
         super().refused()
-        for name in ("tools", "functions", "audio"):
+        for name in ("functions", "audio"):
             if getattr(self, name):
-                raise RequestError(f"{name} are not supported", name)
-        if self.tool_choice not in (None, "none", "auto"):
-            raise RequestError("tool_choice is not supported", "tool_choice")
+                raise RequestError(f"{name} are not supported (tools are)", name)
         if self.function_call not in (None, "none", "auto"):
-            raise RequestError("function_call is not supported", "function_call")
+            raise RequestError("function_call is not supported (tool_choice is)", "function_call")
         if self.modalities and set(self.modalities) != {"text"}:
             raise RequestError("only the text modality is supported", "modalities")
-        for i, message in enumerate(self.messages):
-            if message.role in ("tool", "function"):
-                raise RequestError(f"messages[{i}] has role {message.role!r}; tools are not supported", f"messages[{i}].role")
-            for name in ("tool_calls", "function_call"):
-                if (message.model_extra or {}).get(name):
-                    raise RequestError(f"messages[{i}].{name}: tool calls are not supported", f"messages[{i}].{name}")
+        self._check_tools()
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (a developer message is a system one)."""
-        return [{"role": "system" if m.role == "developer" else m.role,
-                 "content": content_text(m.content, f"messages[{i}].content")}
-                for i, m in enumerate(self.messages)]
+    def _check_tools(self) -> None:
+        names = [tool.function.name for tool in self.tools or ()]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise RequestError(f"tools[{i}]: a second function named {name!r}", f"tools[{i}].function.name")
+        if self.tool_choice is not None and not self.tools:
+            raise RequestError("tool_choice needs tools", "tool_choice")
+        if self.tools and (self.response_format or self.json_schema is not None or self.grammar is not None):
+            raise RequestError("give tools or a response format (json_schema, grammar), not both", "tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
+                               "tool_choice.function.name")
+        calls: set[str] = set()
+        for i, message in enumerate(self.messages):
+            if message.role == "function" or (message.model_extra or {}).get("function_call"):
+                raise RequestError(f"messages[{i}]: function messages are not supported (tool messages are)",
+                                   f"messages[{i}].role")
+            for j, call in enumerate(message.tool_calls or ()):
+                if message.role != "assistant":
+                    raise RequestError(f"messages[{i}]: only an assistant message has tool_calls",
+                                       f"messages[{i}].tool_calls")
+                _arguments(call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+                calls.add(call.id)
+            if message.role == "tool":
+                if message.tool_call_id is None:
+                    raise RequestError(f"messages[{i}]: a tool message needs the tool_call_id it answers",
+                                       f"messages[{i}].tool_call_id")
+                if message.tool_call_id not in calls:
+                    raise RequestError(f"messages[{i}].tool_call_id {message.tool_call_id!r} answers no earlier "
+                                       "assistant tool call", f"messages[{i}].tool_call_id")
+
+    def functions_called(self) -> list[tuple[str, dict]]:
+        """The tools as (name, parameters schema) pairs, each schema checked for the
+        constraint (a RequestError names the tool and the place)."""
+        functions = []
+        for i, tool in enumerate(self.tools or ()):
+            schema = tool.function.parameters or {"type": "object", "properties": {}}
+            try:
+                Constraint.json_schema(schema, f"schema of tools[{i}] ({tool.function.name})")
+            except ConstraintError as error:
+                raise RequestError(error.message, f"tools[{i}].function.parameters") from None
+            functions.append((tool.function.name, schema))
+        return functions
+
+    @property
+    def choice(self) -> str:
+        """ "none", "auto", "required", or the one function's name that must be called."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools as the chat template's `tools` variable takes them (none for "none")."""
+        if not self.tools or self.choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them: a developer message is a system one,
+        and a call's arguments are an object (templates write them with `tojson`)."""
+        messages = []
+        for i, m in enumerate(self.messages):
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                       "content": content_text(m.content, f"messages[{i}].content")}
+            if m.tool_calls:
+                message["tool_calls"] = [
+                    {"id": call.id, "type": "function",
+                     "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, "")}}
+                    for call in m.tool_calls]
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            if m.name is not None:
+                message["name"] = m.name
+            messages.append(message)
+        return messages
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+def _arguments(text: str, param: str) -> dict:
+    """A history call's arguments: a JSON object, as templates need."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RequestError(f"{param} must be a JSON object", param)
+    return value
 
 
 class CompletionRequest(_Generation):
@@ -332,7 +480,8 @@ class Timings(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]  # None where the answer is only tool calls
+    tool_calls: Optional[list[ToolCall]] = None
 
 
 class ChatChoice(BaseModel):
@@ -374,9 +523,25 @@ class Completion(BaseModel):
     timings: Timings
 
 
+class FunctionCallDelta(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed call: its first delta has the index, id, type and name; later ones
+    add pieces of its arguments."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: FunctionCallDelta
+
+
 class Delta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallDelta]] = None
 
 
 class ChatChunkChoice(BaseModel):
