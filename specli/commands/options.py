@@ -78,9 +78,9 @@ def _draft_tokens_list(value: str) -> list[DraftTokens]:
 Pair = Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MODEL", metavar="PAIR", rich_help_panel=MODEL,
                                              help="A pair from `specli list`, downloaded when missing.")]
 Target = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL,
-                                               help="Target GGUF or Hub owner/repo:QUANT (default: the embedded Gemma 3 270M).")]
+                                               help="GGUF, Hub owner/repo:QUANT or ollama:NAME (default: embedded Gemma).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL,
-                                              help="Draft GGUF, Hub owner/repo:QUANT, ngram, or none (plain decoding).")]
+                                              help="GGUF, owner/repo:QUANT, ollama:NAME, ngram, none or auto.")]
 # --- Drafting --------------------------------------------------------------------
 DraftTokensOption = Annotated[Optional[str], typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto",
                                                           callback=_draft_tokens, show_default=False,

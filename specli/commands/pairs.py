@@ -30,11 +30,18 @@ def list_pairs(
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the pairs as JSON, for scripts.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Check every pair's Hub files (names, sizes, pins), downloading nothing; exit 1 on a problem.")] = False,
+    local: Annotated[bool, typer.Option("--local", help="List the GGUF models other tools keep here (Hugging Face cache, Ollama, LM Studio, llama.cpp) and the pairs they form.")] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="With --local: say which stores are missing and what could not be read.")] = False,
 ) -> None:
     """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
     from specli.models import hub
     from specli.models.registry import load_registry
 
+    if local:
+        from specli.commands.local import list_local
+
+        list_local(as_json=as_json, verbose=verbose)
+        return
     if check:
         report = hub.check_pairs(load_registry().pairs.values())
         print_check(report)

@@ -3,9 +3,10 @@ or Hub references, or the embedded model."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from specli.decode.request import DraftKind
 from specli.errors import SpecliError, UsageError
@@ -45,16 +46,53 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
 
 
 def _with_draft(target: Path, draft: str) -> ResolvedModels:
-    """--draft ngram, none, or a model (a file or a Hub reference): parsed here, once."""
+    """--draft ngram, none, auto, or a model (a file, an Ollama model or a Hub reference):
+    parsed here, once."""
     if draft in PROPOSERS:
         return ResolvedModels(target, PROPOSERS[draft])
+    if draft == AUTO_DRAFT:
+        chosen = auto_draft(target)
+        return ResolvedModels(target, DraftKind.MODEL, chosen) if chosen else ResolvedModels(target, DraftKind.NGRAM)
     return ResolvedModels(target, DraftKind.MODEL, model_file(draft))
 
 
+AUTO_DRAFT = "auto"
+
+
+def auto_draft(target: Path, notice: Callable[[str], None] | None = None) -> Path | None:
+    """--draft auto: the best draft for `target` among the models on this machine (`specli list
+    --local`): one that passes llama.cpp's vocabulary rule before one that drafts through text,
+    then the smallest (the cheapest to run). None where there is none (n-gram lookup drafts).
+    One line on stderr names the choice."""
+    from specli.models.local import local_models, pairs
+    from specli.models.local.catalog import summarise
+    from specli.models.local.stores import LocalFile
+
+    say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
+    if not target.is_file():
+        return None  # the loader says what is wrong with it
+    mine = summarise(LocalFile("file", target.name, target))
+    summaries, _ = local_models()
+    candidates = [pair for pair in pairs([mine, *(s for s in summaries if Path(s.path).resolve() != target.resolve())])
+                  if pair.target is mine]
+    if not candidates:
+        say(f"--draft auto: no model on this machine shares {target.name}'s vocabulary; drafting with n-gram lookup")
+        return None
+    best = min(candidates, key=lambda pair: (pair.through_text, pair.draft.size))
+    how = " (through text)" if best.through_text else ""
+    say(f"--draft auto: drafting with {best.draft.name}{how}, {best.draft.size / mine.size:.0%} of the target's size")
+    return Path(best.draft.path)
+
+
 def model_file(model: str | Path) -> Path:
-    """A local file, which always wins; else a Hub reference (`owner/repo:QUANT`, `owner/repo/file.gguf`),
-    pulled into the Hugging Face cache; else the path as given, for the loader to say what is wrong."""
+    """A local file, which always wins; else an Ollama model (`ollama:NAME[:TAG]`, its blob used
+    where it lies); else a Hub reference (`owner/repo:QUANT`, `owner/repo/file.gguf`), pulled into
+    the Hugging Face cache; else the path as given, for the loader to say what is wrong."""
     path = Path(model).expanduser()
+    if not path.exists() and str(model).startswith("ollama:"):
+        from specli.models.local.stores import resolve_ollama
+
+        return resolve_ollama(str(model))
     if path.exists() or "/" not in str(model):
         return path
     from specli.models import hub
@@ -66,7 +104,7 @@ def check_draft_spelling(draft: str | None) -> None:
     """--draft ngrm: a misspelt proposer, not a missing file."""
     import difflib
 
-    if draft is None or draft in PROPOSERS or Path(draft).exists() or "/" in draft or "." in draft:
+    if draft is None or draft in PROPOSERS or draft == AUTO_DRAFT or Path(draft).exists() or "/" in draft or "." in draft or ":" in draft:
         return
     close = difflib.get_close_matches(draft, list(PROPOSERS), n=1, cutoff=0.6)
     if close:

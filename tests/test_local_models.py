@@ -1,0 +1,185 @@
+"""`specli list --local` and `ollama:` references, against fake stores made in the test: a
+Hugging Face cache, an Ollama store, an LM Studio folder and a llama.cpp cache, holding small
+GGUFs written here with SmolLM2's real vocabulary (49152 tokens, BPE) and another family's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specli.commands.cli import app
+from specli.llama.gguf_header import read_header
+from specli.models.local import local_models, pairs
+from specli.models.local import catalog as catalog_module
+from specli.models.local.stores import find_files, resolve_ollama, stores
+
+
+@pytest.fixture(scope="module")
+def smol_tokens(smollm_path) -> list[bytes]:
+    return list(read_header(smollm_path).metadata["tokenizer.ggml.tokens"].values)
+
+
+def write_model(path: Path, tokens: list[bytes], *, values: int, eos: int = 2, add_eos: bool = False,
+                file_type: int = 15) -> Path:
+    """A GGUF with a tokenizer and one tensor of `values` floats (its size orders the models)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_file_type(file_type)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(eos)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(add_eos)
+    writer.add_tensor("weights", np.zeros(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def ollama_model(root: Path, name: str, tag: str, layers: list[dict], blob: Path | None = None) -> None:
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    if blob is not None:
+        (root / "blobs").mkdir(parents=True, exist_ok=True)
+        digest = next(layer["digest"] for layer in layers if layer["mediaType"].endswith(".model"))
+        blob.rename(root / "blobs" / digest.replace(":", "-"))
+
+
+@pytest.fixture
+def machine(tmp_path, smol_tokens):
+    """Four stores: the same family at three sizes (one with another EOS, added), another
+    family, and a few things that are wrong."""
+    home = tmp_path / "home"
+    hf, ollama, llama = tmp_path / "hf", tmp_path / "ollama", tmp_path / "llama"
+    other = [f"tok{i}".encode() for i in range(len(smol_tokens))]
+    # Hugging Face cache: a blob, linked from a snapshot.
+    blob = write_model(hf / "models--org--big-GGUF" / "blobs" / "b1", smol_tokens, values=40_000)
+    snapshot = hf / "models--org--big-GGUF" / "snapshots" / "c0ffee" / "big-q4_k_m.gguf"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(blob)
+    # Ollama: a GGUF tag, a safetensors tag, a manifest whose blob is missing.
+    digest = "sha256:" + "a" * 64
+    ollama_model(ollama, "smol", "small", [{"mediaType": "application/vnd.ollama.image.model", "digest": digest}],
+                 write_model(tmp_path / "blob", smol_tokens, values=2_000))
+    ollama_model(ollama, "st", "latest", [{"mediaType": "application/vnd.ollama.image.safetensors",
+                                          "digest": "sha256:" + "b" * 64}])
+    ollama_model(ollama, "gone", "latest", [{"mediaType": "application/vnd.ollama.image.model",
+                                            "digest": "sha256:" + "c" * 64}])
+    # LM Studio: the same family with another EOS that the tokenizer adds; another family.
+    write_model(home / ".lmstudio" / "models" / "pub" / "repo" / "eos.gguf", smol_tokens, values=1_000, eos=7,
+                add_eos=True)
+    write_model(home / ".lmstudio" / "models" / "pub" / "other" / "other.gguf", other, values=500)
+    # llama.cpp's cache: a truncated file and a symlink loop.
+    llama.mkdir()
+    (llama / "cut.gguf").write_bytes(blob.read_bytes()[:5000])
+    (llama / "loop.gguf").symlink_to(llama / "loop.gguf")
+    env = {"HF_HUB_CACHE": str(hf), "OLLAMA_MODELS": str(ollama), "LLAMA_CACHE": str(llama), "HOME": str(home),
+           "SPECLI_CACHE": str(tmp_path / "cache")}
+    return env, home
+
+
+def test_list_local_finds_every_store_and_pairs_one_family(machine):
+    env, home = machine
+    result = CliRunner().invoke(app, ["list", "--local", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    names = {model["name"]: model for model in listing["models"]}
+    assert set(names) == {"org/big-GGUF/big-q4_k_m.gguf", "ollama:smol:small", "pub/repo/eos.gguf",
+                          "pub/other/other.gguf"}
+    assert names["ollama:smol:small"]["quantisation"] == "Q4_K_M" and names["ollama:smol:small"]["architecture"] == "llama"
+    assert names["ollama:smol:small"]["vocabulary"] == names["org/big-GGUF/big-q4_k_m.gguf"]["vocabulary"]
+    found = {(pair["target"], pair["draft"]): pair["through_text"] for pair in listing["pairs"]}
+    assert found == {
+        ("org/big-GGUF/big-q4_k_m.gguf", "ollama:smol:small"): False,  # llama.cpp's rule passes
+        ("org/big-GGUF/big-q4_k_m.gguf", "pub/repo/eos.gguf"): True,  # another EOS, added: through text
+        ("ollama:smol:small", "pub/repo/eos.gguf"): True,
+    }
+    problems = "\n".join(listing["problems"])
+    assert "st:latest is not a GGUF model" in problems and "safetensors" in problems
+    assert "gone:latest: its manifest names blob sha256:ccc" in problems
+    assert "cut.gguf" in problems and "truncated" in problems
+    assert "loop.gguf" in problems
+
+
+def test_the_table_marks_through_text_drafts_and_problems_go_to_stderr(machine):
+    env, _ = machine
+    result = CliRunner().invoke(app, ["list", "--local"], env={**env, "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "pub/repo/eos.gguf*" in result.stdout and "drafts through text" in result.stdout
+    assert "could not be read (-v says which)" in result.stderr
+    verbose = CliRunner().invoke(app, ["list", "--local", "-v"], env={**env, "COLUMNS": "200"})
+    assert "specli: ollama:gone:latest: its manifest names blob" in verbose.stderr
+    assert "org/big-GGUF/big-q4_k_m.gguf" in verbose.stdout, "the rest of the list still prints"
+
+
+def test_a_second_listing_reads_no_header(machine, monkeypatch):
+    env, home = machine
+    found = stores(env, home)
+    summaries, _ = local_models(found, Path(env["SPECLI_CACHE"]) / "local.json")
+
+    def no_reading(path):
+        raise AssertionError(f"read {path} again")
+
+    monkeypatch.setattr(catalog_module, "read_header", no_reading)
+    again, _ = local_models(found, Path(env["SPECLI_CACHE"]) / "local.json")
+    assert [s.name for s in again] == [s.name for s in summaries] and pairs(again) == pairs(summaries)
+
+
+def test_an_ollama_reference_is_its_blob_in_place(machine):
+    env, home = machine
+    blob = resolve_ollama("ollama:smol:small", env, home)
+    assert blob.parent.name == "blobs" and blob.name.startswith("sha256-")
+    from specli.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="safetensors"):
+        resolve_ollama("ollama:st", env, home)
+    with pytest.raises(ModelFileError, match="no such model"):
+        resolve_ollama("ollama:nothing:7b", env, home)
+
+
+def test_an_unreadable_folder_is_one_line(machine, monkeypatch):
+    """(Tests may run as root, whom permissions do not stop: the folder fails to list.)"""
+    env, home = machine
+    real_scandir = os.scandir
+    unreadable = str(home / ".lmstudio" / "models" / "pub")
+
+    def scandir(path="."):
+        if os.fspath(path) == unreadable:
+            raise PermissionError(13, "Permission denied", unreadable)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    files, problems = find_files(stores(env, home))
+    assert any(f"cannot read {unreadable}: Permission denied" in line for line in problems)
+    assert "org/big-GGUF/big-q4_k_m.gguf" in {file.name for file in files}
+
+
+def test_draft_auto_picks_the_smallest_draft_that_passes_the_rule(machine, monkeypatch, capsys):
+    from specli.decode.request import DraftKind
+    from specli.models.resolve import resolve_models
+
+    env, home = machine
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(Path, "home", lambda: home)
+    big = Path(env["HF_HUB_CACHE"]) / "models--org--big-GGUF" / "snapshots" / "c0ffee" / "big-q4_k_m.gguf"
+    models = resolve_models(None, str(big), "auto")
+    assert models.draft is DraftKind.MODEL
+    assert models.draft_model == resolve_ollama("ollama:smol:small", env, home), \
+        "the direct draft, though eos.gguf is smaller (it drafts through text)"
+    assert "--draft auto: drafting with ollama:smol:small" in capsys.readouterr().err
+    other = home / ".lmstudio" / "models" / "pub" / "other" / "other.gguf"
+    models = resolve_models(None, str(other), "auto")
+    assert models.draft is DraftKind.NGRAM and models.draft_model is None
+    assert "drafting with n-gram lookup" in capsys.readouterr().err
