@@ -72,10 +72,15 @@ def test_llama_server_fields_at_their_defaults_are_served():
     assert refused_param(CompletionRequest(prompt="hi", **{**defaults, "mirostat": 1})) == "mirostat"
 
 
-def test_an_assistant_message_with_tool_calls_is_refused():
+def test_a_tool_call_history_is_read_and_a_tool_message_without_its_call_refused():
     messages = [*MESSAGES, {"role": "assistant", "content": None,
-                            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
-    assert refused_param(ChatRequest(messages=messages)) == "messages[1].tool_calls"
+                            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "1", "content": "done"}]
+    assert refused_param(ChatRequest(messages=messages)) is None
+    call = ChatRequest(messages=messages).conversation()[1]["tool_calls"][0]
+    assert call["function"] == {"name": "f", "arguments": {}}, "arguments as an object, as templates write them"
+    orphan = [*MESSAGES, {"role": "tool", "tool_call_id": "9", "content": "done"}]
+    assert refused_param(ChatRequest(messages=orphan)) == "messages[1].tool_call_id"
 
 
 def test_logprobs_zero_asks_for_the_chosen_tokens_logprob_on_completions():
