@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from specli.commands.cli import app
 from specli.llama.gguf_header import read_header
-from specli.models.local import local_models, pairs
 from specli.models.local import catalog as catalog_module
+from specli.models.local import local_models, pairs
 from specli.models.local.stores import find_files, resolve_ollama, stores
 
 

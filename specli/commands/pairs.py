@@ -1,4 +1,5 @@
-"""`specli list` and `specli rm`: the known pairs, what is downloaded, and removing it.
+"""`specli list` and `specli rm`: the known pairs, what is downloaded, and removing it; and
+`specli list --local`, the GGUF models other tools keep on this machine.
 
 The table is Rich's: in a pipe every line is whole (the target's path last, for grep); on a
 terminal it fits the width, the path column going first, then the model names wrapping in
@@ -38,8 +39,6 @@ def list_pairs(
     from specli.models.registry import load_registry
 
     if local:
-        from specli.commands.local import list_local
-
         list_local(as_json=as_json, verbose=verbose)
         return
     if check:
@@ -203,3 +202,77 @@ def print_check(report) -> None:
     count = len(report.problems)
     typer.echo(f"checked {report.files} file(s) of {report.pairs} pair(s) against {report.endpoint}: "
                f"{count} problem{'' if count == 1 else 's'}", err=True)
+
+
+# --- specli list --local: the GGUF models other tools keep here, and the pairs they form ---
+
+
+def list_local(*, as_json: bool, verbose: bool) -> None:
+    from specli.models.hub import format_size
+    from specli.models.local import local_models, pairs
+
+    summaries, problems = local_models()
+    found = pairs(summaries)
+    if as_json:
+        typer.echo(json.dumps({
+            "models": [{"store": s.store, "name": s.name, "path": s.path, "size_bytes": s.size,
+                        "architecture": s.architecture, "quantisation": s.quantisation, "vocabulary": s.family}
+                       for s in summaries],
+            "pairs": [{"target": p.target.name, "draft": p.draft.name, "through_text": p.through_text,
+                       "target_path": p.target.path, "draft_path": p.draft.path} for p in found],
+            "problems": problems}, indent=2))
+        return
+    if verbose:
+        for problem in problems:
+            typer.echo(f"specli: {problem}", err=True)
+    elif any(not problem.startswith(tuple(f"{name}: no store" for name in ("hf", "ollama", "lmstudio", "llama.cpp")))
+             for problem in problems):
+        unread = sum(1 for problem in problems if ": no store at " not in problem)
+        typer.echo(f"specli: {unread} file(s) or folder(s) could not be read (-v says which)", err=True)
+    if not summaries:
+        typer.echo("no GGUF models found in the Hugging Face cache, Ollama, LM Studio or llama.cpp's cache", err=True)
+        return
+    rows = [(s.name, s.store, s.architecture, s.quantisation, format_size(s.size), s.family, _home(s.path))
+            for s in summaries]
+    _local_table(("MODEL", "STORE", "ARCH", "QUANT", "SIZE", "VOCABULARY", "PATH"), rows)
+    typer.echo("")
+    if not found:
+        typer.echo("no pairs: no two models share a vocabulary")
+        return
+    _local_table(("TARGET", "DRAFT"), [(p.target.name, p.draft.name + (THROUGH_TEXT if p.through_text else ""))
+                                 for p in found])
+    if any(p.through_text for p in found):
+        typer.echo("* drafts through text: its BOS/EOS settings are not the target's")
+
+
+def _local_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Rich's table, whole lines in a pipe; on a terminal too narrow for it, without its PATH
+    column (`--json` has the paths)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    width = output_width()
+    console = Console(width=width or WHOLE, highlight=False, soft_wrap=False)
+
+    def table(columns: int) -> Table:
+        """The first column (a name) folds where the width runs out; the others stay whole."""
+        made = Table(box=None, pad_edge=False, header_style="bold")
+        for index, name in enumerate(header[:columns]):
+            if index == 0:
+                made.add_column(name, overflow="fold", ratio=1)
+            else:
+                made.add_column(name, no_wrap=True, min_width=max(len(row[index]) for row in [header, *rows]))
+        for row in rows:
+            made.add_row(*row[:columns])
+        return made
+
+    whole = table(len(header))
+    fits = Measurement.get(console, console.options.update_width(1 << 20), whole).maximum <= console.width
+    cut = not fits and header[-1] == "PATH"
+    with console.capture() as captured:
+        console.print(table(len(header) - 1) if cut else whole)
+    for line in captured.get().splitlines():
+        typer.echo(line.rstrip())
+    if cut:
+        typer.echo("file paths: specli list --local --json")

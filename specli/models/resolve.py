@@ -76,7 +76,7 @@ def auto_draft(target: Path, notice: Callable[[str], None] | None = None) -> Pat
     candidates = [pair for pair in pairs([mine, *(s for s in summaries if Path(s.path).resolve() != target.resolve())])
                   if pair.target is mine]
     if not candidates:
-        say(f"--draft auto: no model on this machine shares {target.name}'s vocabulary; drafting with n-gram lookup")
+        say("--draft auto: no model on this machine shares the target's vocabulary; drafting with n-gram lookup")
         return None
     best = min(candidates, key=lambda pair: (pair.through_text, pair.draft.size))
     how = " (through text)" if best.through_text else ""
