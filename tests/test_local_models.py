@@ -131,7 +131,7 @@ def test_a_second_listing_reads_no_header(machine, monkeypatch):
     def no_reading(path):
         raise AssertionError(f"read {path} again")
 
-    monkeypatch.setattr(catalog_module, "read_header", no_reading)
+    monkeypatch.setattr(catalog_module, "read_metadata", no_reading)
     again, _ = local_models(found, Path(env["SPECLI_CACHE"]) / "local.json")
     assert [s.name for s in again] == [s.name for s in summaries] and pairs(again) == pairs(summaries)
 
@@ -183,3 +183,13 @@ def test_draft_auto_picks_the_smallest_draft_that_passes_the_rule(machine, monke
     models = resolve_models(None, str(other), "auto")
     assert models.draft is DraftKind.NGRAM and models.draft_model is None
     assert "drafting with n-gram lookup" in capsys.readouterr().err
+
+
+def test_headers_read_on_every_core_give_what_one_reader_gives(machine, monkeypatch):
+    env, home = machine
+    found = stores(env, home)
+    serial, serial_problems = local_models(found, Path(env["SPECLI_CACHE"]) / "serial.json")
+    monkeypatch.setattr(catalog_module, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    parallel, parallel_problems = local_models(found, Path(env["SPECLI_CACHE"]) / "parallel.json")
+    assert parallel == serial and parallel_problems == serial_problems

@@ -182,6 +182,32 @@ def read_header(path: Path | str) -> GGUFHeader:
         raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
 
 
+def read_metadata(path: Path | str) -> dict[str, object]:
+    """Only the header's keys and values (what `specli list --local` shows), read as read_header
+    reads them but without the tensor infos and the checks of the whole file: ModelFileError
+    for a file that is not GGUF or whose keys are cut short."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            size = _file_size(handle)
+            if size < 4 or handle.read(4) != GGUF_MAGIC:
+                raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                reader = _Reader(path, data, size)
+                reader.take(4, "the magic")
+                version = reader.u32("the version")
+                if version not in SUPPORTED_VERSIONS:
+                    raise reader.fail(f"GGUF version {version} (llama.cpp reads versions "
+                                      f"{SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
+                reader.u64("the tensor count")
+                n_keys = reader.u64("the key count")
+                if n_keys * 13 > reader.size:
+                    raise reader.cut_short(f"it claims {n_keys} keys, more than its {reader.size} bytes can hold")
+                return _read_metadata(reader, n_keys)
+    except OSError as error:
+        raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
+
+
 def _file_size(handle) -> int:
     handle.seek(0, 2)
     size = handle.tell()

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gguf
 
 from specli.errors import ModelFileError
-from specli.llama.gguf_header import ArrayValue, read_header
+from specli.llama.gguf_header import ArrayValue, read_metadata
 from specli.llama.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE
 from specli.models.local.stores import LocalFile
 
@@ -72,13 +73,13 @@ class Summary:
 
 
 def summarise(file: LocalFile) -> Summary:
-    """The file's summary from its header (ModelFileError for a file that is not a valid GGUF)."""
-    header = read_header(file.path)
-    meta = header.metadata
+    """The file's summary from its header's keys (ModelFileError for a file that is not GGUF or
+    whose header is cut short; the whole file is checked when it loads)."""
+    meta = read_metadata(file.path)
     file_type = meta.get("general.file_type")
     quant = FILE_TYPES.get(file_type, str(file_type)) if isinstance(file_type, int) else "-"
-    return Summary(file.store, file.name, str(file.path), header.file_size, str(meta.get("general.architecture", "-")),
-                   quant, _vocabulary(meta))
+    return Summary(file.store, file.name, str(file.path), file.path.stat().st_size,
+                   str(meta.get("general.architecture", "-")), quant, _vocabulary(meta))
 
 
 def _vocabulary(meta: dict) -> Vocabulary | None:
@@ -144,7 +145,8 @@ def pairs(summaries: list[Summary]) -> list[LocalPair]:
 
 
 class SummaryCache:
-    """Summaries by path, size and modification time, in one JSON file."""
+    """Summaries by path, size and modification time, in one JSON file; a header that failed
+    is kept as its problem."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -157,26 +159,27 @@ class SummaryCache:
         except (OSError, ValueError, AttributeError):
             pass
 
-    def summary(self, file: LocalFile) -> Summary:
-        """The file's summary, or the ModelFileError its header gave (kept as well)."""
+    @staticmethod
+    def key(file: LocalFile) -> str:
         stat = file.path.stat()
-        key = f"{file.path}|{stat.st_size}|{stat.st_mtime_ns}"
-        cached = self._entries.get(key)
-        if cached is not None and "problem" in cached:
+        return f"{file.path}|{stat.st_size}|{stat.st_mtime_ns}"
+
+    def get(self, file: LocalFile) -> Summary | None:
+        """The kept summary (None where there is none); ModelFileError for a kept problem."""
+        cached = self._entries.get(self.key(file))
+        if cached is None:
+            return None
+        if "problem" in cached:
             raise ModelFileError(cached["problem"])
-        if cached is not None:
-            vocab = cached.get("vocabulary")
-            if vocab is not None:
-                vocab = Vocabulary(**{**vocab, "hashes": {int(k): v for k, v in vocab["hashes"].items()}})
-            return Summary(**{**cached, "store": file.store, "name": file.name, "vocabulary": vocab})
+        vocab = cached.get("vocabulary")
+        if vocab is not None:
+            vocab = Vocabulary(**{**vocab, "hashes": {int(k): v for k, v in vocab["hashes"].items()}})
+        return Summary(**{**cached, "store": file.store, "name": file.name, "vocabulary": vocab})
+
+    def put(self, file: LocalFile, found: Summary | str) -> None:
+        """A summary, or the problem its header gave."""
+        self._entries[self.key(file)] = {"problem": found} if isinstance(found, str) else asdict(found)
         self._dirty = True
-        try:
-            summary = summarise(file)
-        except ModelFileError as error:
-            self._entries[key] = {"problem": error.message}
-            raise
-        self._entries[key] = asdict(summary)
-        return summary
 
     def save(self) -> None:
         """Written whole to a temporary file, then moved into place: never half written."""
@@ -188,14 +191,49 @@ class SummaryCache:
         os.replace(temporary, self.path)
 
 
+PARALLEL_FROM = 16  # headers to read before the work is spread over the cores
+
+
+def _summary_or_problem(file: LocalFile) -> Summary | str:
+    try:
+        return summarise(file)
+    except ModelFileError as error:
+        return error.message
+
+
 def catalogue(files: list[LocalFile], cache: SummaryCache | None, problems: list[str]) -> list[Summary]:
-    """Each file's summary (a file whose header is bad is one problem line)."""
-    summaries = []
-    for file in files:
+    """Each file's summary, in order; a file whose header is bad is one problem line. Headers
+    not kept yet are read on every core when there are many."""
+    found: dict[int, Summary | str] = {}
+    missing: list[int] = []
+    for index, file in enumerate(files):
         try:
-            summaries.append(cache.summary(file) if cache is not None else summarise(file))
-        except (ModelFileError, OSError) as error:
-            problems.append(f"{file.store}: {file.name}: {getattr(error, 'message', None) or error}")
+            kept = cache.get(file) if cache is not None else None
+        except ModelFileError as error:
+            kept = error.message  # type: ignore[assignment]
+        except OSError as error:
+            kept = f"cannot read it: {error.strerror or error}"  # type: ignore[assignment]
+        if kept is None:
+            missing.append(index)
+        else:
+            found[index] = kept
+    workers = min(os.cpu_count() or 1, 8)
+    if len(missing) >= PARALLEL_FROM and workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_summary_or_problem, [files[i] for i in missing], chunksize=8))
+    else:
+        results = [_summary_or_problem(files[i]) for i in missing]
+    for index, result in zip(missing, results):
+        found[index] = result
+        if cache is not None:
+            cache.put(files[index], result)
+    summaries = []
+    for index, file in enumerate(files):
+        result = found[index]
+        if isinstance(result, str):
+            problems.append(f"{file.store}: {file.name}: {result}")
+        else:
+            summaries.append(result)
     if cache is not None:
         try:
             cache.save()
