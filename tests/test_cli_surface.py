@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specli.commands.cli import app
 from specli.prompt import read_prompt
 
-COMMANDS = ["run", "chat", "bench", "pull", "list", "rm", "doctor", "serve"]
+COMMANDS = ["run", "chat", "bench", "pull", "list", "rm", "drafts", "doctor", "serve"]
 
 
 @pytest.mark.parametrize("width", [80, 120])

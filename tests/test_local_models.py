@@ -193,3 +193,22 @@ def test_headers_read_on_every_core_give_what_one_reader_gives(machine, monkeypa
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     parallel, parallel_problems = local_models(found, Path(env["SPECLI_CACHE"]) / "parallel.json")
     assert parallel == serial and parallel_problems == serial_problems
+
+
+def test_drafts_lists_the_candidates_best_first(machine):
+    env, home = machine
+    big = Path(env["HF_HUB_CACHE"]) / "models--org--big-GGUF" / "snapshots" / "c0ffee" / "big-q4_k_m.gguf"
+    result = CliRunner().invoke(app, ["drafts", str(big), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert [(d["name"], d["through_text"]) for d in listing["drafts"]] == [
+        ("ollama:smol:small", False), ("pub/repo/eos.gguf", True)]
+    assert 0 < listing["drafts"][0]["size_ratio"] < 1
+    table = CliRunner().invoke(app, ["drafts", "ollama:smol:small"], env={**env, "COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "pub/repo/eos.gguf" in table.stdout and "through text" in table.stdout
+    other = CliRunner().invoke(app, ["drafts", str(home / ".lmstudio" / "models" / "pub" / "other" / "other.gguf")],
+                               env=env)
+    assert other.exit_code == 0 and "no model on this machine shares" in other.stderr
+    missing = CliRunner().invoke(app, ["drafts", "no-such-model"], env=env)
+    assert missing.exit_code == 1 and "no such pair, file or Ollama model" in missing.output

@@ -2,7 +2,7 @@
 --help` lists the commands in the order they are imported here."""
 
 # isort: off
-from specli.commands import run, pull, pairs, doctor, bench, serve  # noqa: F401 (each registers its commands)
+from specli.commands import run, pull, pairs, drafts, doctor, bench, serve  # noqa: F401 (each registers its commands)
 # isort: on
 from specli.commands.app import app
 

@@ -60,25 +60,19 @@ AUTO_DRAFT = "auto"
 
 
 def auto_draft(target: Path, notice: Callable[[str], None] | None = None) -> Path | None:
-    """--draft auto: the best draft for `target` among the models on this machine (`specli list
-    --local`): one that passes llama.cpp's vocabulary rule before one that drafts through text,
-    then the smallest (the cheapest to run). None where there is none (n-gram lookup drafts).
-    One line on stderr names the choice."""
-    from specli.models.local import local_models, pairs
-    from specli.models.local.catalog import summarise
-    from specli.models.local.stores import LocalFile
+    """--draft auto: the first of `specli drafts` for the target (a model on this machine that
+    passes llama.cpp's vocabulary rule, else one that drafts through text, the smallest first);
+    None where there is none (n-gram lookup drafts). One line on stderr names the choice."""
+    from specli.models.local import draft_candidates
 
     say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
     if not target.is_file():
         return None  # the loader says what is wrong with it
-    mine = summarise(LocalFile("file", target.name, target))
-    summaries, _ = local_models()
-    candidates = [pair for pair in pairs([mine, *(s for s in summaries if Path(s.path).resolve() != target.resolve())])
-                  if pair.target is mine]
+    mine, candidates = draft_candidates(target)
     if not candidates:
         say("--draft auto: no model on this machine shares the target's vocabulary; drafting with n-gram lookup")
         return None
-    best = min(candidates, key=lambda pair: (pair.through_text, pair.draft.size))
+    best = candidates[0]
     how = " (through text)" if best.through_text else ""
     say(f"--draft auto: drafting with {best.draft.name}{how}, {best.draft.size / mine.size:.0%} of the target's size")
     return Path(best.draft.path)
