@@ -7,8 +7,8 @@ reads (`X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`), honours `Ran
 Xet files: the resolve URL redirects to `/cdn/<sha256>`, naming the content in `X-Linked-Etag` and
 `X-Linked-Size`. A repo can hold older commits beside `main`, each with its own files. The repo API
 `/api/models/{repo}[/revision/{revision}]` answers as the Hub does: the commit (`sha`) and the files
-(`siblings`), with each file's size and LFS sha256 when asked for `blobs`. Every request is logged, with
-the body bytes sent for it.
+(`siblings`), with each file's size and LFS sha256 when asked for `blobs`; `/api/models?search=WORDS`
+lists the repos whose id holds the words. Every request is logged, with the body bytes sent for it.
 """
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             parts = [unquote(part) for part in urlsplit(self.path).path.split("/")]
             if len(parts) == 3 and parts[1] == "cdn":
                 return self._send_cdn(parts[2], body=body)
+            if len(parts) == 3 and parts[1:3] == ["api", "models"]:
+                return self._send_search(body=body)
             if len(parts) >= 5 and parts[1:3] == ["api", "models"]:
                 return self._send_info(parts[3:], body=body)
             if len(parts) < 6 or parts[3] != "resolve":
@@ -211,6 +213,20 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if body:
                 self._write(memoryview(payload))
 
+        def _send_search(self, *, body: bool) -> None:
+            """`/api/models?search=...`: the repos whose id holds the words, as the Hub lists them."""
+            query = parse_qs(urlsplit(self.path).query)
+            words = query.get("search", [""])[0].lower()
+            found = [{"id": repo_id, "modelId": repo_id, "tags": ["gguf"]} for repo_id in sorted(hub.repos)
+                     if words in repo_id.lower()][: int(query.get("limit", ["1000"])[0])]
+            payload = json.dumps(found).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if body:
+                self._write(memoryview(payload))
+
         def _redirect(self, served: ServedFile, commit: str) -> None:
             self.send_response(302)
             self.send_header("X-Repo-Commit", commit)
@@ -229,17 +245,19 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._send_file(files[0], None, body=body)
 
         def _send_file(self, served: ServedFile, commit: str | None, *, body: bool) -> None:
-            start = 0 if served.ignores_range else _range_start(self.headers.get("Range"))
-            payload = memoryview(served.content)[start:]
-            self.send_response(206 if start else 200)
+            start, end = (0, None) if served.ignores_range else _range(self.headers.get("Range"))
+            last = len(served.content) - 1 if end is None else min(end, len(served.content) - 1)
+            payload = memoryview(served.content)[start:last + 1]
+            ranged = start > 0 or end is not None
+            self.send_response(206 if ranged else 200)
             if commit:  # the Hub names it; a CDN does not
                 self.send_header("X-Repo-Commit", commit)
             self.send_header("ETag", f'"{served.etag}"')
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(served.content) - 1}/{len(served.content)}")
-            self.send_header("Content-Length", str(served.size - start if not body else len(payload)))
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{last}/{len(served.content)}")
+            self.send_header("Content-Length", str(served.size - start if not body and end is None else len(payload)))
             self.end_headers()
             if not body:
                 return
@@ -276,8 +294,10 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _range_start(header: str | None) -> int:
-    """The first byte of `Range: bytes=N-`; 0 without a range."""
+def _range(header: str | None) -> tuple[int, int | None]:
+    """The first and last byte of `Range: bytes=N-` or `bytes=N-M` (None: to the end); (0, None)
+    without a range."""
     if not header or not header.startswith("bytes="):
-        return 0
-    return int(header.removeprefix("bytes=").split("-")[0] or 0)
+        return 0, None
+    first, _, last = header.removeprefix("bytes=").partition("-")
+    return int(first or 0), int(last) if last else None

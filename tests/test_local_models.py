@@ -212,3 +212,32 @@ def test_drafts_lists_the_candidates_best_first(machine):
     assert other.exit_code == 0 and "no model on this machine shares" in other.stderr
     missing = CliRunner().invoke(app, ["drafts", "no-such-model"], env=env)
     assert missing.exit_code == 1 and "no such pair, file or Ollama model" in missing.output
+
+
+def test_drafts_hub_checks_candidates_from_their_first_bytes(machine, tmp_path, smol_tokens, monkeypatch):
+    """A fake Hub on 127.0.0.1: two GGUFs of the target's vocabulary (one served by a server
+    that ignores Range and sends the whole file) and one of another family. Each is judged from
+    its first bytes; the reads stop at the header, well before the weights."""
+    from tests.fakehub import FakeHub
+
+    env, home = machine
+    target = write_model(tmp_path / "target.gguf", smol_tokens, values=6_000_000)  # 24 MB of weights
+    files = {
+        "org/smol-small-GGUF": (write_model(tmp_path / "a.gguf", smol_tokens, values=1_500_000), False),
+        "org/smol-tiny-GGUF": (write_model(tmp_path / "b.gguf", smol_tokens, values=1_000_000), True),
+        "org/smol-other-GGUF": (write_model(tmp_path / "c.gguf", [f"x{i}".encode() for i in range(3000)],
+                                            values=500_000), False),
+    }
+    with FakeHub() as hub:
+        for repo, (path, ignores_range) in files.items():
+            hub.add_file(repo, "model-q4_k_m.gguf", path.read_bytes(), ignores_range=ignores_range)
+        result = CliRunner().invoke(app, ["drafts", str(target), "--hub", "--search", "smol", "--json"],
+                                    env={**env, "HF_ENDPOINT": hub.url})
+    assert result.exit_code == 0, result.output
+    found = {entry["name"]: entry for entry in json.loads(result.stdout)["hub"]}
+    assert set(found) == {"org/smol-small-GGUF/model-q4_k_m.gguf", "org/smol-tiny-GGUF/model-q4_k_m.gguf"}
+    header = len(read_header(files["org/smol-tiny-GGUF"][0]).metadata["tokenizer.ggml.tokens"].values) * 8
+    for name, entry in found.items():
+        assert entry["through_text"] is False
+        assert entry["header_bytes_fetched"] < 2 << 20, "the header, not the 4-6 MB of weights"
+        assert entry["header_bytes_fetched"] > header

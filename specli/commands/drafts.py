@@ -17,28 +17,45 @@ def drafts(
                                           help="A pair from `specli list` (downloaded), a GGUF path, or ollama:NAME.")],
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the candidates as JSON, for scripts.")] = False,
+    hub: Annotated[bool, typer.Option("--hub", help="Also search the Hub for GGUFs of the target's family, checked from their headers (nothing is downloaded).")] = False,
+    search: Annotated[str | None, typer.Option("--search", metavar="WORDS", help="With --hub: search for these words (default: the target's general.basename).")] = None,
 ) -> None:
-    """List the local models that can draft for TARGET, best first (the first is what --draft auto takes)."""
+    """List the models that can draft for TARGET, best first (the first local one is what --draft auto takes)."""
     from specli.commands.pairs import _home, _local_table
     from specli.models.hub import format_size
-    from specli.models.local import draft_candidates
+    from specli.models.local import draft_candidates, hub_candidates
 
     path = _target_file(target)
     mine, candidates = draft_candidates(path, target)
+    remote, problems = hub_candidates(mine, search) if hub else ([], [])
+    for problem in problems:
+        typer.echo(f"specli: {problem}", err=True)
     if as_json:
-        typer.echo(json.dumps({"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size,
-                                          "vocabulary": mine.family},
-                               "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
-                                           "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
-                                           "through_text": c.through_text} for c in candidates]}, indent=2))
+        listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
+                   "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
+                               "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
+                               "through_text": c.through_text} for c in candidates]}
+        if hub:
+            listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
+                               "through_text": c.through_text, "header_bytes_fetched": c.fetched} for c in remote]
+        typer.echo(json.dumps(listing, indent=2))
         return
-    if not candidates:
+    if candidates:
+        rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
+                 "through text" if c.through_text else "same vocabulary", _home(c.draft.path)) for c in candidates]
+        _local_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "PATH"), rows)
+    else:
         typer.echo(f"no model on this machine shares {target}'s vocabulary ({mine.family}); "
                    "--draft auto drafts with n-gram lookup", err=True)
-        return
-    rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
-             "through text" if c.through_text else "same vocabulary", _home(c.draft.path)) for c in candidates]
-    _local_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "PATH"), rows)
+    if hub:
+        typer.echo("")
+        if not remote:
+            typer.echo(f"on the Hub: nothing found that shares {target}'s vocabulary")
+            return
+        _local_table(("ON THE HUB", "SIZE", "OF TARGET", "DRAFTS", "HEADER READ"),
+                     [(c.draft.name, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
+                       "through text" if c.through_text else "same vocabulary", format_size(c.fetched))
+                      for c in remote])
 
 
 def _target_file(target: str) -> Path:

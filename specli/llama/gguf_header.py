@@ -83,6 +83,11 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 
 
+class HeaderCutShort(ModelFileError):
+    """A read past the end of the bytes there are: a truncated file, or (metadata_from_bytes)
+    the first bytes of one, too few for its header."""
+
+
 @dataclass(frozen=True)
 class ArrayValue:
     """An array value, summarised: its item type and length (token lists are 100k+ long),
@@ -124,7 +129,7 @@ class _Reader:
 
     def cut_short(self, problem: str) -> ModelFileError:
         """A read past the end: a cut-off file, or a corrupted length that points past it."""
-        return ModelFileError(f"{self.path} is truncated or corrupted: {problem}", REDOWNLOAD_HINT)
+        return HeaderCutShort(f"{self.path} is truncated or corrupted: {problem}", REDOWNLOAD_HINT)
 
     def take(self, n: int, what: str) -> int:
         """Advance over n bytes; return where they start."""
@@ -182,6 +187,26 @@ def read_header(path: Path | str) -> GGUFHeader:
         raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
 
 
+def metadata_from_bytes(data: bytes, name: str) -> dict[str, object]:
+    """The header keys of a GGUF whose first bytes are `data` (a range request's answer):
+    HeaderCutShort where they run past them."""
+    if data[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file: {name}")
+    return _keys(_Reader(Path(name), data, len(data)))
+
+
+def _keys(reader: _Reader) -> dict[str, object]:
+    reader.take(4, "the magic")
+    version = reader.u32("the version")
+    if version not in SUPPORTED_VERSIONS:
+        raise reader.fail(f"GGUF version {version} (llama.cpp reads versions {SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
+    reader.u64("the tensor count")
+    n_keys = reader.u64("the key count")
+    if n_keys * 13 > reader.size:  # each key takes at least 13 bytes
+        raise reader.cut_short(f"it claims {n_keys} keys, more than its {reader.size} bytes can hold")
+    return _read_metadata(reader, n_keys)
+
+
 def read_metadata(path: Path | str) -> dict[str, object]:
     """Only the header's keys and values (what `specli list --local` shows), read as read_header
     reads them but without the tensor infos and the checks of the whole file: ModelFileError
@@ -193,17 +218,7 @@ def read_metadata(path: Path | str) -> dict[str, object]:
             if size < 4 or handle.read(4) != GGUF_MAGIC:
                 raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                reader = _Reader(path, data, size)
-                reader.take(4, "the magic")
-                version = reader.u32("the version")
-                if version not in SUPPORTED_VERSIONS:
-                    raise reader.fail(f"GGUF version {version} (llama.cpp reads versions "
-                                      f"{SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
-                reader.u64("the tensor count")
-                n_keys = reader.u64("the key count")
-                if n_keys * 13 > reader.size:
-                    raise reader.cut_short(f"it claims {n_keys} keys, more than its {reader.size} bytes can hold")
-                return _read_metadata(reader, n_keys)
+                return _keys(_Reader(path, data, size))
     except OSError as error:
         raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
 

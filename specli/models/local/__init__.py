@@ -3,13 +3,15 @@ its header, and the target/draft pairs they form (catalog.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from specli.config import cache_dir
 from specli.models.local.catalog import LocalPair, Summary, SummaryCache, catalogue, pairs
 from specli.models.local.stores import Store, find_files, resolve_ollama, stores
 
-__all__ = ["LocalPair", "Summary", "draft_candidates", "local_models", "pairs", "resolve_ollama", "stores"]
+__all__ = ["HubCandidate", "LocalPair", "Summary", "draft_candidates", "hub_candidates", "local_models", "pairs",
+           "resolve_ollama", "stores"]
 
 
 def local_models(found_stores: list[Store] | None = None, cache: Path | None = None) -> tuple[list[Summary], list[str]]:
@@ -31,3 +33,47 @@ def draft_candidates(target: Path, name: str | None = None) -> tuple[Summary, li
     others = [s for s in summaries if Path(s.path).resolve() != target.resolve()]
     found = [pair for pair in pairs([mine, *others]) if pair.target is mine]
     return mine, sorted(found, key=lambda pair: (pair.through_text, pair.draft.size, pair.draft.name))
+
+
+@dataclass(frozen=True)
+class HubCandidate:
+    draft: Summary  # path: hf://REPO/FILE
+    through_text: bool
+    fetched: int  # bytes of its header read over the network
+
+
+HUB_REPOS = 8  # repos of a Hub search whose smallest GGUF is looked at
+
+
+def hub_candidates(target: Summary, query: str | None = None,
+                   repos: int = HUB_REPOS) -> tuple[list[HubCandidate], list[str]]:
+    """GGUFs on the Hub that can draft for `target`, best first (as draft_candidates orders them):
+    the repos a search for the target's family finds, each one's smallest GGUF under half the
+    target's size, checked from its header alone (range requests: nothing is downloaded). One
+    line per repo that could not be read."""
+    from specli.errors import SpecliError
+    from specli.models.hub.headers import fetch_metadata, gguf_files, search_gguf_repos
+    from specli.models.local.catalog import drafts_directly, same_texts, summary_from_metadata
+
+    words = query or (target.basename if target.basename != "-" else target.architecture)
+    found, problems = [], []
+    for repo in search_gguf_repos(words, repos):
+        try:
+            sizes = sorted((size, name) for name, size in gguf_files(repo).items()
+                           if size is not None and size < target.size / 2)
+            if not sizes:
+                continue
+            size, name = sizes[0]
+            header = fetch_metadata(repo, name, size)
+        except SpecliError as error:
+            problems.append(f"{repo}: {error.message}")
+            continue
+        except Exception as error:  # noqa: BLE001 - huggingface_hub's own errors: one line per repo
+            problems.append(f"{repo}: {type(error).__name__}: {error}")
+            continue
+        summary = summary_from_metadata("hub", f"{repo}/{name}", f"hf://{repo}/{name}", size, header.metadata)
+        mine, theirs = target.vocabulary, summary.vocabulary
+        if mine is None or theirs is None or mine.model != theirs.model or not same_texts(mine, theirs):
+            continue
+        found.append(HubCandidate(summary, not drafts_directly(mine, theirs), header.fetched))
+    return sorted(found, key=lambda c: (c.through_text, c.draft.size, c.draft.name)), problems

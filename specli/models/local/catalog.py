@@ -29,7 +29,7 @@ from specli.llama.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFER
 from specli.models.local.stores import LocalFile
 
 CHECKPOINT = 4096
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 FILE_TYPES = {int(kind): kind.name.replace("MOSTLY_", "") for kind in gguf.LlamaFileType}
 
 
@@ -61,6 +61,7 @@ class Summary:
     architecture: str
     quantisation: str
     vocabulary: Vocabulary | None  # None: the file has no tokenizer
+    basename: str = "-"  # general.basename (else general.name): what a Hub search for its family asks for
 
     @property
     def family(self) -> str:
@@ -75,11 +76,16 @@ class Summary:
 def summarise(file: LocalFile) -> Summary:
     """The file's summary from its header's keys (ModelFileError for a file that is not GGUF or
     whose header is cut short; the whole file is checked when it loads)."""
-    meta = read_metadata(file.path)
+    return summary_from_metadata(file.store, file.name, str(file.path), file.path.stat().st_size,
+                                 read_metadata(file.path))
+
+
+def summary_from_metadata(store: str, name: str, path: str, size: int, meta: dict) -> Summary:
     file_type = meta.get("general.file_type")
     quant = FILE_TYPES.get(file_type, str(file_type)) if isinstance(file_type, int) else "-"
-    return Summary(file.store, file.name, str(file.path), file.path.stat().st_size,
-                   str(meta.get("general.architecture", "-")), quant, _vocabulary(meta))
+    basename = meta.get("general.basename") or meta.get("general.name") or "-"
+    return Summary(store, name, path, size, str(meta.get("general.architecture", "-")), quant, _vocabulary(meta),
+                   str(basename))
 
 
 def _vocabulary(meta: dict) -> Vocabulary | None:
