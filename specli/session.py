@@ -404,6 +404,30 @@ def greedy_agreement(target: Model, draft: Model, sample: str = AGREEMENT_SAMPLE
     return float(np.mean(choices[0] == choices[1]))
 
 
+def stored_draft_costs(target: Path, draft: Path, load: LoadSettings) -> StepCosts | None:
+    """The costs a session of `target` and `draft` with these settings would read, if both the
+    target's curve and the draft's measurements are stored (`specli drafts --measure`)."""
+    store = CostStore(cache_dir() / "costs.json")
+    try:
+        key = settings_key(target, load, build_key())
+        costs = store.costs(key)
+        key = draft_key(key, draft, load)
+    except OSError:
+        return None
+    seconds, acceptance = store.get(key), store.get(key + "|acceptance")
+    if costs is None or costs.source in ("prior", "conservative") or not isinstance(seconds, (int, float)):
+        return None
+    return replace(costs, draft_per_token=float(seconds),
+                   draft_acceptance=float(acceptance) if isinstance(acceptance, (int, float)) else None)
+
+
+def measure_draft(target: Path, draft: Path, load: LoadSettings) -> StepCosts:
+    """Load the pair and measure (or read) its costs and the draft's agreement, as a first run
+    with this draft does; they are stored, for `specli drafts` and `--draft auto` to rank it."""
+    with open_session(SessionSpec(target, draft, load, load)) as session:
+        return session.costs()
+
+
 def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None, *, measure: bool = True,
                       again: bool = False) -> dict[bool, int]:
     """The exact verify batch size with repacking on (True) and off (False), measured once per

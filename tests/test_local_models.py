@@ -241,3 +241,48 @@ def test_drafts_hub_checks_candidates_from_their_first_bytes(machine, tmp_path, 
         assert entry["through_text"] is False
         assert entry["header_bytes_fetched"] < 2 << 20, "the header, not the 4-6 MB of weights"
         assert entry["header_bytes_fetched"] > header
+
+
+@pytest.mark.slow  # loads a synthetic pair and measures it
+def test_drafts_measure_stores_a_speedup_that_ranks_the_drafts(tmp_path):
+    """A synthetic prefix pair (the draft is the target's first layers, SmolLM2's vocabulary)
+    in a fake LM Studio folder: --measure loads it, stores the draft's agreement and costs, and
+    the list shows the expected speed-up, as a later listing does without measuring."""
+    from benchmarks.synthetic import write_tiny_pair
+
+    home = tmp_path / "home"
+    folder = home / ".lmstudio" / "models" / "synthetic" / "tiny"
+    folder.mkdir(parents=True)
+    target, draft = write_tiny_pair(folder)
+    env = {"HOME": str(home), "SPECLI_CACHE": str(tmp_path / "cache"), "HF_HUB_CACHE": str(tmp_path / "none"),
+           "OLLAMA_MODELS": str(tmp_path / "none"), "LLAMA_CACHE": str(tmp_path / "none")}
+    before = CliRunner().invoke(app, ["drafts", str(target), "--json"], env=env)
+    assert before.exit_code == 0, before.output
+    assert [d["expected_speedup"] for d in json.loads(before.stdout)["drafts"]] == [None]
+    measured = CliRunner().invoke(app, ["drafts", str(target), "--measure", "--json"], env=env)
+    assert measured.exit_code == 0, measured.output
+    gain = json.loads(measured.stdout)["drafts"][0]["expected_speedup"]
+    assert gain is not None and gain > 0
+    again = CliRunner().invoke(app, ["drafts", str(target), "--json"], env=env)
+    assert json.loads(again.stdout)["drafts"][0]["expected_speedup"] == gain, "stored: read without loading"
+
+
+def test_draft_auto_follows_measured_speedups(machine, monkeypatch, capsys):
+    """A stored speed-up ranks first where it wins, and n-gram lookup drafts where the best
+    measured draft would lose."""
+    from specli.decode.request import DraftKind
+    from specli.models.resolve import resolve_models
+
+    env, home = machine
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    big = Path(env["HF_HUB_CACHE"]) / "models--org--big-GGUF" / "snapshots" / "c0ffee" / "big-q4_k_m.gguf"
+    eos = home / ".lmstudio" / "models" / "pub" / "repo" / "eos.gguf"
+    measured = {eos.resolve(): 1.6}
+    models = resolve_models(None, str(big), "auto", speedup=lambda target, draft: measured.get(draft.resolve()))
+    assert models.draft_model is not None and models.draft_model.resolve() == eos.resolve(), \
+        "measured at 1.6x, it goes before the unmeasured direct draft"
+    assert "measured 1.60x" in capsys.readouterr().err
+    models = resolve_models(None, str(big), "auto", speedup=lambda target, draft: 0.8)
+    assert models.draft is DraftKind.NGRAM
+    assert "would lose (0.80x)" in capsys.readouterr().err

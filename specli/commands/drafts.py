@@ -19,14 +19,29 @@ def drafts(
     as_json: Annotated[bool, typer.Option("--json", help="Print the candidates as JSON, for scripts.")] = False,
     hub: Annotated[bool, typer.Option("--hub", help="Also search the Hub for GGUFs of the target's family, checked from their headers (nothing is downloaded).")] = False,
     search: Annotated[str | None, typer.Option("--search", metavar="WORDS", help="With --hub: search for these words (default: the target's general.basename).")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="Load each local draft with the target and store its measured agreement and costs (as a first run does); the list then shows each one's expected speed-up.")] = False,
 ) -> None:
     """List the models that can draft for TARGET, best first (the first local one is what --draft auto takes)."""
+    from specli.commands.options import default_load, stored_speedup
     from specli.commands.pairs import _home, _local_table
     from specli.models.hub import format_size
     from specli.models.local import draft_candidates, hub_candidates
 
     path = _target_file(target)
-    mine, candidates = draft_candidates(path, target)
+    load = default_load()
+    if measure:
+        from specli.session import measure_draft
+
+        _, found = draft_candidates(path, target)
+        for candidate in found:
+            typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
+            measure_draft(path, Path(candidate.draft.path), load)
+
+    def speedup(target_path: Path, draft: Path) -> float | None:
+        return stored_speedup(target_path, draft, load)
+
+    mine, candidates = draft_candidates(path, target, speedup)
+    gains = {c.draft.path: speedup(path, Path(c.draft.path)) for c in candidates}
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
     for problem in problems:
         typer.echo(f"specli: {problem}", err=True)
@@ -34,7 +49,8 @@ def drafts(
         listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
                    "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
                                "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
-                               "through_text": c.through_text} for c in candidates]}
+                               "through_text": c.through_text, "expected_speedup": gains[c.draft.path]}
+                              for c in candidates]}
         if hub:
             listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
                                "through_text": c.through_text, "header_bytes_fetched": c.fetched} for c in remote]
@@ -42,8 +58,13 @@ def drafts(
         return
     if candidates:
         rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
-                 "through text" if c.through_text else "same vocabulary", _home(c.draft.path)) for c in candidates]
-        _local_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "PATH"), rows)
+                 "through text" if c.through_text else "same vocabulary",
+                 f"{gains[c.draft.path]:.2f}x" if gains[c.draft.path] is not None else "-", _home(c.draft.path))
+                for c in candidates]
+        _local_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "SPEED-UP", "PATH"), rows,
+                     paths="specli drafts TARGET --json")
+        if not any(gain is not None for gain in gains.values()):
+            typer.echo("speed-ups: specli drafts TARGET --measure")
     else:
         typer.echo(f"no model on this machine shares {target}'s vocabulary ({mine.family}); "
                    "--draft auto drafts with n-gram lookup", err=True)

@@ -225,7 +225,23 @@ def models(params: Mapping[str, Any]) -> ResolvedModels:
     from specli.models import resolve
 
     resolve.check_draft_spelling(params.get("draft"))
-    return resolve.resolve_models(params.get("model"), params.get("target"), params.get("draft"))
+    return resolve.resolve_models(params.get("model"), params.get("target"), params.get("draft"),
+                                  speedup=lambda target, draft: stored_speedup(target, draft, default_load()))
+
+
+def default_load() -> LoadSettings:
+    """The settings a command loads a model with when no hardware option is given."""
+    return LoadSettings(-1, rpc=(), ctx_size=DEFAULT_CTX_SIZE, threads=None, repack=True)
+
+
+def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
+    """The expected gain of `draft` for `target` from their stored costs (None: not measured)."""
+    from specli.decode.costs import expected_speedup
+    from specli.session import stored_draft_costs
+
+    costs = stored_draft_costs(target, draft, load)
+    found = expected_speedup(costs) if costs is not None else None
+    return found[0] if found is not None else None
 
 
 def hardware(params: Mapping[str, Any]) -> Hardware:

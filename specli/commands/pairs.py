@@ -245,7 +245,8 @@ def list_local(*, as_json: bool, verbose: bool) -> None:
         typer.echo("* drafts through text: its BOS/EOS settings are not the target's")
 
 
-def _local_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def _local_table(header: tuple[str, ...], rows: list[tuple[str, ...]],
+                 paths: str = "specli list --local --json") -> None:
     """Rich's table, whole lines in a pipe; on a terminal too narrow for it, without its PATH
     column (`--json` has the paths)."""
     from rich.console import Console
@@ -275,4 +276,4 @@ def _local_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     for line in captured.get().splitlines():
         typer.echo(line.rstrip())
     if cut:
-        typer.echo("file paths: specli list --local --json")
+        typer.echo(f"file paths: {paths}")

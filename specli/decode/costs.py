@@ -326,3 +326,23 @@ class CostStore:
             temporary.replace(self.path)
         except OSError:
             pass  # a read-only cache only means the prior next time
+
+
+def expected_speedup(costs: StepCosts, most: int = 16) -> tuple[float, int] | None:
+    """What a draft model should gain over plain decoding, and at which draft length, from its
+    costs: each drafted token accepted with its measured greedy agreement, independently, and
+    every step priced by the verify curve, the draft's tokens and the loop. None where its
+    agreement is not measured (a draft through text)."""
+    if costs.draft_acceptance is None or not costs.verify:
+        return None
+    curve = VerifyCurve(costs.verify)
+    plain = curve.cost(1) + costs.loop
+    accept = min(max(costs.draft_acceptance, 0.0), 0.999)
+    best: tuple[float, int] | None = None
+    for k in range(1, most + 1):
+        tokens = (1 - accept ** (k + 1)) / (1 - accept)  # the kept drafts of a step, and the target's own
+        seconds = k * costs.draft_per_token + curve.cost(k + 1) + costs.loop
+        gain = tokens * plain / seconds
+        if best is None or gain > best[0]:
+            best = (gain, k)
+    return best

@@ -22,36 +22,38 @@ class ResolvedModels:
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
 
 
-def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
+def resolve_models(pair: str | None, target: str | Path | None, draft: str | None,
+                   speedup: Callable[[Path, Path], float | None] | None = None) -> ResolvedModels:
     """--target/--draft as given (a file, or a Hub reference pulled into the cache); -m PAIR through
-    the registry (pulling missing files); neither: the embedded demo model with n-gram drafting."""
+    the registry (pulling missing files); neither: the embedded demo model with n-gram drafting.
+    `speedup`: what --draft auto ranks measured drafts by (the stored costs' expected gain)."""
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        return _with_draft(model_file(target), draft or DraftKind.NGRAM.value)
+        return _with_draft(model_file(target), draft or DraftKind.NGRAM.value, speedup)
     if pair is None:
         from specli.models.demo import embedded_model_path
 
-        return _with_draft(embedded_model_path(), draft or DraftKind.NGRAM.value)
+        return _with_draft(embedded_model_path(), draft or DraftKind.NGRAM.value, speedup)
     from specli.models import hub
     from specli.models.registry import load_registry
 
     entry = load_registry().get(pair)
     target_path, pair_draft = hub.resolve_pair(entry, download=True)
     if draft:
-        return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens)
+        return replace(_with_draft(target_path, draft, speedup), draft_tokens=entry.draft_tokens)
     if pair_draft is None:  # the pair drafts with n-gram lookup
         return ResolvedModels(target_path, DraftKind.NGRAM, None, entry.draft_tokens)
     return ResolvedModels(target_path, DraftKind.MODEL, pair_draft, entry.draft_tokens)
 
 
-def _with_draft(target: Path, draft: str) -> ResolvedModels:
+def _with_draft(target: Path, draft: str, speedup: Callable[[Path, Path], float | None] | None = None) -> ResolvedModels:
     """--draft ngram, none, auto, or a model (a file, an Ollama model or a Hub reference):
     parsed here, once."""
     if draft in PROPOSERS:
         return ResolvedModels(target, PROPOSERS[draft])
     if draft == AUTO_DRAFT:
-        chosen = auto_draft(target)
+        chosen = auto_draft(target, speedup=speedup)
         return ResolvedModels(target, DraftKind.MODEL, chosen) if chosen else ResolvedModels(target, DraftKind.NGRAM)
     return ResolvedModels(target, DraftKind.MODEL, model_file(draft))
 
@@ -59,22 +61,31 @@ def _with_draft(target: Path, draft: str) -> ResolvedModels:
 AUTO_DRAFT = "auto"
 
 
-def auto_draft(target: Path, notice: Callable[[str], None] | None = None) -> Path | None:
-    """--draft auto: the first of `specli drafts` for the target (a model on this machine that
-    passes llama.cpp's vocabulary rule, else one that drafts through text, the smallest first);
-    None where there is none (n-gram lookup drafts). One line on stderr names the choice."""
+def auto_draft(target: Path, notice: Callable[[str], None] | None = None,
+               speedup: Callable[[Path, Path], float | None] | None = None) -> Path | None:
+    """--draft auto: the first of `specli drafts` for the target (by its stored speed-up where
+    `speedup` has one, else a model that passes llama.cpp's vocabulary rule before one that
+    drafts through text, the smallest first); None where there is none, or where the best
+    measured one would lose (n-gram lookup drafts). One line on stderr names the choice."""
     from specli.models.local import draft_candidates
 
     say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
     if not target.is_file():
         return None  # the loader says what is wrong with it
-    mine, candidates = draft_candidates(target)
+    mine, candidates = draft_candidates(target, speedup=speedup)
     if not candidates:
         say("--draft auto: no model on this machine shares the target's vocabulary; drafting with n-gram lookup")
         return None
     best = candidates[0]
     how = " (through text)" if best.through_text else ""
-    say(f"--draft auto: drafting with {best.draft.name}{how}, {best.draft.size / mine.size:.0%} of the target's size")
+    gain = speedup(target, Path(best.draft.path)) if speedup is not None else None
+    if gain is not None and gain <= 1:
+        say(f"--draft auto: the best draft measured, {best.draft.name}, would lose ({gain:.2f}x); "
+            "drafting with n-gram lookup")
+        return None
+    measured = f", measured {gain:.2f}x" if gain is not None else ""
+    say(f"--draft auto: drafting with {best.draft.name}{how}, {best.draft.size / mine.size:.0%} of the target's size"
+        f"{measured}")
     return Path(best.draft.path)
 
 

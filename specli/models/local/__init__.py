@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 from specli.config import cache_dir
 from specli.models.local.catalog import LocalPair, Summary, SummaryCache, catalogue, pairs
@@ -21,10 +22,15 @@ def local_models(found_stores: list[Store] | None = None, cache: Path | None = N
     return catalogue(files, summary_cache, problems), problems
 
 
-def draft_candidates(target: Path, name: str | None = None) -> tuple[Summary, list[LocalPair]]:
-    """The target's summary, and the local models that can draft for it, best first: those that
-    pass llama.cpp's vocabulary rule before those that draft through text, then the smallest
-    (the cheapest to run) first."""
+Speedup = Callable[[Path, Path], Optional[float]]  # (target, draft): a stored measurement's expected gain
+
+
+def draft_candidates(target: Path, name: str | None = None,
+                     speedup: Speedup | None = None) -> tuple[Summary, list[LocalPair]]:
+    """The target's summary, and the local models that can draft for it, best first: those
+    whose measured speed-up (`speedup`, where one is stored) is above 1, highest first; then
+    the unmeasured, those that pass llama.cpp's vocabulary rule before those that draft through
+    text, the smallest (the cheapest to run) first; then the measured ones that would lose."""
     from specli.models.local.catalog import summarise
     from specli.models.local.stores import LocalFile
 
@@ -32,7 +38,14 @@ def draft_candidates(target: Path, name: str | None = None) -> tuple[Summary, li
     summaries, _ = local_models()
     others = [s for s in summaries if Path(s.path).resolve() != target.resolve()]
     found = [pair for pair in pairs([mine, *others]) if pair.target is mine]
-    return mine, sorted(found, key=lambda pair: (pair.through_text, pair.draft.size, pair.draft.name))
+
+    def rank(pair: LocalPair) -> tuple:
+        gain = speedup(target, Path(pair.draft.path)) if speedup is not None else None
+        if gain is None:
+            return (1, pair.through_text, pair.draft.size, pair.draft.name)
+        return (0 if gain > 1 else 2, -gain, pair.draft.name)
+
+    return mine, sorted(found, key=rank)
 
 
 @dataclass(frozen=True)
