@@ -143,6 +143,8 @@ def format_stats(stats: Stats) -> str:
             f"{stats.proposer}{' through text' if stats.translated else ''}: drafted {stats.drafted}, accepted {stats.accepted} "
             f"({100 * stats.acceptance_rate:.1f}%), {stats.mean_accepted_length:.2f} accepted per step"
         )
+        if stats.draft_model:
+            parts.append(f"draft model {stats.draft_model}")
         if len(stats.drafted_by) > 1:  # lookup in front of a draft model: each one's share
             parts.append(", ".join(f"{name} {stats.accepted_by.get(name, 0)}/{count}"
                                    for name, count in sorted(stats.drafted_by.items())))

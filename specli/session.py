@@ -107,8 +107,11 @@ class Session:
         proposer = self._proposer(request, memory, matcher)
         policy = self._policy(request, proposer)
         max_batch = self.exact_batch_size() if request.exact and not isinstance(proposer, NoProposer) else MAX_DRAFT + 1
+        drafting_model = self.draft is not None and request.draft is DraftKind.MODEL and not isinstance(proposer,
+                                                                                                          NoProposer)
         return Engine(self.target, proposer, policy, request, cache=self._cache,
-                      verify_on_device=self.spec.verify_on_device, matcher=matcher, max_batch=max_batch)
+                      verify_on_device=self.spec.verify_on_device, matcher=matcher, max_batch=max_batch,
+                      draft_model=self.spec.draft_model.name if drafting_model and self.spec.draft_model else "")
 
     def vocabulary(self) -> Vocabulary:
         """The target's tokens as a constraint reads them, built on the first constrained request."""

@@ -286,3 +286,22 @@ def test_draft_auto_follows_measured_speedups(machine, monkeypatch, capsys):
     models = resolve_models(None, str(big), "auto", speedup=lambda target, draft: 0.8)
     assert models.draft is DraftKind.NGRAM
     assert "would lose (0.80x)" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a subprocess that loads a synthetic pair
+def test_the_stats_name_the_draft_model(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks.synthetic import write_tiny_pair
+
+    target, draft = write_tiny_pair(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "specli", "run", "--target", str(target), "--draft", str(draft),
+                             "-c", "256", "-n", "4", "--json", "hello"], capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "SPECLI_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["draft_model"] == draft.name
+    plain = subprocess.run([sys.executable, "-m", "specli", "run", "--target", str(target), "--draft", str(draft),
+                            "-c", "256", "-n", "4", "hello"], capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL, env={**os.environ, "SPECLI_CACHE": str(tmp_path / "cache")})
+    assert f"draft model {draft.name}" in plain.stderr

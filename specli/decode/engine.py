@@ -100,8 +100,9 @@ class Engine:
 
     def __init__(self, target: TargetModel, proposer: Proposer, policy: DraftPolicy, request: GenerationRequest,
                  *, cache: TargetCache | None = None, verify_on_device: bool = False,
-                 matcher: Matcher | None = None, max_batch: int = 0) -> None:
+                 matcher: Matcher | None = None, max_batch: int = 0, draft_model: str = "") -> None:
         self.target = target
+        self.draft_model = draft_model  # the draft model's name, where one drafts (the stats name it)
         self.proposer = proposer
         self.policy = policy
         self.request = request.seeded()
@@ -115,7 +116,7 @@ class Engine:
         self.max_batch = max_batch or policy.max_draft + 1
         # A penalised or masked row depends on the tokens before it, which the device does not see.
         self._on_device = verify_on_device and self.sampling.pure_greedy and matcher is None
-        self.stats = Stats(proposer=proposer.name, translated=proposer.translated)
+        self.stats = self._fresh_stats()
         self._step_ended: float | None = None  # when the previous step's logits were read
 
     def generate(self, prompt: list[int]) -> Iterator[Event]:
@@ -124,7 +125,7 @@ class Engine:
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
         check_prompt_fits(len(prompt), self.target.n_ctx)
-        self.stats = Stats(proposer=self.proposer.name, translated=self.proposer.translated)
+        self.stats = self._fresh_stats()
         if self.matcher is not None:
             self.matcher.reset()
         return self._generate(prompt)
@@ -162,6 +163,9 @@ class Engine:
         if self._on_device:
             return row  # type: ignore[return-value]
         return self._write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+
+    def _fresh_stats(self) -> Stats:
+        return Stats(proposer=self.proposer.name, translated=self.proposer.translated, draft_model=self.draft_model)
 
     def _generate(self, prompt: list[int]) -> Iterator[Event]:
         target, stats = self.target, self.stats

@@ -60,6 +60,7 @@ class Stats:
 
     proposer: str = "none"
     translated: bool = False  # a draft model with another vocabulary, drafting through text
+    draft_model: str = ""  # the draft model's file name, where one drafts
     prompt_tokens: int = 0
     prompt_cached: int = 0  # of the prompt's tokens, those the target's cache already held (a chat's earlier turns)
     tokens: int = 0
@@ -103,7 +104,8 @@ class Stats:
     def combine(cls, runs: Sequence[Stats]) -> Stats:
         """Several runs' stats as one: counts, times and histograms added up (its
         tokens_per_second counts every token; take each run's own for a rate)."""
-        total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated)
+        total = cls(proposer=runs[0].proposer if runs else "none", translated=bool(runs) and runs[0].translated,
+                    draft_model=runs[0].draft_model if runs else "")
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
                          "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
