@@ -243,6 +243,26 @@ def test_drafts_hub_checks_candidates_from_their_first_bytes(machine, tmp_path, 
         assert entry["header_bytes_fetched"] > header
 
 
+def test_drafts_of_a_hub_target_read_its_header_only(machine, tmp_path, smol_tokens):
+    from tests.fakehub import FakeHub
+
+    env, _ = machine
+    target = write_model(tmp_path / "target.gguf", smol_tokens, values=6_000_000)
+    with FakeHub() as hub:
+        hub.add_file("org/smol-big-GGUF", "smol-big-Q4_K_M.gguf", target.read_bytes())
+        served = {**env, "HF_ENDPOINT": hub.url}
+        result = CliRunner().invoke(app, ["drafts", "org/smol-big-GGUF:Q4_K_M", "--json"], env=served)
+        measured = CliRunner().invoke(app, ["drafts", "org/smol-big-GGUF:Q4_K_M", "--measure"], env=served)
+        ranges = [request.range for request in hub.gets("smol-big-Q4_K_M.gguf")]
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert listing["target"]["size_bytes"] == target.stat().st_size
+    assert [d["name"] for d in listing["drafts"]][:1] == ["ollama:smol:small"], "local drafts for a remote target"
+    assert measured.exit_code == 2 and "--measure loads the target" in measured.output
+    assert ranges and all(r is not None and r.startswith("bytes=0-") for r in ranges), "range requests only"
+    assert not (Path(env["HF_HUB_CACHE"]) / "models--org--smol-big-GGUF").exists(), "nothing downloaded"
+
+
 @pytest.mark.slow  # loads a synthetic pair and measures it
 def test_drafts_measure_stores_a_speedup_that_ranks_the_drafts(tmp_path):
     """A synthetic prefix pair (the draft is the target's first layers, SmolLM2's vocabulary)
@@ -305,3 +325,23 @@ def test_the_stats_name_the_draft_model(tmp_path):
                             "-c", "256", "-n", "4", "hello"], capture_output=True, text=True, timeout=300,
                            stdin=subprocess.DEVNULL, env={**os.environ, "SPECLI_CACHE": str(tmp_path / "cache")})
     assert f"draft model {draft.name}" in plain.stderr
+
+
+def test_an_ollama_blob_with_vision_tensors_is_refused_in_one_line(tmp_path, smol_tokens):
+    root = tmp_path / "ollama"
+    blob = tmp_path / "vision-blob"
+    writer = gguf.GGUFWriter(str(blob), "gemma3")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(smol_tokens[:300])
+    writer.add_tensor("token_embd.weight", np.zeros(64, dtype=np.float32))
+    writer.add_tensor("v.patch_embd.weight", np.zeros(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ollama_model(root, "gemma3v", "4b", [{"mediaType": "application/vnd.ollama.image.model",
+                                         "digest": "sha256:" + "e" * 64}], blob)
+    result = CliRunner().invoke(app, ["run", "--target", "ollama:gemma3v:4b", "hello"],
+                                env={"OLLAMA_MODELS": str(root)})
+    assert result.exit_code == 1
+    assert "ollama:gemma3v:4b bundles vision tensors in its blob (1, such as v.patch_embd.weight)" in result.output

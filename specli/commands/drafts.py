@@ -9,12 +9,14 @@ from typing import Annotated
 import typer
 
 from specli.commands.app import Command, app
+from specli.errors import UsageError
+from specli.models.local.catalog import Summary
 
 
 @app.command("drafts", cls=Command)
 def drafts(
-    target: Annotated[str, typer.Argument(metavar="TARGET",
-                                          help="A pair from `specli list` (downloaded), a GGUF path, or ollama:NAME.")],
+    target: Annotated[str, typer.Argument(metavar="TARGET", help="A pair from `specli list` (downloaded), a GGUF path, "
+                                                                 "ollama:NAME, or a Hub owner/repo:QUANT (its header only).")],
     *,
     as_json: Annotated[bool, typer.Option("--json", help="Print the candidates as JSON, for scripts.")] = False,
     hub: Annotated[bool, typer.Option("--hub", help="Also search the Hub for GGUFs of the target's family, checked from their headers (nothing is downloaded).")] = False,
@@ -29,7 +31,10 @@ def drafts(
 
     path = _target_file(target)
     load = default_load()
-    if measure:
+    if isinstance(path, Summary):  # a Hub file, judged from its header
+        if measure:
+            raise UsageError("--measure loads the target: give a downloaded one", "specli pull, or a GGUF path")
+    elif measure:
         from specli.session import measure_draft
 
         _, found = draft_candidates(path, target)
@@ -41,7 +46,8 @@ def drafts(
         return stored_speedup(target_path, draft, load)
 
     mine, candidates = draft_candidates(path, target, speedup)
-    gains = {c.draft.path: speedup(path, Path(c.draft.path)) for c in candidates}
+    gains = {c.draft.path: speedup(Path(mine.path), Path(c.draft.path)) if isinstance(path, Path) else None
+             for c in candidates}
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
     for problem in problems:
         typer.echo(f"specli: {problem}", err=True)
@@ -79,10 +85,12 @@ def drafts(
                       for c in remote])
 
 
-def _target_file(target: str) -> Path:
-    """A downloaded pair's target, a file, or an Ollama model: nothing is downloaded."""
+def _target_file(target: str) -> Path | Summary:
+    """A downloaded pair's target, a file or an Ollama model; else a Hub reference's summary,
+    from its header read remotely. Nothing is downloaded."""
     from specli.errors import SpecliError
     from specli.models import hub
+    from specli.models.local import remote_summary
     from specli.models.registry import load_registry
     from specli.models.resolve import model_file
 
@@ -93,5 +101,11 @@ def _target_file(target: str) -> Path:
     path = Path(target).expanduser()
     if path.is_file() or target.startswith("ollama:"):
         return model_file(target)
+    cached = hub.cached_reference(target)
+    if cached is not None:
+        return cached
+    remote = remote_summary(target) if "/" in target else None
+    if remote is not None:
+        return remote
     raise SpecliError(f"{target}: no such pair, file or Ollama model",
-                      "give a pair from `specli list`, a GGUF path, or ollama:NAME[:TAG]")
+                      "give a pair from `specli list`, a GGUF path, ollama:NAME[:TAG] or a Hub owner/repo:QUANT")

@@ -49,6 +49,21 @@ def gguf_files(repo: str) -> dict[str, int | None]:
     return {name: listing.files[name].size for name in listing.models}
 
 
+def reference_header(text: str) -> RemoteHeader | None:
+    """The header of the file a Hub reference (`owner/repo:QUANT`, `owner/repo/file.gguf`)
+    names, read remotely; None where `text` is not a Hub reference."""
+    from specli.models.hub.refs import parse_reference
+    from specli.models.hub.repo import choose_model
+
+    reference = parse_reference(text)
+    if reference is None:
+        return None
+    listing = list_repo(reference.repo, None, hub_endpoint())
+    name = reference.file or choose_model(reference.repo, listing.models, reference.quant)
+    size = listing.files[name].size if name in listing.files else None
+    return fetch_metadata(reference.repo, name, size)
+
+
 def fetch_metadata(repo: str, filename: str, size: int | None = None) -> RemoteHeader:
     """The file's header keys, read from its first bytes (see the module doc)."""
     url = hf_hub_url(repo, filename, endpoint=hub_endpoint())

@@ -70,6 +70,13 @@ def resolve_reference(text: str) -> Optional[Path]:
     return resolve_model(_model_ref(reference.repo, filename, listing), download=True)
 
 
+def cached_reference(text: str) -> Optional[Path]:
+    """The local file of a Hub reference where the cache holds it (nothing is downloaded);
+    None where it does not, or `text` is not a Hub reference."""
+    reference = parse_reference(text)
+    return _from_cache(reference) if reference is not None else None
+
+
 def _from_cache(reference: HubReference) -> Optional[Path]:
     """The model from the cached snapshot of `main`, when all its files are there."""
     names = cached_repo_files(reference.repo)

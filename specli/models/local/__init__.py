@@ -12,7 +12,7 @@ from specli.models.local.catalog import LocalPair, Summary, SummaryCache, catalo
 from specli.models.local.stores import Store, find_files, resolve_ollama, stores
 
 __all__ = ["HubCandidate", "LocalPair", "Summary", "draft_candidates", "hub_candidates", "local_models", "pairs",
-           "resolve_ollama", "stores"]
+           "remote_summary", "resolve_ollama", "stores"]
 
 
 def local_models(found_stores: list[Store] | None = None, cache: Path | None = None) -> tuple[list[Summary], list[str]]:
@@ -25,22 +25,24 @@ def local_models(found_stores: list[Store] | None = None, cache: Path | None = N
 Speedup = Callable[[Path, Path], Optional[float]]  # (target, draft): a stored measurement's expected gain
 
 
-def draft_candidates(target: Path, name: str | None = None,
+def draft_candidates(target: Path | Summary, name: str | None = None,
                      speedup: Speedup | None = None) -> tuple[Summary, list[LocalPair]]:
-    """The target's summary, and the local models that can draft for it, best first: those
+    """The target's summary (`target`: a file, or a summary, such as a Hub file's from its
+    header), and the local models that can draft for it, best first: those
     whose measured speed-up (`speedup`, where one is stored) is above 1, highest first; then
     the unmeasured, those that pass llama.cpp's vocabulary rule before those that draft through
     text, the smallest (the cheapest to run) first; then the measured ones that would lose."""
     from specli.models.local.catalog import summarise
     from specli.models.local.stores import LocalFile
 
-    mine = summarise(LocalFile("file", name or target.name, target))
+    mine = target if isinstance(target, Summary) else summarise(LocalFile("file", name or target.name, target))
+    here = Path(mine.path).resolve() if not mine.path.startswith("hf://") else None
     summaries, _ = local_models()
-    others = [s for s in summaries if Path(s.path).resolve() != target.resolve()]
+    others = [s for s in summaries if Path(s.path).resolve() != here]
     found = [pair for pair in pairs([mine, *others]) if pair.target is mine]
 
     def rank(pair: LocalPair) -> tuple:
-        gain = speedup(target, Path(pair.draft.path)) if speedup is not None else None
+        gain = speedup(Path(mine.path), Path(pair.draft.path)) if speedup is not None and here else None
         if gain is None:
             return (1, pair.through_text, pair.draft.size, pair.draft.name)
         return (0 if gain > 1 else 2, -gain, pair.draft.name)
@@ -56,6 +58,18 @@ class HubCandidate:
 
 
 HUB_REPOS = 8  # repos of a Hub search whose smallest GGUF is looked at
+
+
+def remote_summary(reference: str) -> Summary | None:
+    """A Hub reference's summary from its header, read remotely (None: not a Hub reference)."""
+    from specli.models.hub.headers import reference_header
+    from specli.models.local.catalog import summary_from_metadata
+
+    header = reference_header(reference)
+    if header is None:
+        return None
+    return summary_from_metadata("hub", reference, f"hf://{header.repo}/{header.filename}", header.size or 0,
+                                 header.metadata)
 
 
 def hub_candidates(target: Summary, query: str | None = None,

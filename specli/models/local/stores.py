@@ -161,4 +161,21 @@ def resolve_ollama(reference: str, environ: dict[str, str] | None = None, home: 
     manifest = root / "manifests" / host / namespace / model / tag
     if not manifest.is_file():
         raise ModelFileError(f"{reference}: Ollama has no such model in {root}", f"`ollama pull {body}` first")
-    return ollama_blob(root, manifest, ollama_name((host, namespace, model, tag)))
+    blob = ollama_blob(root, manifest, ollama_name((host, namespace, model, tag)))
+    _refuse_bundled_vision(blob, reference)
+    return blob
+
+
+VISION_TENSORS = ("v.", "mm.")  # a vision encoder's and its projector's tensors (Ollama's bundled blobs)
+
+
+def _refuse_bundled_vision(blob: Path, reference: str) -> None:
+    """Ollama's newer engine keeps a vision model's encoder in the model blob itself, a GGUF
+    llama.cpp's text path does not load: refused in one line (a header read)."""
+    from specli.llama.gguf_header import read_header
+
+    header = read_header(blob)
+    bundled = [tensor.name for tensor in header.tensors if tensor.name.startswith(VISION_TENSORS)]
+    if bundled:
+        raise ModelFileError(f"{reference} bundles vision tensors in its blob ({len(bundled)}, such as "
+                             f"{bundled[0]}): it is not a single text GGUF", "use a text-only tag of the model")
