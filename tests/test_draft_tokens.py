@@ -42,7 +42,8 @@ def test_k_parses_numbers_and_auto():
 def test_a_pair_with_a_fixed_draft_length_still_runs_auto_when_asked(gemma_path, monkeypatch, given, expected):
     """A pair that sets draft_tokens = 3: without -k it drafts at most 3 a step; `-k auto`
     is the adaptive policy, priced by costs (reported in --json)."""
-    monkeypatch.setattr(resolve, "resolve_models", lambda pair, target, draft: ResolvedModels(gemma_path, draft_tokens=3))
+    monkeypatch.setattr(resolve, "resolve_models", lambda pair, target, draft, speedup=None:
+                        ResolvedModels(gemma_path, draft_tokens=3))
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     result = CliRunner().invoke(app, ["run", "-m", "some-pair", "--json", "-n", "40", "-c", "512", *given, prompt])
     assert result.exit_code == 0, result.output

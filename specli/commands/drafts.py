@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from specli.commands.app import Command, app
 from specli.errors import UsageError
-from specli.models.local.catalog import Summary
+
+if TYPE_CHECKING:
+    from specli.models.local import Summary
 
 
 @app.command("drafts", cls=Command)
@@ -27,7 +29,7 @@ def drafts(
     from specli.commands.options import default_load, stored_speedup
     from specli.commands.pairs import _home, _local_table
     from specli.models.hub import format_size
-    from specli.models.local import draft_candidates, hub_candidates
+    from specli.models.local import Summary, draft_candidates, hub_candidates
 
     path = _target_file(target)
     load = default_load()
@@ -46,6 +48,7 @@ def drafts(
         return stored_speedup(target_path, draft, load)
 
     mine, candidates = draft_candidates(path, target, speedup)
+    size = max(1, mine.size)  # a Hub file's size, where its listing gives none: 0
     gains = {c.draft.path: speedup(Path(mine.path), Path(c.draft.path)) if isinstance(path, Path) else None
              for c in candidates}
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
@@ -54,16 +57,16 @@ def drafts(
     if as_json:
         listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
                    "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
-                               "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
+                               "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
                                "through_text": c.through_text, "expected_speedup": gains[c.draft.path]}
                               for c in candidates]}
         if hub:
-            listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / mine.size,
+            listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
                                "through_text": c.through_text, "header_bytes_fetched": c.fetched} for c in remote]
         typer.echo(json.dumps(listing, indent=2))
         return
     if candidates:
-        rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
+        rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
                  "through text" if c.through_text else "same vocabulary",
                  f"{gains[c.draft.path]:.2f}x" if gains[c.draft.path] is not None else "-", _home(c.draft.path))
                 for c in candidates]
@@ -80,7 +83,7 @@ def drafts(
             typer.echo(f"on the Hub: nothing found that shares {target}'s vocabulary")
             return
         _local_table(("ON THE HUB", "SIZE", "OF TARGET", "DRAFTS", "HEADER READ"),
-                     [(c.draft.name, format_size(c.draft.size), f"{c.draft.size / mine.size:.0%}",
+                     [(c.draft.name, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
                        "through text" if c.through_text else "same vocabulary", format_size(c.fetched))
                       for c in remote])
 
