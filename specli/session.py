@@ -407,28 +407,47 @@ def greedy_agreement(target: Model, draft: Model, sample: str = AGREEMENT_SAMPLE
     return float(np.mean(choices[0] == choices[1]))
 
 
-def stored_draft_costs(target: Path, draft: Path, load: LoadSettings) -> StepCosts | None:
-    """The costs a session of `target` and `draft` with these settings would read, if both the
-    target's curve and the draft's measurements are stored (`specli drafts --measure`)."""
-    store = CostStore(cache_dir() / "costs.json")
+MEASURE_TOKENS = 96  # a timed generation of `specli drafts --measure`
+MEASURE_ROUNDS = 3
+
+
+def measure_draft(target: Path, draft: Path, load: LoadSettings) -> float | None:
+    """Load the pair, measure (or read) its costs and the draft's agreement as a first run with
+    this draft does, then time greedy generations of MEASURE_TOKENS from a sample text, drafted
+    by the model alone at the length its costs favour and plain, in MEASURE_ROUNDS alternating
+    rounds: the ratio of the median rates is stored as the draft's measured speed-up (None
+    where the costs favour no length: a draft through text)."""
+    from specli.decode.costs import expected_speedup
+
+    with open_session(SessionSpec(target, draft, load, load)) as session:
+        costs = session.costs()
+        best = expected_speedup(costs)
+        if best is None or session.draft is None:
+            return None
+        prompt = session.target.tokenize(AGREEMENT_SAMPLE)[:64]
+        requests = (GenerationRequest(max_tokens=MEASURE_TOKENS, draft=DraftKind.MODEL, lookup=False,
+                                      draft_tokens=best[1]),
+                    GenerationRequest(max_tokens=MEASURE_TOKENS, draft=DraftKind.NONE))
+        rates: tuple[list[float], list[float]] = ([], [])
+        for _ in range(MEASURE_ROUNDS):
+            for request, kept in zip(requests, rates):
+                engine = session.engine_for(request)
+                for _event in engine.generate(prompt):
+                    pass
+                kept.append(engine.stats.tokens_per_second)
+        ratio = float(np.median(rates[0]) / max(np.median(rates[1]), 1e-9))
+        session._store().put(session._draft_key() + "|speedup", ratio)
+        return ratio
+
+
+def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
+    """The draft's speed-up that `specli drafts --measure` timed and stored (None: not measured)."""
     try:
-        key = settings_key(target, load, build_key())
-        costs = store.costs(key)
-        key = draft_key(key, draft, load)
+        key = draft_key(settings_key(target, load, build_key()), draft, load) + "|speedup"
     except OSError:
         return None
-    seconds, acceptance = store.get(key), store.get(key + "|acceptance")
-    if costs is None or costs.source in ("prior", "conservative") or not isinstance(seconds, (int, float)):
-        return None
-    return replace(costs, draft_per_token=float(seconds),
-                   draft_acceptance=float(acceptance) if isinstance(acceptance, (int, float)) else None)
-
-
-def measure_draft(target: Path, draft: Path, load: LoadSettings) -> StepCosts:
-    """Load the pair and measure (or read) its costs and the draft's agreement, as a first run
-    with this draft does; they are stored, for `specli drafts` and `--draft auto` to rank it."""
-    with open_session(SessionSpec(target, draft, load, load)) as session:
-        return session.costs()
+    value = CostStore(cache_dir() / "costs.json").get(key)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def exact_batch_sizes(spec: SessionSpec, notice: Callable[[str], None] | None = None, *, measure: bool = True,

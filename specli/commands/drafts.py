@@ -23,7 +23,7 @@ def drafts(
     as_json: Annotated[bool, typer.Option("--json", help="Print the candidates as JSON, for scripts.")] = False,
     hub: Annotated[bool, typer.Option("--hub", help="Also search the Hub for GGUFs of the target's family, checked from their headers (nothing is downloaded).")] = False,
     search: Annotated[str | None, typer.Option("--search", metavar="WORDS", help="With --hub: search for these words (default: the target's general.basename).")] = None,
-    measure: Annotated[bool, typer.Option("--measure", help="Load each local draft with the target and store its measured agreement and costs (as a first run does); the list then shows each one's expected speed-up.")] = False,
+    measure: Annotated[bool, typer.Option("--measure", help="Load each local draft with the target, measure its costs and agreement (as a first run does) and time it against plain decoding; the list then shows each one's speed-up.")] = False,
 ) -> None:
     """List the models that can draft for TARGET, best first (the first local one is what --draft auto takes)."""
     from specli.commands.options import default_load, stored_speedup
@@ -58,7 +58,7 @@ def drafts(
         listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
                    "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
                                "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
-                               "through_text": c.through_text, "expected_speedup": gains[c.draft.path]}
+                               "through_text": c.through_text, "speedup": gains[c.draft.path]}
                               for c in candidates]}
         if hub:
             listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,

@@ -235,13 +235,10 @@ def default_load() -> LoadSettings:
 
 
 def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
-    """The expected gain of `draft` for `target` from their stored costs (None: not measured)."""
-    from specli.decode.costs import expected_speedup
-    from specli.session import stored_draft_costs
+    """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not measured)."""
+    from specli.session import stored_speedup as timed
 
-    costs = stored_draft_costs(target, draft, load)
-    found = expected_speedup(costs) if costs is not None else None
-    return found[0] if found is not None else None
+    return timed(target, draft, load)
 
 
 def hardware(params: Mapping[str, Any]) -> Hardware:
