@@ -34,7 +34,7 @@ def list_pairs(
     local: Annotated[bool, typer.Option("--local", help="List the GGUF models other tools keep here (Hugging Face cache, Ollama, LM Studio, llama.cpp) and the pairs they form.")] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="With --local: say which stores are missing and what could not be read.")] = False,
 ) -> None:
-    """List the known pairs: their models, sizes on disk, and whether they are downloaded."""
+    """List the known pairs: their models, sizes on disk, downloaded or not (--local: the models on this machine)."""
     from specli.models import hub
     from specli.models.registry import load_registry
 
