@@ -204,14 +204,8 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     lfs = {"sha256": served.etag, "size": served.size, "pointerSize": 134}
                     sibling.update(size=served.size, blobId=hashlib.sha1(served.content).hexdigest(), lfs=lfs)
                 siblings.append(sibling)
-            payload = json.dumps({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
-                                  "gated": "manual" if repo.token else False, "siblings": siblings}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            if body:
-                self._write(memoryview(payload))
+            self._send_json({"id": repo_id, "modelId": repo_id, "sha": commit, "private": False,
+                             "gated": "manual" if repo.token else False, "siblings": siblings}, body=body)
 
         def _send_search(self, *, body: bool) -> None:
             """`/api/models?search=...`: the repos whose id holds the words, as the Hub lists them."""
@@ -219,7 +213,10 @@ def _handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             words = query.get("search", [""])[0].lower()
             found = [{"id": repo_id, "modelId": repo_id, "tags": ["gguf"]} for repo_id in sorted(hub.repos)
                      if words in repo_id.lower()][: int(query.get("limit", ["1000"])[0])]
-            payload = json.dumps(found).encode()
+            self._send_json(found, body=body)
+
+        def _send_json(self, value: object, *, body: bool) -> None:
+            payload = json.dumps(value).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

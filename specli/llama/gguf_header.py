@@ -175,16 +175,14 @@ class _Reader:
 
 def read_header(path: Path | str) -> GGUFHeader:
     """Parse and check the header of the GGUF file at `path`; raise ModelFileError if it is bad."""
-    path = Path(path)
-    try:
-        with path.open("rb") as handle:
-            size = _file_size(handle)
-            if size < 4 or handle.read(4) != GGUF_MAGIC:
-                raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                return _parse(_Reader(path, data, size))
-    except OSError as error:
-        raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
+    return _mapped(Path(path), _parse)
+
+
+def read_metadata(path: Path | str) -> dict[str, object]:
+    """Only the header's keys and values (what `specli list --local` shows), read as read_header
+    reads them but without the tensor infos and the checks of the whole file: ModelFileError
+    for a file that is not GGUF or whose keys are cut short."""
+    return _mapped(Path(path), _keys)
 
 
 def metadata_from_bytes(data: bytes, name: str) -> dict[str, object]:
@@ -195,32 +193,35 @@ def metadata_from_bytes(data: bytes, name: str) -> dict[str, object]:
     return _keys(_Reader(Path(name), data, len(data)))
 
 
-def _keys(reader: _Reader) -> dict[str, object]:
-    reader.take(4, "the magic")
-    version = reader.u32("the version")
-    if version not in SUPPORTED_VERSIONS:
-        raise reader.fail(f"GGUF version {version} (llama.cpp reads versions {SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
-    reader.u64("the tensor count")
-    n_keys = reader.u64("the key count")
-    if n_keys * 13 > reader.size:  # each key takes at least 13 bytes
-        raise reader.cut_short(f"it claims {n_keys} keys, more than its {reader.size} bytes can hold")
-    return _read_metadata(reader, n_keys)
-
-
-def read_metadata(path: Path | str) -> dict[str, object]:
-    """Only the header's keys and values (what `specli list --local` shows), read as read_header
-    reads them but without the tensor infos and the checks of the whole file: ModelFileError
-    for a file that is not GGUF or whose keys are cut short."""
-    path = Path(path)
+def _mapped(path: Path, parse):
+    """`parse` of a reader over the memory-mapped file (only the pages it reads are read)."""
     try:
         with path.open("rb") as handle:
             size = _file_size(handle)
             if size < 4 or handle.read(4) != GGUF_MAGIC:
                 raise ModelFileError(f"not a GGUF file: {path}", "specli loads llama.cpp GGUF models (*.gguf)")
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                return _keys(_Reader(path, data, size))
+                return parse(_Reader(path, data, size))
     except OSError as error:
         raise ModelFileError(f"cannot read model file {path}: {error.strerror or error}") from error
+
+
+def _preamble(reader: _Reader) -> tuple[int, int, int]:
+    """(version, tensor count, key count), the version checked."""
+    reader.take(4, "the magic")
+    version = reader.u32("the version")
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0:
+            raise reader.fail(f"version {version:#x} looks byte-swapped (a big-endian file); llama.cpp reads little-endian GGUF")
+        raise reader.fail(f"GGUF version {version} (llama.cpp reads versions {SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
+    return version, reader.u64("the tensor count"), reader.u64("the key count")
+
+
+def _keys(reader: _Reader) -> dict[str, object]:
+    _, _, n_keys = _preamble(reader)
+    if n_keys * 13 > reader.size:  # each key takes at least 13 bytes
+        raise reader.cut_short(f"it claims {n_keys} keys, more than its {reader.size} bytes can hold")
+    return _read_metadata(reader, n_keys)
 
 
 def _file_size(handle) -> int:
@@ -231,14 +232,7 @@ def _file_size(handle) -> int:
 
 
 def _parse(reader: _Reader) -> GGUFHeader:
-    reader.take(4, "the magic")
-    version = reader.u32("the version")
-    if version not in SUPPORTED_VERSIONS:
-        if version & 0xFFFF == 0:
-            raise reader.fail(f"version {version:#x} looks byte-swapped (a big-endian file); llama.cpp reads little-endian GGUF")
-        raise reader.fail(f"GGUF version {version} (llama.cpp reads versions {SUPPORTED_VERSIONS[0]}-{SUPPORTED_VERSIONS[-1]})")
-    n_tensors = reader.u64("the tensor count")
-    n_keys = reader.u64("the key count")
+    version, n_tensors, n_keys = _preamble(reader)
     # Each key takes at least 13 bytes and each tensor info at least 32: counts beyond
     # what the file could hold are corruption, caught before any loop runs on them.
     if n_keys * 13 > reader.size or n_tensors * 32 > reader.size:
