@@ -166,6 +166,8 @@ def test_a_draft_with_another_vocabulary_drafts_through_text_for_requests(gemma_
     expected = specli_run("--target", smollm_path, "--draft", "none", "--exact", "--no-chat", "-n", N, prompt)
     with serving("--target", smollm_path, "--draft", gemma_path, "--no-memory") as server:
         assert any("drafting through text" in line for line in server.log), server.log
+        card = server.client().models.list().data[0].model_extra
+        assert card["chat"] is True and card["drafts"] == ["model", "ngram", "none"], "the page offers all three"
         whole = server.client().completions.create(model="x", prompt=prompt, max_tokens=N, extra_body={
             "draft": "model", "exact": True, "draft_tokens": 4})
     assert same_text(whole.choices[0].text, expected)
@@ -187,9 +189,12 @@ def test_spans_join_to_the_content_and_chunks_carry_their_source(gemma_server):
     assert whole.usage.completion_tokens_details.accepted_prediction_tokens > 0
     assert whole.timings["draft_n_accepted"] == whole.usage.completion_tokens_details.accepted_prediction_tokens
     # The copy under way from the prompt's first token: the first step drafts and keeps several.
-    chunks = [c for c in client.completions.create(model="x", prompt=CODE + "\n\n" + CODE[:9], max_tokens=30,
-                                                   stream=True, extra_body={"draft_tokens": 8})
-              if c.choices and c.choices[0].text]
+    every = list(client.completions.create(model="x", prompt=CODE + "\n\n" + CODE[:9], max_tokens=30, stream=True,
+                                           extra_body={"draft_tokens": 8}, stream_options={"include_usage": True}))
+    chunks = [c for c in every if c.choices and c.choices[0].text]
+    # Each chunk says how many tokens its text holds: they add up to the answer's.
+    assert sum(chunk.choices[0].tokens or 0 for chunk in every if chunk.choices) == every[-1].usage.completion_tokens
+    assert all(chunk.choices[0].tokens >= 1 for chunk in chunks)
     sources = [chunk.choices[0].source for chunk in chunks]
     assert set(sources) == {"draft", "target"}
     # One chunk per run of a source: a step's kept draft tokens together (every step ends with
@@ -285,7 +290,9 @@ def test_an_api_key_is_required_when_set(gemma_path):
         status, body = error_of(lambda: server.client("wrong").models.list())
         assert status == 401 and body["code"] == "invalid_api_key"
         assert httpx.get(server.url + "/models", timeout=30).status_code == 401, "no key at all"
-        assert [m.id for m in server.client("sesame").models.list().data] == [gemma_path.name]
+        card = server.client("sesame").models.list().data[0]
+        assert card.id == gemma_path.name
+        assert card.model_extra["chat"] is False and card.model_extra["drafts"] == ["ngram", "none"]
         assert httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
 
 

@@ -102,8 +102,11 @@ def test_required_call_parses_validates_and_streams_in_pieces_that_join(smol_too
     assert_valid(choice.message.tool_calls)
     spans = choice.model_extra["spans"]
     assert any(span.get("proposer") == "grammar" for span in spans), "the call's frame is forced by the grammar"
-    calls, finish, deltas = streamed_calls(client.chat.completions.create(**request, stream=True))
+    chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    calls, finish, deltas = streamed_calls(chunks)
     assert finish == "tool_calls"
+    counted = sum((chunk.choices[0].model_extra or {}).get("tokens") or 0 for chunk in chunks if chunk.choices)
+    assert counted == chunks[-1].usage.completion_tokens, "tokens held back while a call is read are counted later"
     assert [(c["name"], c["arguments"]) for c in calls] == \
         [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
     assert len(deltas) > 2, "the arguments come in pieces"

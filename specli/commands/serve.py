@@ -23,7 +23,7 @@ def serve(
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt._not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
 ) -> None:
-    """Serve the pair over an OpenAI-compatible HTTP API; sampling options are defaults a request may override."""
+    """Serve the pair over an OpenAI-compatible HTTP API, with a chat page at /; sampling options are defaults a request may override."""
     from specli.serve import ServeSettings
     from specli.serve import serve as run_server
 

@@ -1,5 +1,5 @@
-"""`specli serve`: the engine behind an OpenAI-compatible HTTP API (app.py), one generation at
-a time (worker.py), on uvicorn.
+"""`specli serve`: the engine behind an OpenAI-compatible HTTP API (app.py) and a web page
+(page.py), one generation at a time (worker.py), on uvicorn.
 
 The pair is loaded once, before the socket opens; one line on stderr gives the URL once it
 is ready, and one line per request follows. SIGINT or SIGTERM cancels the generation in
@@ -65,8 +65,8 @@ class _Server(uvicorn.Server):
         if self.started:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
-            self._err.write(f"specli: serving {self._worker.session.spec.target.name} at http://{shown}:{port}/v1 "
-                            "(Ctrl-C stops)\n")
+            self._err.write(f"specli: serving {self._worker.session.spec.target.name} at http://{shown}:{port}/v1, "
+                            f"its page at http://{shown}:{port}/ (Ctrl-C stops)\n")
             self._err.flush()
 
     def handle_exit(self, sig, frame) -> None:

@@ -29,6 +29,7 @@ from specli.decode.events import Stats, Token
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.errors import PromptError, SpecliError
 from specli.prompt import chat_tokens, prompt_tokens
+from specli.serve.page import add_page
 from specli.serve.schema import (
     AssistantMessage,
     ChatChoice,
@@ -141,7 +142,11 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict:
-        card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft)
+        own = info.defaults.draft  # first, then the most drafting to none
+        kinds = [own] + [kind for kind in (DraftKind.MODEL, DraftKind.NGRAM, DraftKind.NONE) if kind is not own]
+        drafts = [kind.value for kind in kinds if kind is not DraftKind.MODEL or worker.session.draft is not None]
+        card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft,
+                         chat=worker.session.target.chat_template() is not None, drafts=drafts)
         return ModelList(data=[card]).model_dump()
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorised)])
@@ -171,6 +176,7 @@ def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> F
         job = _job(body, worker, info, tokens)
         return await _respond(request, body, job, worker, info, log, chat=False)
 
+    add_page(app)
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES, log=log)
     return app
 
@@ -302,37 +308,49 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
     chunk_id, created = _new_id("chatcmpl" if chat else "cmpl"), int(time.time())
 
     def chunk(text: str | None, source: str | None, finish: str | None = None, first: bool = False,
-              proposer: str = "", tool_calls: list[ToolCallDelta] | None = None) -> str:
+              proposer: str = "", tool_calls: list[ToolCallDelta] | None = None, tokens: int | None = None) -> str:
         if chat:
             delta = Delta(role="assistant" if first else None, content=text, tool_calls=tool_calls)
             data = ChatChunk(id=chunk_id, created=created, model=info.name,
                              choices=[ChatChunkChoice(delta=delta, finish_reason=finish, source=source,
-                                                      proposer=proposer or None)])
+                                                      proposer=proposer or None, tokens=tokens)])
         else:
             data = TextChunk(id=chunk_id, created=created, model=info.name,
                              choices=[TextChunkChoice(text=text or "", finish_reason=finish, source=source,
-                                                      proposer=proposer or None)])
+                                                      proposer=proposer or None, tokens=tokens)])
         return _event(data.model_dump(exclude_none=chat))
 
-    def deltas(found: list, source: str | None, proposer: str = "") -> list[str]:
+    def deltas(found: list, source: str | None, proposer: str = "", tokens: int | None = None) -> list[str]:
+        """Chunks for what a call's parser found; the first carries the run's token count."""
         out = []
         for delta in found:
             if isinstance(delta, ContentDelta):
-                out.append(chunk(delta.text, source, proposer=proposer))
+                out.append(chunk(delta.text, source, proposer=proposer, tokens=tokens))
             else:
                 function = FunctionCallDelta(name=delta.name, arguments=delta.arguments)
                 call = ToolCallDelta(index=delta.index, id=delta.id, type="function" if delta.id else None,
                                      function=function)
-                out.append(chunk(None, source, proposer=proposer, tool_calls=[call]))
+                out.append(chunk(None, source, proposer=proposer, tool_calls=[call], tokens=tokens))
+            tokens = None
         return out
+
+    # Tokens whose text is still held back (part of a character, a call being parsed): counted
+    # in the next chunk, so that the chunks' `tokens` add up to the answer's.
+    held = 0
 
     def run(tokens: list[Token]) -> list[str]:
         """Chunks for a run of tokens of one source and proposer."""
+        nonlocal held
+        held += sum(token.id >= 0 for token in tokens)  # id -1: text held back to the end, no token of its own
         if calls is None or special is None:
             text = "".join(token.text for token in tokens)
-            return [chunk(text, tokens[0].source, proposer=tokens[0].proposer)] if text else []
-        text = "".join(special(token.id) for token in tokens if token.id >= 0)
-        return deltas(calls.feed(text), tokens[0].source, tokens[0].proposer)
+            lines = [chunk(text, tokens[0].source, proposer=tokens[0].proposer, tokens=held)] if text else []
+        else:
+            text = "".join(special(token.id) for token in tokens if token.id >= 0)
+            lines = deltas(calls.feed(text), tokens[0].source, tokens[0].proposer, tokens=held)
+        if lines:
+            held = 0
+        return lines
 
     try:
         if chat:
@@ -347,8 +365,7 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
                     yield line
                 continue
             if isinstance(event, Token):
-                if event.text or calls is not None:  # tokens that write no text (special ones) may open a call
-                    pending.append(event)
+                pending.append(event)
                 continue
             for tokens in _runs(pending):  # a StepRecord, or the end (None)
                 for line in run(tokens):
@@ -373,11 +390,13 @@ async def _sse(request: Request, body, future: asyncio.Future, cancel, events: a
             return
         finish = FINISH_REASONS.get(stats.finish_reason, stats.finish_reason)
         if calls is not None and special is not None:
-            for line in deltas(calls.feed(special.flush()) + calls.finish(), None):
+            lines = deltas(calls.feed(special.flush()) + calls.finish(), None, tokens=held or None)
+            held = held if not lines else 0
+            for line in lines:
                 yield line
             if calls.ids and finish == "stop":
                 finish = "tool_calls"
-        yield chunk(None if chat else "", None, finish)
+        yield chunk(None if chat else "", None, finish, tokens=held or None)
         if body.include_usage:
             usage = _usage(stats)
             if chat:

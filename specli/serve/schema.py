@@ -550,6 +550,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: Optional[str] = None
     source: Optional[Literal["draft", "target"]] = None
     proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
+    tokens: Optional[int] = None  # how many tokens this chunk's text holds
 
 
 class TextChunkChoice(BaseModel):
@@ -559,6 +560,7 @@ class TextChunkChoice(BaseModel):
     logprobs: None = None
     source: Optional[Literal["draft", "target"]] = None
     proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
+    tokens: Optional[int] = None  # how many tokens this chunk's text holds
 
 
 class ChatChunk(BaseModel):
@@ -588,6 +590,8 @@ class ModelCard(BaseModel):
     owned_by: str = "specli"
     target: str
     draft: str
+    chat: bool  # the target has a chat template (else /v1/completions only)
+    drafts: list[str]  # the `draft` values a request may give, the server's own first
 
 
 class ModelList(BaseModel):
