@@ -53,8 +53,6 @@ import shlex
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +64,7 @@ from benchmarks.structured import (  # noqa: E402
     RunError,
     Server,
     free_port,
+    post,
     server_spec_types,
     validate,
 )
@@ -96,18 +95,6 @@ def turn_messages(session: dict, turn: int) -> list[dict]:
              "function": {"name": step["call"]["name"], "arguments": json.dumps(step["call"]["arguments"])}}]})
         messages.append({"role": "tool", "tool_call_id": call_id, "content": step["result"]})
     return messages
-
-
-def post(port: int, path: str, body: dict, timeout: float, name: str) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        raise RunError(f"{name}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}") from None
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
-        raise RunError(f"{name}: {path} failed: {error}") from None
 
 
 def measure_turn(port: int, name: str, session: dict, turn: int, args: argparse.Namespace) -> dict:

@@ -98,6 +98,21 @@ class RunError(RuntimeError):
     """A tool failed, timed out, or answered without what is measured."""
 
 
+def post(port: int, path: str, body: dict, timeout: float, name: str, log_tail=None) -> dict:
+    """POST `body` as JSON to 127.0.0.1:port/path and read the JSON answer; RunError names what
+    failed (with the server's log tail, where given, when the request got no answer)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise RunError(f"{name}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}") from None
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
+        tail = f"\n{log_tail()}" if log_tail is not None else ""
+        raise RunError(f"{name}: {path} failed: {error}{tail}") from None
+
+
 # ---------------------------------------------------------------------------
 # Prompts and schemas
 # ---------------------------------------------------------------------------
@@ -223,16 +238,7 @@ class Server:
         raise RunError(f"{self.name}: no healthy llama-server after {timeout:.0f} s:\n{self.log_tail()}")
 
     def complete(self, body: dict, timeout: float) -> dict:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:500]
-            raise RunError(f"{self.name}: HTTP {error.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
-            raise RunError(f"{self.name}: /completion failed: {error}\n{self.log_tail()}") from None
+        return post(self.port, "/completion", body, timeout, self.name, self.log_tail)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
