@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import llama_cpp as llama
-import numpy as np
+# Whether numpy's libraries were loaded before llama.cpp's (see _warn_import_order).
+_NUMPY_FIRST = "numpy" in sys.modules
 
-from specli.errors import ModelFileError, PromptError
-from specli.llama import devices, rpc
+import llama_cpp as llama  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specli.errors import ModelFileError, PromptError  # noqa: E402
+from specli.llama import devices, interrupts, rpc  # noqa: E402
 
 
+@interrupts.register
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     return None
 
@@ -38,7 +44,20 @@ def init_backend(verbose: bool | None = None) -> None:
         llama.llama_log_set(llama.llama_log_callback() if verbose else _SILENT_LOG, ctypes.c_void_p(0))
     if not _backend_ready:
         llama.llama_backend_init()
+        interrupts.guard_callbacks()
+        _warn_import_order()
         _backend_ready = True
+
+
+def _warn_import_order() -> None:
+    """On a CUDA build of llama-cpp-python 0.3.36 (an H200 with CUDA 13.0, 2026-11-26), every
+    model load crashed (SIGSEGV in llama_model::print_info, inside C++ stream code that
+    libggml-cuda carries a copy of) when numpy's libraries had loaded first; loaded after
+    llama.cpp's, the same process ran. `import specli` first avoids it; a script that
+    imported numpy before is told so once."""
+    if _NUMPY_FIRST and "CUDA" in library_versions()["system_info"]:
+        warnings.warn("numpy was imported before llama.cpp's CUDA libraries, which can crash model loads "
+                      "(SIGSEGV) on some CUDA builds: import specli before numpy", RuntimeWarning, stacklevel=3)
 
 
 def supports_gpu_offload() -> bool:
@@ -127,6 +146,7 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
     params.devices = ctypes.cast(device_list, ctypes.c_void_p)
     watched: list[int] = []
 
+    @interrupts.register
     def progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
         # The first call comes once the buffers are allocated: the connections exist, and the
         # weights (gigabytes, for a large model) are about to cross them.
