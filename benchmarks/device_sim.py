@@ -224,6 +224,8 @@ class SimulatedModel:
         self._shapes: set[tuple[int, int, bool]] = set()
         self._pieces: dict[int, bytes] = {}
         self._chosen: list[int] = []  # the last decode_argmax's choices
+        self._decode_seconds = [0.0] + [costs.decode(n) for n in range(1, batch_size + 1)]
+        self._row_seconds = costs.copy(1, self.n_vocab)
 
     # --- decode, as backend.Model -------------------------------------------------
 
@@ -300,7 +302,7 @@ class SimulatedModel:
 
     def _price(self, tokens: int, rows: int, argmax: bool) -> None:
         costs, ledger = self.costs, self.ledger
-        seconds = costs.decode(tokens) + (costs.sampler if argmax else costs.copy(rows, self.n_vocab))
+        seconds = self._decode_seconds[tokens] + (costs.sampler if argmax else rows * self._row_seconds)
         shape = (tokens, rows, argmax)
         if shape != self._shape:
             if shape in self._shapes:
