@@ -65,7 +65,8 @@ class DeviceCosts:
     sampler: float = SAMPLER_MS / 1000  # decode_argmax's device sampler, per decode
 
     def decode(self, tokens: int) -> float:
-        """A decode of `tokens`: the curve, linear between its points and past its last two."""
+        """A decode of `tokens`: the curve, linear between its points; past its last point, along
+        the line through its first and last (a prompt's chunks: outside the measured window)."""
         sizes = [size for size, _ in self.curve]
         seconds = [cost for _, cost in self.curve]
         if tokens <= sizes[-1]:
