@@ -12,6 +12,7 @@ import pytest
 from benchmarks import host_overhead
 from benchmarks.device_sim import FIRST_TOKEN, SimulatedModel, h200_costs, make_script
 from benchmarks.host_overhead import Setup, open_session, request_for, run_once
+from specli.bench import Measurement
 from specli.decode.request import AUTO
 from specli.stream import stream
 
@@ -135,6 +136,29 @@ def test_each_step_keeps_the_draft_tokens_its_script_agrees_on(draft_tokens):
         rejected += kept < step.drafted
         position += step.accepted + 1
     assert rejected >= 3 and outcome.tokens == setup.script.answer[: setup.max_tokens]
+
+
+def test_pythons_share_of_a_step_counts_the_draft_loop():
+    """Only the draft model's decodes leave Python's share: its loop (a vocabulary row read per
+    drafted token) and n-gram lookup stay in it."""
+    setup = small_setup()
+    engine = open_session(setup, "draft").engine_for(request_for("draft", 8, setup.max_tokens))
+    stats = stream(engine, setup.script.prompt, _Silent()).stats
+    assert all((step.draft_decode_seconds > 0) == (step.asked > 0) for step in stream_steps(setup, "draft", 8))
+    assert 0 < stats.draft_decode_seconds < stats.draft_seconds
+    assert stats.overhead_seconds == pytest.approx(stats.seconds - stats.draft_decode_seconds - stats.verify_seconds)
+    split = Measurement(stats=[stats]).summary()["time_split"]  # specli bench's
+    assert split["draft"] == pytest.approx(stats.draft_decode_seconds / stats.seconds)
+    assert sum(split.values()) == pytest.approx(1.0)
+    lookup = stream(open_session(setup, "ngram").engine_for(request_for("ngram", 8, setup.max_tokens)),
+                    setup.script.prompt, _Silent()).stats
+    assert lookup.drafted > 0 and lookup.draft_decode_seconds == 0
+    assert lookup.overhead_seconds >= lookup.draft_seconds
+
+
+def stream_steps(setup: Setup, proposer: str, draft_tokens):
+    engine = open_session(setup, proposer).engine_for(request_for(proposer, draft_tokens, setup.max_tokens))
+    return stream(engine, setup.script.prompt, _Silent()).steps
 
 
 def test_the_harness_runs_end_to_end_and_repeats_its_counts(capsys):
