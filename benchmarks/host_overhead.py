@@ -264,10 +264,10 @@ def profile(setup: Setup, proposer: str, draft_tokens: DraftTokens, rounds: int,
     return text.getvalue()
 
 
-def goals(summaries: list[dict]) -> list[str]:
-    """The goals, and how each K=8 configuration stands against them."""
+def goals(summaries: list[dict], vocab: int) -> list[str]:
+    """The goals, and how each K=8 configuration stands against them (`vocab`: this run's)."""
     lines = [f"goals: host <= {GOAL_STEP_US:.0f} us a step at K=8 with a 152k vocabulary; "
-             f"<= {GOAL_DRAFTED_US:.0f} us of proposing's host time per drafted token"]
+             f"<= {GOAL_DRAFTED_US:.0f} us of proposing's host time per drafted token (this run: {vocab:,} tokens)"]
     for s in summaries:
         if not s["config"].endswith(" k=8"):
             continue
@@ -303,7 +303,7 @@ def render(report: dict) -> str:
     machine = report["machine"]
     lines.append(f"load average {machine['load_before']} before, {machine['load_after']} after; "
                  f"{report['settings']['runs']} rounds, medians")
-    return "\n".join(lines + goals(report["configs"]))
+    return "\n".join(lines + goals(report["configs"], report["settings"]["vocab"]))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
