@@ -136,7 +136,7 @@ class Measurement:
             "drafted_per_step": total.drafted / steps,  # -k auto: how long it chose to draft
             "acceptance_by_position": total.acceptance_by_position,
             "time_split": {
-                "draft": total.draft_seconds / seconds,
+                "draft": total.draft_decode_seconds / seconds,  # the draft model's decodes (its loop: overhead)
                 "verify": total.verify_seconds / seconds,
                 "overhead": total.overhead_seconds / seconds,
             },

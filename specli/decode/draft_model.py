@@ -7,6 +7,7 @@ session, so across a chat's turns and a server's requests only new tokens are de
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -36,6 +37,13 @@ class DraftModel:
     def __init__(self, model: DecoderModel) -> None:
         self.model = model
         self.cached: list[int] = []  # tokens in its KV cache, in order
+        self.decode_seconds = 0.0  # inside its model's decodes, all told
+
+    def _decode(self, tokens: list[int]) -> np.ndarray:
+        started = time.perf_counter()
+        rows = self.model.decode(tokens)
+        self.decode_seconds += time.perf_counter() - started
+        return rows
 
     def behind(self, tokens: list[int]) -> int:
         """Tokens it must decode before it can draft after `tokens`."""
@@ -53,7 +61,7 @@ class DraftModel:
         self.model.rewind(keep)
         del self.cached[keep:]
         if len(prompt) - 1 > keep:
-            self.model.decode(prompt[keep:-1])
+            self._decode(prompt[keep:-1])
             self.cached.extend(prompt[keep:-1])
 
     def row_after(self, tokens: list[int]) -> np.ndarray:
@@ -64,13 +72,13 @@ class DraftModel:
             keep -= 1
         self.model.rewind(keep)
         del self.cached[keep:]
-        row = self.model.decode(tokens[keep:])[-1]
+        row = self._decode(tokens[keep:])[-1]
         self.cached.extend(tokens[keep:])
         return row
 
     def extend(self, token: int) -> np.ndarray:
         """Decode one more token; the logits row after it."""
-        row = self.model.decode([token])[0]
+        row = self._decode([token])[0]
         self.cached.append(token)
         return row
 
@@ -119,6 +127,7 @@ class DraftModelProposer:
         count = min(count, self.draft.model.n_ctx - len(tokens))  # the draft's own context
         if count <= 0:
             return Proposal()
+        decoded = self.draft.decode_seconds
         row = self.draft.row_after(tokens)
         drafted: list[int] = []
         constraint = self.constraint
@@ -154,7 +163,7 @@ class DraftModelProposer:
         finally:
             if constraint is not None:
                 constraint.rollback(consumed)
-        return Proposal(drafted, proposer="draft")
+        return Proposal(drafted, proposer="draft", decode_seconds=self.draft.decode_seconds - decoded)
 
 
 def _top_probability(logits: np.ndarray) -> float:

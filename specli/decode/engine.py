@@ -310,7 +310,8 @@ class Engine:
                           proposal.proposer if draft else "", proposal.support[: len(draft)],
                           proposal.agreeing[: len(draft)], asked,
                           # (the costs price batches whose every row has logits)
-                          0.0 if forced else self.policy.price(len(draft)), forced=len(forced))
+                          0.0 if forced else self.policy.price(len(draft)), forced=len(forced),
+                          draft_decode_seconds=proposal.decode_seconds)
         self.stats.record(step)
         self.policy.record(step)
         committed = forced + draft[:accepted] + [written]

@@ -29,7 +29,7 @@ class StepRecord:
 
     drafted: int
     accepted: int
-    draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes)
+    draft_seconds: float  # proposing (n-gram lookup, or the draft model's decodes and its loop)
     verify_seconds: float  # the target's batched decode of [last] + draft
     read_seconds: float  # reading rows to accept (a vocabulary-sized scan each, or a device's few candidates)
     loop_seconds: float  # since the previous step's read: emitting text, rendering, bookkeeping
@@ -46,6 +46,8 @@ class StepRecord:
     # Tokens the constraint forced ahead of the draft ("grammar"): certain, never verified,
     # so not counted in `drafted` or `accepted`.
     forced: int = 0
+    # Of draft_seconds, the draft model's decodes (Proposal.decode_seconds); the rest is the host's.
+    draft_decode_seconds: float = 0.0
 
     @property
     def rows_read(self) -> int:
@@ -72,6 +74,7 @@ class Stats:
     prefill_seconds: float = 0.0
     seconds: float = 0.0  # generation time after the prompt's decode
     draft_seconds: float = 0.0
+    draft_decode_seconds: float = 0.0  # of draft_seconds, the draft model's decodes
     verify_seconds: float = 0.0
     read_seconds: float = 0.0
     finish_reason: str = ""
@@ -90,6 +93,7 @@ class Stats:
         self.forced += step.forced
         self.rows_read += step.rows_read
         self.draft_seconds += step.draft_seconds
+        self.draft_decode_seconds += step.draft_decode_seconds
         self.verify_seconds += step.verify_seconds
         self.read_seconds += step.read_seconds
         if step.priced_seconds > 0:
@@ -108,7 +112,8 @@ class Stats:
                     draft_model=runs[0].draft_model if runs else "")
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
-                         "prefill_seconds", "seconds", "draft_seconds", "verify_seconds", "read_seconds"):
+                         "prefill_seconds", "seconds", "draft_seconds", "draft_decode_seconds", "verify_seconds",
+                         "read_seconds"):
                 setattr(total, name, getattr(total, name) + getattr(run, name))
             for name in ("draft_lengths", "accept_lengths"):
                 mine, theirs = getattr(total, name), getattr(run, name)
@@ -162,8 +167,9 @@ class Stats:
 
     @property
     def overhead_seconds(self) -> float:
-        """Time outside proposing and the target's decodes: the loop, and the logits reads."""
-        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+        """Time outside the models' decodes (Python's share): the loop, the logits reads, and
+        proposing's own work (n-gram lookup, the draft model's loop around its decodes)."""
+        return max(0.0, self.seconds - self.draft_decode_seconds - self.verify_seconds)
 
     @property
     def python_overhead_ms_per_step(self) -> float:
@@ -171,7 +177,7 @@ class Stats:
 
     @property
     def loop_overhead_ms_per_step(self) -> float:
-        """The overhead less the logits reads: what a step costs whatever its length."""
+        """The overhead less the target's logits reads (the draft loop's stay in)."""
         return 1000 * max(0.0, self.overhead_seconds - self.read_seconds) / self.steps if self.steps else 0.0
 
     @property

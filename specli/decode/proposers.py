@@ -24,6 +24,9 @@ class Proposal:
     # continue with it (they agree with the whole draft up to it). Empty: one occurrence.
     support: tuple[float, ...] = ()
     agreeing: tuple[int, ...] = ()
+    # Seconds inside the draft model's decodes while it was made (0: lookup's). The rest of
+    # proposing is the host's own work: lookup, the draft loop's row reads and bookkeeping.
+    decode_seconds: float = 0.0
 
 
 class Proposer(Protocol):

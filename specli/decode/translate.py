@@ -149,10 +149,11 @@ class TranslatedDraft:
             return Proposal()  # nothing to continue yet, or the text ends inside a character
         # Enough draft tokens for count + 1 target tokens: the last is held back.
         wanted = max(1, math.ceil((count + 1) * self._ratio))
-        drafted = self.model.propose(sequence, wanted).tokens
+        inner = self.model.propose(sequence, wanted)
+        drafted = inner.tokens
         ended = next((i for i, token in enumerate(drafted) if self.draft.is_end_of_generation(token)), len(drafted))
         text = b"".join(self.draft.piece(token) for token in drafted[:ended])
-        return Proposal(self._target_tokens(text)[:count], proposer="draft")
+        return Proposal(self._target_tokens(text)[:count], proposer="draft", decode_seconds=inner.decode_seconds)
 
     def _fits(self, sequence: list[int]) -> bool:
         """Whether the draft's context holds its tokens for the text (it may need more of them
