@@ -29,6 +29,18 @@ class DecoderModel(Protocol):
     def close(self) -> None: ...
 
 
+class Drafter(Protocol):
+    """What DraftModelProposer drafts from: a DraftModel, or a target's NextN layers
+    (specli.decode.mtp.NextnDraft)."""
+
+    n_ctx: int
+
+    def behind(self, tokens: list[int]) -> int: ...
+    def prepare(self, prompt: list[int]) -> None: ...
+    def row_after(self, tokens: list[int]) -> np.ndarray: ...
+    def extend(self, token: int) -> np.ndarray: ...
+
+
 class DraftModel:
     """A loaded draft model whose KV cache follows the committed sequence incrementally:
     only new tokens are decoded, rejected ones are removed."""
@@ -36,6 +48,10 @@ class DraftModel:
     def __init__(self, model: DecoderModel) -> None:
         self.model = model
         self.cached: list[int] = []  # tokens in its KV cache, in order
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
 
     def behind(self, tokens: list[int]) -> int:
         """Tokens it must decode before it can draft after `tokens`."""
@@ -95,7 +111,7 @@ class DraftModelProposer:
     translated = False
     prior = None
 
-    def __init__(self, draft: DraftModel, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
+    def __init__(self, draft: Drafter, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
                  *, keyed: bool = True, constraint: Matcher | None = None) -> None:
         self.draft = draft
         self.constraint = constraint
@@ -116,7 +132,7 @@ class DraftModelProposer:
     def propose(self, tokens: list[int], count: int) -> Proposal:
         if not tokens:
             return Proposal()  # nothing to continue (drafting through text before any text)
-        count = min(count, self.draft.model.n_ctx - len(tokens))  # the draft's own context
+        count = min(count, self.draft.n_ctx - len(tokens))  # the draft's own context
         if count <= 0:
             return Proposal()
         row = self.draft.row_after(tokens)
@@ -154,7 +170,7 @@ class DraftModelProposer:
         finally:
             if constraint is not None:
                 constraint.rollback(consumed)
-        return Proposal(drafted, proposer="draft")
+        return Proposal(drafted, proposer=self.name)
 
 
 def _top_probability(logits: np.ndarray) -> float:
