@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import zlib
@@ -103,8 +104,7 @@ class MtpSpec:
         return names
 
 
-# The trunk writes each token's successor about 88% of the time; the NextN layer's greedy
-# drafts are kept 86%, 80% and 77% of the time at 1, 2 and 3 draft tokens a step (tests/test_mtp.py).
+# Drafts mostly kept and sometimes rejected (figures: benchmarks/README.md, "Synthetic models").
 TINY_MTP = MtpSpec(n_layer=2, n_nextn=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, trunk_scale=0.55)
 
 
@@ -368,6 +368,7 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
     return path
 
 
+@functools.lru_cache(maxsize=2)
 def _tensors(path: str | os.PathLike[str]) -> tuple[gguf.GGUFReader, dict[str, np.ndarray]]:
     reader = gguf.GGUFReader(path)
     return reader, {tensor.name: np.asarray(tensor.data, dtype=np.float32) for tensor in reader.tensors}
