@@ -80,11 +80,11 @@ class MtpSpec:
         every NextN block (as MiMo-2's converter writes them) within the window."""
         return [0] + [1] * (self.n_layer - 1) + [1] * self.n_nextn
 
-    def tensors(self, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-        """(name, numpy shape) of every tensor, in file order."""
+    def tensors(self, n_vocab: int, nextn: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, numpy shape) of every tensor, in file order (`nextn` False: the trunk's only)."""
         d = self.n_embd
         names = [("token_embd.weight", (n_vocab, d))]
-        for i in range(self.n_layer + self.n_nextn):
+        for i in range(self.n_layer + (self.n_nextn if nextn else 0)):
             names += [
                 (f"blk.{i}.attn_norm.weight", (d,)),
                 (f"blk.{i}.attn_qkv.weight", (self.n_qkv, d)),
@@ -194,8 +194,11 @@ def write_mtp_model(
     vocab: Vocabulary | str | os.PathLike[str] | None = None,
     seed: int = 0,
     name: str = "specli-synthetic-mtp",
+    trunk_only: bool = False,
 ) -> Path:
-    """Write a MiMo-2 GGUF with `spec.n_nextn` NextN blocks and a real tokenizer; return its path."""
+    """Write a MiMo-2 GGUF with `spec.n_nextn` NextN blocks and a real tokenizer; return its
+    path. `trunk_only`: the blocks are declared but their tensors left out, as in a GGUF whose
+    NextN layers ship in a separate MTP file."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
     if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
@@ -206,7 +209,7 @@ def write_mtp_model(
     partial = path.with_name(path.name + ".partial")
     writer = gguf.GGUFWriter(partial, ARCH)
     _write_header(writer, spec, vocab, name)
-    tensors = spec.tensors(vocab.n_tokens)
+    tensors = spec.tensors(vocab.n_tokens, nextn=not trunk_only)
     for tensor_name, shape in tensors:
         item = np.dtype(np.float32) if len(shape) == 1 else matrix_dtype
         writer.add_tensor_info(tensor_name, shape, item, int(np.prod(shape)) * item.itemsize)
@@ -281,14 +284,16 @@ class HybridSpec:
                     (f"blk.{i}.attn_qkv.weight", (3 * inner, d)), (f"blk.{i}.attn_gate.weight", (inner, d)),
                     (f"blk.{i}.ssm_conv1d.weight", (3 * inner, self.conv_kernel)),
                     (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)),
-                    (f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)), (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d)),
+                    (f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
+                    (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d)),
                     (f"blk.{i}.ssm_norm.weight", (self.ssm_head_dim,)), (f"blk.{i}.ssm_out.weight", (d, inner)),
                 ]
             else:  # attention: the query projection writes a gate beside each head's query
                 names += [
                     (f"blk.{i}.attn_q.weight", (2 * d, d)), (f"blk.{i}.attn_k.weight", (kv, d)),
                     (f"blk.{i}.attn_v.weight", (kv, d)), (f"blk.{i}.attn_output.weight", (d, d)),
-                    (f"blk.{i}.attn_q_norm.weight", (self.head_dim,)), (f"blk.{i}.attn_k_norm.weight", (self.head_dim,)),
+                    (f"blk.{i}.attn_q_norm.weight", (self.head_dim,)),
+                    (f"blk.{i}.attn_k_norm.weight", (self.head_dim,)),
                 ]
             names += [(f"blk.{i}.ffn_gate.weight", (self.n_ff, d)), (f"blk.{i}.ffn_up.weight", (self.n_ff, d)),
                       (f"blk.{i}.ffn_down.weight", (d, self.n_ff))]
@@ -333,7 +338,8 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
         "context_length": (spec.context_length, u32), "embedding_length": (spec.n_embd, u32),
         "block_count": (spec.n_layer + 1, u32), "nextn_predict_layers": (1, u32),
         "feed_forward_length": (spec.n_ff, u32), "attention.head_count": (spec.n_head, u32),
-        "attention.head_count_kv": (spec.n_head_kv, u32), "attention.layer_norm_rms_epsilon": (1e-6, GGUFValueType.FLOAT32),
+        "attention.head_count_kv": (spec.n_head_kv, u32),
+        "attention.layer_norm_rms_epsilon": (1e-6, GGUFValueType.FLOAT32),
         "rope.dimension_count": (spec.head_dim // 2, u32), "rope.freq_base": (10000.0, GGUFValueType.FLOAT32),
         "full_attention_interval": (spec.full_attention_interval, u32), "ssm.conv_kernel": (spec.conv_kernel, u32),
         "ssm.state_size": (spec.ssm_head_dim, u32), "ssm.group_count": (spec.ssm_heads, u32),

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.synthetic_mtp import head_logits, output_logits, write_tiny_hybrid, write_tiny_mtp
+from benchmarks.synthetic_mtp import (TINY_MTP, head_logits, output_logits, write_mtp_model, write_tiny_hybrid,
+                                      write_tiny_mtp)
 from specli.decode.engine import Engine
 from specli.decode.events import Finished, Token
 from specli.decode.mtp import MtpProposer, NextnDraft
@@ -77,6 +78,13 @@ def test_a_target_without_nextn_layers_is_refused_in_one_line(smollm_path):
         mtp.load_target(smollm_path)
     assert raised.value.exit_code == 2
     assert "no NextN (MTP) layers" in raised.value.message and "\n" not in str(raised.value)
+
+
+def test_a_target_whose_nextn_layers_are_in_another_file_is_refused_in_one_line(tmp_path):
+    path = write_mtp_model(tmp_path / "trunk-only.gguf", TINY_MTP, trunk_only=True)
+    assert mtp.nextn_layers(path) == 0
+    with pytest.raises(MtpUnavailableError, match="declares 1 NextN .MTP. layers but holds none of their tensors"):
+        mtp.load_target(path)
 
 
 def test_a_build_without_the_api_is_refused_naming_what_it_lacks(files, monkeypatch):

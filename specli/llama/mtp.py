@@ -30,7 +30,7 @@ import numpy as np
 
 from specli.errors import MtpUnavailableError
 from specli.llama.backend import DecodeError, LoadSettings, Model
-from specli.llama.gguf_header import read_metadata
+from specli.llama.gguf_header import read_header
 
 try:  # llama.cpp's staging API (llama-ext.h): its module fails to import where a symbol is missing
     from llama_cpp import llama_cpp_ext as _ext
@@ -65,12 +65,23 @@ def supports_mtp() -> bool:
     return unsupported_reason() is None
 
 
+def _declared_and_held(path: Path | str) -> tuple[int, bool]:
+    """The NextN layers the GGUF's header declares, and whether the file holds the first
+    one's tensors (a trunk-only file leaves them to an MTP sidecar GGUF)."""
+    header = read_header(path)
+    arch = header.metadata.get("general.architecture", "")
+    declared, blocks = (header.metadata.get(f"{arch}.{key}", 0) for key in ("nextn_predict_layers", "block_count"))
+    if not isinstance(declared, int) or not isinstance(blocks, int) or declared <= 0:
+        return 0, False
+    probe = f"blk.{blocks - declared}.nextn.eh_proj.weight"
+    return declared, any(tensor.name == probe for tensor in header.tensors)
+
+
 def nextn_layers(path: Path | str) -> int:
-    """How many NextN layers the GGUF at `path` declares (its header's
-    `{arch}.nextn_predict_layers`; 0 where it has none), read without llama.cpp."""
-    metadata = read_metadata(path)
-    value = metadata.get(f"{metadata.get('general.architecture', '')}.nextn_predict_layers", 0)
-    return int(value) if isinstance(value, int) else 0
+    """How many NextN layers the GGUF at `path` holds (0: none, or only declared), read
+    from its header without llama.cpp."""
+    declared, held = _declared_and_held(path)
+    return declared if held else 0
 
 
 def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **model_options) -> Model:
@@ -82,8 +93,11 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **mod
     reason = unsupported_reason()
     if reason is not None:
         raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
-    if nextn_layers(path) <= 0:
-        raise MtpUnavailableError(f"{Path(path).name} has no NextN (MTP) layers to draft with",
+    declared, held = _declared_and_held(path)
+    if not held:
+        where = f"declares {declared} NextN (MTP) layers but holds none of their tensors" if declared else \
+            "has no NextN (MTP) layers to draft with"
+        raise MtpUnavailableError(f"{Path(path).name} {where}",
                                   "use a GGUF converted with its MTP layers, or another --draft")
     target = Model(path, settings, load_mtp=True, **model_options)
     if llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
