@@ -79,6 +79,8 @@ class NextnDraft:
         """The first layer's logits for the token after `tokens`, whose last is not in the
         target's cache yet (the engine's `last`)."""
         last = len(tokens) - 1
+        # The draft's first entry is decoded alone, after the catch-up: a one-entry decode's
+        # state is its own on every architecture (MtpHeads.decode).
         self._catch_up(0, tokens[:last])
         self._committed, self._tokens = tokens, [tokens[last]]
         self._states = [self.heads.target_hidden(last - 1, 1)[0]]

@@ -112,7 +112,8 @@ class MtpHeads:
     """The MTP context(s) over a target from `load_target`: one for a single NextN layer,
     one per layer for chained layers. Each appends entries (token, hidden-state row) and
     gives the logits and the hidden state it writes after the last; `rewind` forgets
-    positions. The target's hidden states are kept by position as it decodes them."""
+    positions. The target's hidden states are kept by position as it decodes them: n_ctx
+    rows of n_embd floats at most (16 KB a position at n_embd 4096)."""
 
     def __init__(self, target: Model) -> None:
         reason = unsupported_reason()
@@ -178,7 +179,10 @@ class MtpHeads:
     def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append entries (tokens[i], hidden[i]) at positions start + i to `layer`'s context
         (0 for a single NextN layer); (the logits row after the last, its hidden state),
-        both copies."""
+        both copies. The state is the last entry's for a one-entry decode; for a longer one
+        only on architectures whose MTP graph keeps the output rows before the state
+        (MiMo-2, Step-3.5: those that chain layers), as GLM-4.x's, DeepSeek's and
+        Qwen3.5's put out the batch's first rows."""
         context, batch = self._contexts[layer], self._batches[layer]
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         done = 0
