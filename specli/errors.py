@@ -53,3 +53,8 @@ class OfflineError(HubError):
 
 class CalibrationError(SpecliError):
     """The machine was too busy to measure a model's costs: nothing was stored."""
+
+
+class MtpUnavailableError(UsageError):
+    """Drafting with a target's own NextN (multi-token prediction) layers cannot work: this
+    build of llama.cpp lacks its MTP API, or the target has no NextN layers."""

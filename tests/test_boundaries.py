@@ -78,8 +78,8 @@ def test_no_import_cycle_in_specli():
     assert cycle(graph) == []
 
 
-def test_only_backend_imports_llama_cpp():
-    assert importers("llama_cpp") == {"llama/backend.py"}
+def test_only_backend_and_the_mtp_binding_import_llama_cpp():
+    assert importers("llama_cpp") == {"llama/backend.py", "llama/mtp.py"}
 
 
 def test_only_the_constraint_module_imports_llguidance():

@@ -30,6 +30,19 @@ class DecoderModel(Protocol):
     def close(self) -> None: ...
 
 
+class Drafter(Protocol):
+    """What DraftModelProposer drafts from: a DraftModel, or a target's NextN layers
+    (specli.decode.mtp.NextnDraft)."""
+
+    n_ctx: int
+    decode_seconds: float  # inside its decodes, all told
+
+    def behind(self, tokens: list[int]) -> int: ...
+    def prepare(self, prompt: list[int]) -> None: ...
+    def row_after(self, tokens: list[int]) -> np.ndarray: ...
+    def extend(self, token: int) -> np.ndarray: ...
+
+
 class DraftModel:
     """A loaded draft model whose KV cache follows the committed sequence incrementally:
     only new tokens are decoded, rejected ones are removed."""
@@ -44,6 +57,10 @@ class DraftModel:
         rows = self.model.decode(tokens)
         self.decode_seconds += time.perf_counter() - started
         return rows
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
 
     def behind(self, tokens: list[int]) -> int:
         """Tokens it must decode before it can draft after `tokens`."""
@@ -103,7 +120,7 @@ class DraftModelProposer:
     translated = False
     prior = None
 
-    def __init__(self, draft: DraftModel, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
+    def __init__(self, draft: Drafter, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
                  *, keyed: bool = True, constraint: Matcher | None = None) -> None:
         self.draft = draft
         self.constraint = constraint
@@ -124,7 +141,7 @@ class DraftModelProposer:
     def propose(self, tokens: list[int], count: int) -> Proposal:
         if not tokens:
             return Proposal()  # nothing to continue (drafting through text before any text)
-        count = min(count, self.draft.model.n_ctx - len(tokens))  # the draft's own context
+        count = min(count, self.draft.n_ctx - len(tokens))  # the draft's own context
         if count <= 0:
             return Proposal()
         decoded = self.draft.decode_seconds
@@ -163,7 +180,7 @@ class DraftModelProposer:
         finally:
             if constraint is not None:
                 constraint.rollback(consumed)
-        return Proposal(drafted, proposer="draft", decode_seconds=self.draft.decode_seconds - decoded)
+        return Proposal(drafted, proposer=self.name, decode_seconds=self.draft.decode_seconds - decoded)
 
 
 def _top_probability(logits: np.ndarray) -> float:

@@ -14,7 +14,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 # Whether numpy's libraries were loaded before llama.cpp's (see _warn_import_order).
 _NUMPY_FIRST = "numpy" in sys.modules
@@ -115,6 +115,9 @@ class LoadSettings:
     threads: int | None = None
     repack: bool = True  # llama.cpp's weight repacking (faster CPU kernels; batch-dependent rounding)
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) that take layers before the local devices
+    # A recurrent or hybrid model's states kept after each of its last decoded tokens, so that
+    # `rewind` can remove up to this many of them (llama.cpp's n_rs_seq; others ignore it).
+    recurrent_snapshots: int = 0
 
 
 class _TensorPlacement(ctypes.Structure):
@@ -172,10 +175,12 @@ DEVICE_CANDIDATES = 8
 
 
 class Model:
-    """One GGUF model with one llama.cpp context and a single sequence (id 0)."""
+    """One GGUF model with one llama.cpp context and a single sequence (id 0). `load_mtp`:
+    with the GGUF's NextN (multi-token prediction) layers, which llama.cpp skips otherwise
+    (specli.llama.mtp drafts with them)."""
 
     def __init__(self, path: Path | str, settings: LoadSettings = LoadSettings(), *, verbose: bool = False,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, load_mtp: bool = False) -> None:
         self.path = Path(path)
         self._template_override = chat_template  # --chat-template-file: in place of the GGUF's
         check_gguf_file(self.path)
@@ -187,6 +192,7 @@ class Model:
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack
+        model_params.load_mtp = load_mtp  # (a build without the field ignores it: specli.llama.mtp checks first)
         keep = _place_on_servers(model_params, settings.rpc) if settings.rpc else []
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), model_params)
         del keep
@@ -204,9 +210,9 @@ class Model:
         ctx_params.n_batch = settings.batch_size
         ctx_params.n_ubatch = settings.batch_size
         threads = settings.threads or os.cpu_count() or 1
-        ctx_params.n_threads = threads
-        ctx_params.n_threads_batch = threads
+        ctx_params.n_threads = ctx_params.n_threads_batch = threads
         ctx_params.no_perf = True
+        ctx_params.n_rs_seq = settings.recurrent_snapshots
         # A device sampler (decode_argmax) may choose at every row of a batch, not only one.
         ctx_params.n_outputs_max_per_seq = settings.batch_size
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
@@ -231,6 +237,18 @@ class Model:
         self._logits_address = 0
         self._decodes = 0  # decodes so far: what a DeviceChoices was read from
         self._last_batch: tuple[list[int], bool] = ([], False)  # the last llama_decode's tokens, all rows out
+        # After each llama_decode, while its outputs are readable: (first position, token count).
+        self.on_decode: Callable[[int, int], None] | None = None
+
+    @property
+    def model_handle(self):
+        """llama.cpp's model (a llama_model pointer), for specli.llama.mtp."""
+        return self._model
+
+    @property
+    def context_handle(self):
+        """llama.cpp's context (a llama_context pointer), for specli.llama.mtp."""
+        return self._ctx
 
     # --- batch and decode ---------------------------------------------------
 
@@ -300,6 +318,8 @@ class Model:
             if status != 0:
                 self.rewind(self.n_past)  # drop whatever a failed decode left behind
                 raise DecodeError(status, self.path)
+            if self.on_decode is not None:
+                self.on_decode(self.n_past, n)
             self.n_past += n
             start += n
         self._last_batch = (chunk, all_rows)

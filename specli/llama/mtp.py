@@ -1,0 +1,233 @@
+"""The one owner of llama.cpp's multi-token-prediction (MTP, "NextN") binding.
+
+Some GGUFs carry NextN layers after their trunk (MiMo-2, GLM-4.x, DeepSeek, Qwen3.5): each
+is a decoder block that reads a token's embedding beside the trunk's hidden state at the
+position before it, and predicts the token after it. llama.cpp runs them in an MTP context
+over the target's own weights (`LLAMA_CONTEXT_TYPE_MTP`, `ctx_other`), fed through the
+extended batch API with one hidden-state row per token; the target outputs those rows for
+every token it decodes once its NextN embeddings are on (`llama_set_embeddings_nextn`,
+unmasked). The API is new and marked unstable, so only this module touches it.
+
+Invariants:
+- MTP entry q holds (token q, the target's hidden state at q - 1); entry 0 a zero state, as
+  in llama.cpp's `draft-mtp`. An entry's inputs depend only on tokens 0..q, so a cache that
+  matches the committed tokens up to q is valid up to q.
+- `MtpHeads.hidden_rows` mirrors the target's KV cache: the row of every position below the
+  target's n_past is the one its current content wrote (each decode overwrites the rows of
+  its positions; a rewind only lowers n_past).
+- A model with one NextN layer drafts at any depth, the layer reading its own last state;
+  with several, step i is drafted by layer i (llama.cpp's chained heads), so the depth is
+  their number. Each chained layer has its own context, so each cache is written by one layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp as llama
+import numpy as np
+
+from specli.errors import MtpUnavailableError
+from specli.llama.backend import DecodeError, LoadSettings, Model
+from specli.llama.gguf_header import read_header
+
+try:  # llama.cpp's staging API (llama-ext.h): its module fails to import where a symbol is missing
+    from llama_cpp import llama_cpp_ext as _ext
+except (ImportError, AttributeError, OSError) as _error:
+    _ext = None
+    _EXT_MISSING = str(_error)
+
+_BINDING_NAMES = ("LLAMA_CONTEXT_TYPE_MTP", "llama_model_n_layer_nextn", "llama_embd", "llama_process",
+                  "llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_clear", "llama_batch_ext_add_token",
+                  "llama_batch_ext_set_pos", "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits")
+_EXT_NAMES = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith",
+              "llama_set_nextn_layer_offset")
+_HINT = "install a llama-cpp-python with llama.cpp's MTP API (0.3.36 or later), or draft with another --draft"
+
+
+def unsupported_reason() -> str | None:
+    """Why this build of llama-cpp-python cannot draft with NextN layers; None where it can."""
+    missing = [name for name in _BINDING_NAMES if not hasattr(llama, name)]
+    fields = {name for name, _ in getattr(llama.llama_model_params, "_fields_", ())}
+    fields |= {name for name, _ in getattr(llama.llama_context_params, "_fields_", ())}
+    missing += [name for name in ("load_mtp", "ctx_type", "ctx_other") if name not in fields]
+    if _ext is None:
+        return f"llama-cpp-python {getattr(llama, '__version__', '?')} has no MTP staging API ({_EXT_MISSING})"
+    missing += [name for name in _EXT_NAMES if not hasattr(_ext, name)]
+    if missing:
+        return f"llama-cpp-python {getattr(llama, '__version__', '?')} lacks {', '.join(missing)}"
+    return None
+
+
+def supports_mtp() -> bool:
+    """Whether this build can draft with a target's NextN layers (for `doctor`)."""
+    return unsupported_reason() is None
+
+
+def _declared_and_held(path: Path | str) -> tuple[int, bool]:
+    """The NextN layers the GGUF's header declares, and whether the file holds the first
+    one's tensors (a trunk-only file leaves them to an MTP sidecar GGUF)."""
+    header = read_header(path)
+    arch = header.metadata.get("general.architecture", "")
+    declared, blocks = (header.metadata.get(f"{arch}.{key}", 0) for key in ("nextn_predict_layers", "block_count"))
+    if not isinstance(declared, int) or not isinstance(blocks, int) or declared <= 0:
+        return 0, False
+    probe = f"blk.{blocks - declared}.nextn.eh_proj.weight"
+    return declared, any(tensor.name == probe for tensor in header.tensors)
+
+
+def nextn_layers(path: Path | str) -> int:
+    """How many NextN layers the GGUF at `path` holds (0: none, or only declared), read
+    from its header without llama.cpp."""
+    declared, held = _declared_and_held(path)
+    return declared if held else 0
+
+
+def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **model_options) -> Model:
+    """The target at `path` loaded with its NextN layers and its hidden states put out for
+    every decoded token, ready for `MtpHeads`. Plain decoding compared with MTP drafting
+    loads the target this way too: the hidden states keep the trunk's last layer running on
+    every row, which may round its logits differently. MtpUnavailableError where this build
+    or the file cannot draft this way."""
+    reason = unsupported_reason()
+    if reason is not None:
+        raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
+    declared, held = _declared_and_held(path)
+    if not held:
+        where = f"declares {declared} NextN (MTP) layers but holds none of their tensors" if declared else \
+            "has no NextN (MTP) layers to draft with"
+        raise MtpUnavailableError(f"{Path(path).name} {where}",
+                                  "use a GGUF converted with its MTP layers, or another --draft")
+    target = Model(path, settings, load_mtp=True, **model_options)
+    if llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
+        target.close()
+        raise MtpUnavailableError(f"llama.cpp loaded no NextN layers from {Path(path).name}",
+                                  "use a GGUF converted with its MTP layers, or another --draft")
+    _ext.llama_set_embeddings_nextn(target.context_handle, True, False)
+    return target
+
+
+class MtpHeads:
+    """The MTP context(s) over a target from `load_target`: one for a single NextN layer,
+    one per layer for chained layers. Each appends entries (token, hidden-state row) and
+    gives the logits and the hidden state it writes after the last; `rewind` forgets
+    positions. The target's hidden states are kept by position as it decodes them: n_ctx
+    rows of n_embd floats at most (16 KB a position at n_embd 4096)."""
+
+    def __init__(self, target: Model) -> None:
+        reason = unsupported_reason()
+        if reason is not None:
+            raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
+        self.target = target
+        self.layers = int(llama.llama_model_n_layer_nextn(target.model_handle))
+        if self.layers <= 0:
+            raise MtpUnavailableError(f"{target.path.name} was loaded without NextN layers",
+                                      "load it with specli.llama.mtp.load_target")
+        self.depth: int | None = self.layers if self.layers > 1 else None  # None: any depth
+        self.n_embd = int(llama.llama_model_n_embd_out(target.model_handle))
+        self.n_vocab = target.n_vocab
+        self.n_ctx = target.n_ctx
+        self._contexts: list = []
+        self._batches: list = []
+        self.hidden_rows = np.zeros((0, self.n_embd), dtype=np.float32)  # by target position
+        for layer in range(self.layers if self.depth else 1):
+            self._open(layer)
+        _ext.llama_set_embeddings_nextn(target.context_handle, True, False)  # as load_target left it
+        target.on_decode = self._keep_hidden
+
+    def _open(self, layer: int) -> None:
+        params = llama.llama_context_default_params()
+        params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = self.target.context_handle
+        params.n_ctx = self.n_ctx
+        params.n_batch = params.n_ubatch = self.target.batch_size
+        params.n_threads = llama.llama_n_threads(self.target.context_handle)
+        params.n_threads_batch = llama.llama_n_threads_batch(self.target.context_handle)
+        params.no_perf = True
+        context = llama.llama_init_from_model(self.target.model_handle, params)
+        if not context:
+            self.close()
+            raise MtpUnavailableError(f"llama.cpp could not create an MTP context for {self.target.path.name}",
+                                      "rerun with --verbose for llama.cpp's reason")
+        self._contexts.append(context)
+        _ext.llama_set_embeddings_nextn(context, True, True)  # the state after each output row
+        _ext.llama_set_nextn_layer_offset(context, layer)
+        self._batches.append(llama.llama_batch_ext_init(context))
+
+    def _keep_hidden(self, first: int, count: int) -> None:
+        """After a target decode of positions [first, first + count): keep their hidden rows."""
+        pointer = _ext.llama_get_embeddings_nextn(self.target.context_handle)
+        end = first + count
+        if end > len(self.hidden_rows):
+            grown = np.zeros((min(max(end, 2 * len(self.hidden_rows), 64), max(self.n_ctx, end)), self.n_embd),
+                             dtype=np.float32)
+            grown[: len(self.hidden_rows)] = self.hidden_rows
+            self.hidden_rows = grown
+        self.hidden_rows[first:end] = np.ctypeslib.as_array(pointer, shape=(count, self.n_embd))
+
+    def target_hidden(self, first: int, count: int) -> np.ndarray:
+        """The target's hidden rows at positions [first, first + count) (position -1: zeros),
+        each one the target wrote for what its cache holds there now."""
+        if first + count > self.target.n_past:
+            raise RuntimeError(f"the target holds {self.target.n_past} positions, not {first + count}")
+        rows = np.zeros((count, self.n_embd), dtype=np.float32)
+        start = max(first, 0)
+        rows[start - first :] = self.hidden_rows[start : first + count]
+        return rows
+
+    def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Append entries (tokens[i], hidden[i]) at positions start + i to `layer`'s context
+        (0 for a single NextN layer); (the logits row after the last, its hidden state),
+        both copies. The state is the last entry's for a one-entry decode; for a longer one
+        only on architectures whose MTP graph keeps the output rows before the state
+        (MiMo-2, Step-3.5: those that chain layers), as GLM-4.x's, DeepSeek's and
+        Qwen3.5's put out the batch's first rows."""
+        context, batch = self._contexts[layer], self._batches[layer]
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        done = 0
+        while done < len(tokens):
+            count = min(len(tokens) - done, self.target.batch_size)
+            llama.llama_batch_ext_clear(batch)
+            for i in range(done, done + count):
+                self._add(batch, tokens[i], start + i, hidden[i], i == len(tokens) - 1)
+            status = llama.llama_process(context, llama.LLAMA_PROCESS_TYPE_DECODE, batch)
+            if status != 0:
+                raise DecodeError(status, self.target.path, "failed to decode a batch of its MTP layers")
+            done += count
+        index = (len(tokens) - 1) % self.target.batch_size
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(context, index), shape=(self.n_vocab,))
+        state = np.ctypeslib.as_array(_ext.llama_get_embeddings_nextn_ith(context, index), shape=(self.n_embd,))
+        return logits.copy(), state.copy()
+
+    def _add(self, batch, token: int, position: int, row: np.ndarray, output: bool) -> None:
+        index = llama.llama_batch_ext_add_token(batch, 0, token)
+        if index < 0:
+            raise DecodeError(index, self.target.path, "could not add a token to an MTP batch")
+        # The row is copied into the batch at once (llama_batch_ext keeps its own embeddings).
+        embedding = llama.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        llama.llama_batch_ext_set_pos(batch, index, ctypes.byref(llama.llama_pos(position)))
+        llama.llama_batch_ext_set_embd_token(batch, index, embedding)
+        llama.llama_batch_ext_set_output_logits(batch, index, output)
+
+    def rewind(self, layer: int, n_keep: int) -> None:
+        """Forget `layer`'s entries from position n_keep on."""
+        memory = llama.llama_get_memory(self._contexts[layer])
+        if not llama.llama_memory_seq_rm(memory, 0, n_keep, -1):
+            raise DecodeError(-1, self.target.path, f"could not remove MTP positions {n_keep}..")
+
+    def close(self) -> None:
+        """Free the MTP contexts (before the target they read)."""
+        if self.target.on_decode == self._keep_hidden:
+            self.target.on_decode = None
+        for batch in self._batches:
+            llama.llama_batch_ext_free(batch)
+        for context in self._contexts:
+            llama.llama_free(context)
+        self._batches, self._contexts = [], []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

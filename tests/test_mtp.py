@@ -1,0 +1,219 @@
+"""MTP drafting: a target's own NextN layers draft from its hidden states (specli.llama.mtp,
+specli.decode.mtp), on tiny MiMo-2 models written here (benchmarks/synthetic_mtp.py).
+
+Their weights make the next token predictable and the NextN layers predict it most of the
+time, so drafts are kept where the binding is right and rejected where it is not. With
+`head_scale` 0 a NextN layer adds nothing, and its logits have a closed form that pins down
+what it reads: which token, and whose hidden state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.synthetic_mtp import (TINY_MTP, head_logits, output_logits, write_mtp_model, write_tiny_hybrid,
+                                      write_tiny_mtp)
+from specli.decode.engine import Engine
+from specli.decode.events import Finished, Token
+from specli.decode.mtp import MtpProposer, NextnDraft
+from specli.decode.policy import FixedDraftPolicy
+from specli.decode.proposers import NoProposer
+from specli.decode.request import GenerationRequest
+from specli.decode.sampling import SamplingSettings
+from specli.errors import MtpUnavailableError
+from specli.llama import mtp
+from specli.llama.backend import DecodeError, LoadSettings
+
+pytestmark = pytest.mark.slow  # loads models
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Then"
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mtp")
+    return {
+        "one": write_tiny_mtp(folder),
+        "chained": write_tiny_mtp(folder, heads=3),
+        "closed": write_tiny_mtp(folder, head_scale=0.0),
+        "hybrid": write_tiny_hybrid(folder),
+    }
+
+
+def load(path, snapshots: int = 0):
+    settings = LoadSettings(ctx_size=512, batch_size=64, threads=1, recurrent_snapshots=snapshots)
+    target = mtp.load_target(path, settings)
+    return target, mtp.MtpHeads(target)
+
+
+@pytest.fixture(scope="module", params=["one", "chained"])
+def loaded(request, files):
+    target, heads = load(files[request.param])
+    yield target, heads
+    heads.close()
+    target.close()
+
+
+def generate(target, proposer, k: int, prompt: list[int], request: GenerationRequest | None = None):
+    engine = Engine(target, proposer, FixedDraftPolicy(k), request or GenerationRequest(max_tokens=MAX_TOKENS))
+    *events, finished = list(engine.generate(prompt))
+    assert isinstance(finished, Finished)
+    return [e for e in events if isinstance(e, Token) and e.id >= 0], finished.stats
+
+
+# --- the build and the file ------------------------------------------------------------------
+
+
+def test_this_build_has_the_mtp_api_and_the_files_declare_their_layers(files, smollm_path):
+    assert mtp.unsupported_reason() is None and mtp.supports_mtp()
+    assert mtp.nextn_layers(files["one"]) == 1
+    assert mtp.nextn_layers(files["chained"]) == 3
+    assert mtp.nextn_layers(smollm_path) == 0
+
+
+def test_a_target_without_nextn_layers_is_refused_in_one_line(smollm_path):
+    with pytest.raises(MtpUnavailableError) as raised:
+        mtp.load_target(smollm_path)
+    assert raised.value.exit_code == 2
+    assert "no NextN (MTP) layers" in raised.value.message and "\n" not in str(raised.value)
+
+
+def test_a_target_whose_nextn_layers_are_in_another_file_is_refused_in_one_line(tmp_path):
+    path = write_mtp_model(tmp_path / "trunk-only.gguf", TINY_MTP, trunk_only=True)
+    assert mtp.nextn_layers(path) == 0
+    with pytest.raises(MtpUnavailableError, match="declares 1 NextN .MTP. layers but holds none of their tensors"):
+        mtp.load_target(path)
+
+
+def test_a_build_without_the_api_is_refused_naming_what_it_lacks(files, monkeypatch):
+    monkeypatch.delattr(mtp.llama, "llama_model_n_layer_nextn")
+    assert "llama_model_n_layer_nextn" in mtp.unsupported_reason()
+    assert not mtp.supports_mtp()
+    with pytest.raises(MtpUnavailableError) as raised:
+        mtp.load_target(files["one"])
+    assert raised.value.exit_code == 2 and "llama_model_n_layer_nextn" in raised.value.message
+
+
+# --- what the NextN layers read ----------------------------------------------------------------
+
+
+def test_the_hidden_rows_kept_are_the_targets_own_at_each_position(files):
+    """The output head over each kept row gives the target's logits at that position: the
+    rows are the trunk's hidden states, by position, through chunked decodes and a rewind."""
+    target, heads = load(files["closed"])
+    try:
+        tokens = target.tokenize(PROMPT * 8)
+        assert len(tokens) > target.batch_size  # the prompt's decode takes two llama_decodes
+        target.decode(tokens[:-8])
+        target.rewind(len(tokens) - 12)
+        rows = np.array(target.decode(tokens[-12:], all_logits=True))
+        expected = output_logits(files["closed"], heads.target_hidden(len(tokens) - 12, 12))
+        np.testing.assert_allclose(rows, expected, rtol=1e-3, atol=1e-3)
+        first = output_logits(files["closed"], heads.target_hidden(0, 1))
+        target.rewind(0)
+        np.testing.assert_allclose(np.array(target.decode(tokens[:1])), first, rtol=1e-3, atol=1e-3)
+    finally:
+        heads.close()
+        target.close()
+
+
+def test_a_draft_reads_the_last_token_with_the_targets_state_before_it(files):
+    target, heads = load(files["closed"])
+    try:
+        draft = NextnDraft(heads)
+        tokens = target.tokenize(PROMPT)
+        target.decode(tokens[:-1])
+        draft.prepare(tokens[:-1])
+        logits = draft.row_after(tokens)
+        expected = head_logits(files["closed"], tokens[-1], heads.target_hidden(len(tokens) - 2, 1)[0])
+        np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3)
+        assert int(np.argmax(logits)) == int(np.argmax(expected))
+    finally:
+        heads.close()
+        target.close()
+
+
+# --- drafting through the engine ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_with_mtp_drafts_equals_plain_decoding_and_keeps_drafts(loaded, k):
+    target, heads = loaded
+    prompt = target.tokenize(PROMPT)
+    plain, _ = generate(target, NoProposer(), 0, prompt)
+    proposer = MtpProposer(NextnDraft(heads), SamplingSettings())
+    tokens, stats = generate(target, proposer, k, prompt)
+    assert [t.id for t in tokens] == [t.id for t in plain]
+    assert stats.proposer == "mtp" and set(stats.drafted_by) == {"mtp"}
+    assert stats.drafted >= (stats.steps - 1) * k * 0.9  # every step drafts k (the last may have less room)
+    assert stats.acceptance_rate > 0.6, "the NextN layers predict the trunk's choice most of the time"
+    assert stats.accepted < stats.drafted, "the trunk sometimes writes another token: drafts are rejected"
+    assert {t.proposer for t in tokens if t.source == "draft"} == {"mtp"}
+
+
+def test_drafts_stop_at_the_number_of_chained_layers(files):
+    target, heads = load(files["chained"])
+    try:
+        assert heads.depth == 3
+        _, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 8, target.tokenize(PROMPT))
+        assert max(n for n, count in enumerate(stats.draft_lengths) if count) == 3
+    finally:
+        heads.close()
+        target.close()
+
+
+def test_a_conversation_continued_keeps_greedy_equal_to_plain(loaded):
+    """The second turn's prompt extends the first's text: the caches keep what they share
+    with it and read the rest from the target's kept hidden states."""
+    target, heads = loaded
+    draft = NextnDraft(heads)
+    first = target.tokenize(PROMPT)
+    request = GenerationRequest(max_tokens=24)
+    reply, _ = generate(target, MtpProposer(draft, SamplingSettings()), 3, first, request)
+    second = first + [t.id for t in reply][:-3] + target.tokenize(" And so", add_special=False)
+    tokens, stats = generate(target, MtpProposer(draft, SamplingSettings()), 3, second, request)
+    plain, _ = generate(target, NoProposer(), 0, second, request)
+    assert [t.id for t in tokens] == [t.id for t in plain]
+    assert stats.accepted > 0
+
+
+def test_seeded_sampling_with_mtp_drafts_writes_plain_sampling_s_tokens(loaded):
+    target, heads = loaded
+    prompt = target.tokenize(PROMPT)
+    settings = SamplingSettings(temperature=0.8, top_k=40)
+    request = GenerationRequest(max_tokens=32, sampling=settings, seed=7)
+    plain, _ = generate(target, NoProposer(), 0, prompt, request)
+    tokens, stats = generate(target, MtpProposer(NextnDraft(heads), settings, seed=7), 3, prompt, request)
+    assert [t.id for t in tokens] == [t.id for t in plain]
+    assert stats.accepted > 0
+
+
+# --- a hybrid target (Qwen3.5: gated delta net layers beside attention layers) ---------------------
+
+
+def test_a_hybrid_target_cannot_remove_a_rejected_draft_without_state_snapshots(files):
+    """A recurrent layer's state holds every token it read: without snapshots llama.cpp cannot
+    take the last tokens back, so the first rejected draft ends the generation."""
+    target, heads = load(files["hybrid"])
+    try:
+        with pytest.raises(DecodeError, match="could not remove positions"):
+            generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 2, target.tokenize(PROMPT))
+    finally:
+        heads.close()
+        target.close()
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_with_snapshots_a_hybrid_target_removes_rejected_drafts_and_greedy_equals_plain(files, k):
+    target, heads = load(files["hybrid"], snapshots=3)
+    try:
+        prompt = target.tokenize(PROMPT)
+        plain, _ = generate(target, NoProposer(), 0, prompt)
+        tokens, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), k, prompt)
+        assert [t.id for t in tokens] == [t.id for t in plain]
+        assert 0 < stats.accepted < stats.drafted, "some drafts were rejected, and their states removed"
+    finally:
+        heads.close()
+        target.close()
