@@ -18,7 +18,7 @@ from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.errors import SpecliError
 from specli.serve.app import ServerInfo, create_app
-from specli.serve.schema import ChatRequest, CompletionRequest, RequestError
+from specli.serve.requests import ChatRequest, CompletionRequest, RequestError
 from specli.stream import Outcome
 
 MESSAGES = [{"role": "user", "content": "hi"}]

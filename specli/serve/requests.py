@@ -1,4 +1,4 @@
-"""The OpenAI request and response bodies `specli serve` speaks, as pydantic models.
+"""The OpenAI request bodies `specli serve` reads, as pydantic models.
 
 Requests keep OpenAI's names (`response_format`, `tools` included) and add llama.cpp's
 sampling extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constraints
@@ -11,8 +11,6 @@ field that would change what is generated but that specli cannot honour is refus
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -29,9 +27,6 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
-
-
-# --- requests ----------------------------------------------------------------------
 
 
 STRICT = ConfigDict(extra="ignore", strict=True)  # "10" is not a number, nor true a number
@@ -435,176 +430,3 @@ class CompletionRequest(_Generation):
             raise RequestError("suffix (fill-in-the-middle) is not supported", "suffix")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
             raise RequestError("one prompt per request", "prompt")
-
-
-# --- responses ----------------------------------------------------------------------
-
-
-class Span(BaseModel):
-    """A run of text written by one source: the draft (proposed, and kept by the target) or
-    the target itself."""
-
-    text: str
-    source: Literal["draft", "target"]
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None  # who drafted a draft span
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int
-
-
-class CompletionTokensDetails(BaseModel):
-    accepted_prediction_tokens: int
-    rejected_prediction_tokens: int
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails
-
-
-class Timings(BaseModel):
-    """llama-server's names where it has them."""
-
-    prompt_n: int
-    prompt_ms: float
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_second: float
-    draft_n: int
-    draft_n_accepted: int
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: Optional[str]  # None where the answer is only tool calls
-    tool_calls: Optional[list[ToolCall]] = None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: str
-    spans: list[Span]
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: str
-    logprobs: None = None
-    spans: list[Span]
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-class ChatCompletion(BaseModel):
-    id: str = Field(default_factory=lambda: _new_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    timings: Timings
-
-
-class Completion(BaseModel):
-    id: str = Field(default_factory=lambda: _new_id("cmpl"))
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[TextChoice]
-    usage: Usage
-    timings: Timings
-
-
-class FunctionCallDelta(BaseModel):
-    name: Optional[str] = None
-    arguments: Optional[str] = None
-
-
-class ToolCallDelta(BaseModel):
-    """A streamed call: its first delta has the index, id, type and name; later ones
-    add pieces of its arguments."""
-
-    index: int
-    id: Optional[str] = None
-    type: Optional[Literal["function"]] = None
-    function: FunctionCallDelta
-
-
-class Delta(BaseModel):
-    role: Optional[Literal["assistant"]] = None
-    content: Optional[str] = None
-    tool_calls: Optional[list[ToolCallDelta]] = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: Optional[str] = None
-    source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
-    tokens: Optional[int] = None  # how many tokens this chunk's text holds
-
-
-class TextChunkChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: Optional[str] = None
-    logprobs: None = None
-    source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
-    tokens: Optional[int] = None  # how many tokens this chunk's text holds
-
-
-class ChatChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Optional[Usage] = None
-    timings: Optional[Timings] = None
-
-
-class TextChunk(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChunkChoice]
-    usage: Optional[Usage] = None
-    timings: Optional[Timings] = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "specli"
-    target: str
-    draft: str
-    chat: bool  # the target has a chat template (else /v1/completions only)
-    drafts: list[str]  # the `draft` values a request may give, the server's own first
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: Optional[str] = None
-    code: Optional[str] = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody

@@ -1,0 +1,83 @@
+"""A request's body as a generation on the loaded models: the one place its fields become a
+GenerationRequest, the ToolPlan its answer is read with, and its prompt's tokens.
+
+What cannot be served is raised as the typed error serve.errors answers: a RequestError
+naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Union
+
+from specli.decode.constraint import ConstraintError
+from specli.decode.engine import check_prompt_fits
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.prompt import chat_tokens, prompt_tokens
+from specli.serve.requests import ChatRequest, CompletionRequest, RequestError
+from specli.serve.worker import Job
+from specli.session import Session
+from specli.tools.plan import ToolPlan, tool_format
+
+Body = Union[ChatRequest, CompletionRequest]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What one request asks for: its body, the generation, and its tools' plan (None: no
+    tools, or tool_choice "none")."""
+
+    body: Body
+    job: Job
+    plan: ToolPlan | None = None
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.body, ChatRequest)
+
+
+def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
+    """The generation `body` asks for on the session's models, over the server's `defaults`."""
+    body.refused()
+    plan = _tool_plan(body, session) if isinstance(body, ChatRequest) else None
+    request = body.generation_request(defaults)
+    if plan is not None:
+        try:
+            request = replace(request, constraint=plan.constraint(session.target.special_token))
+        except ConstraintError as error:
+            raise RequestError(error.message, "tools") from None
+    if request.draft is DraftKind.MODEL and session.draft is None:
+        raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
+    if isinstance(body, ChatRequest):
+        prompt = chat_tokens(session.target, body.conversation(), body.template_tools())
+    else:
+        prompt = _prompt_tokens(body, session)
+    check_prompt_fits(len(prompt), session.target.n_ctx)
+    return Asked(body, Job(prompt, request), plan)
+
+
+def _tool_plan(body: ChatRequest, session: Session) -> ToolPlan | None:
+    """The request's tools in the format of the loaded template (None: no tools, or
+    tool_choice "none")."""
+    if not body.tools or body.choice == "none":
+        return None
+    target = session.target
+    functions = body.functions_called()
+    format = tool_format(target.chat_template(), target.path.name)
+    return ToolPlan(format, functions, body.choice, parallel=body.parallel_tool_calls is not False)
+
+
+def _prompt_tokens(body: CompletionRequest, session: Session) -> list[int]:
+    """The prompt: text, one text in a list, or token ids (as OpenAI's API allows)."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError("the prompt is empty", "prompt")
+    if isinstance(prompt, list) and isinstance(prompt[0], int):
+        n_vocab = session.target.n_vocab
+        if any(not 0 <= token < n_vocab for token in prompt):
+            raise RequestError(f"prompt: token ids run from 0 to {n_vocab - 1}", "prompt")
+        return list(prompt)
+    text = prompt[0] if isinstance(prompt, list) else prompt
+    if not text:
+        raise RequestError("the prompt is empty", "prompt")
+    return prompt_tokens(session.target, text, chat=False)
