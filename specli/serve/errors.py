@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specli.decode.constraint_sources import SourceConflict
 from specli.decode.engine import ContextLengthError
 from specli.errors import PromptError, SpecliError
 from specli.serve.requests import RequestError
@@ -75,6 +76,7 @@ ERRORS: tuple[tuple[type[Exception], Callable[[Any, str], ApiError]], ...] = (
     (RequestValidationError, _invalid),
     (StarletteHTTPException, _http),
     (RequestError, lambda error, path: ApiError(400, error.message, param=error.param, code=error.code)),
+    (SourceConflict, lambda error, path: ApiError(400, error.message, param=error.name)),
     (ToolsUnsupported, lambda error, path: ApiError(400, f"{error.message}: tools are not supported ({error.hint})",
                                                     param="tools")),
     (ContextLengthError, lambda error, path: ApiError(400, error.message, param=PROMPT_FIELDS.get(path),

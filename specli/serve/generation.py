@@ -1,5 +1,6 @@
 """A request's body as a generation on the loaded models: the one place its fields become a
-GenerationRequest, the ToolPlan its answer is read with, and its prompt's tokens.
+GenerationRequest (with the constraint written once, from response_format, json_schema,
+grammar or tools), the ToolPlan its answer is read with, and its prompt's tokens.
 
 What cannot be served is raised as the typed error serve.errors answers: a RequestError
 naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
@@ -7,14 +8,15 @@ naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Union
 
-from specli.decode.constraint import ConstraintError
+from specli.decode.constraint import Constraint
+from specli.decode.constraint_sources import ConstraintSource, SourceKind
 from specli.decode.engine import check_prompt_fits
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.prompt import chat_tokens, prompt_tokens
-from specli.serve.requests import ChatRequest, CompletionRequest, RequestError
+from specli.serve.requests import ChatRequest, CompletionRequest, RequestError, for_field
 from specli.serve.worker import Job
 from specli.session import Session
 from specli.tools.plan import ToolPlan, tool_format
@@ -39,13 +41,8 @@ class Asked:
 def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     """The generation `body` asks for on the session's models, over the server's `defaults`."""
     body.refused()
-    plan = _tool_plan(body, session) if isinstance(body, ChatRequest) else None
-    request = body.generation_request(defaults)
-    if plan is not None:
-        try:
-            request = replace(request, constraint=plan.constraint(session.target.special_token))
-        except ConstraintError as error:
-            raise RequestError(error.message, "tools") from None
+    tools = _Tools(body, session) if isinstance(body, ChatRequest) else None
+    request = body.generation_request(defaults, tools.source() if tools is not None else None)
     if request.draft is DraftKind.MODEL and session.draft is None:
         raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
     if isinstance(body, ChatRequest):
@@ -53,18 +50,30 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     else:
         prompt = _prompt_tokens(body, session)
     check_prompt_fits(len(prompt), session.target.n_ctx)
-    return Asked(body, Job(prompt, request), plan)
+    return Asked(body, Job(prompt, request), tools.plan if tools is not None else None)
 
 
-def _tool_plan(body: ChatRequest, session: Session) -> ToolPlan | None:
-    """The request's tools in the format of the loaded template (None: no tools, or
-    tool_choice "none")."""
-    if not body.tools or body.choice == "none":
-        return None
-    target = session.target
-    functions = body.functions_called()
-    format = tool_format(target.chat_template(), target.path.name)
-    return ToolPlan(format, functions, body.choice, parallel=body.parallel_tool_calls is not False)
+class _Tools:
+    """A chat's tools as a constraint source, read (each schema checked, the template's call
+    format found) only once the sources are known to combine: `plan` is set then."""
+
+    def __init__(self, body: ChatRequest, session: Session) -> None:
+        self.body, self.session = body, session
+        self.plan: ToolPlan | None = None
+
+    def source(self) -> ConstraintSource | None:
+        if not self.body.tools:
+            return None
+        return ConstraintSource("tools", SourceKind.TOOLS, for_field("tools", self._constraint))
+
+    def _constraint(self) -> Constraint | None:
+        if self.body.choice == "none":
+            return None
+        target = self.session.target
+        functions = self.body.functions_called()
+        format = tool_format(target.chat_template(), target.path.name)
+        self.plan = ToolPlan(format, functions, self.body.choice, parallel=self.body.parallel_tool_calls is not False)
+        return self.plan.constraint(target.special_token)
 
 
 def _prompt_tokens(body: CompletionRequest, session: Session) -> list[int]:

@@ -6,6 +6,8 @@ sampling extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constra
 Fields are read strictly: a number given as a string, a boolean as a number, is a 400. A
 field that would change what is generated but that specli cannot honour is refused by name
 (`refused`); a field that changes nothing (`user`, `store`, `metadata`...) is ignored.
+A body's constraint sources (`response_format`, `json_schema`, `grammar`, and a chat's tools)
+become one constraint in `generation_request`, by the rule of decode.constraint_sources.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specli.decode.constraint import Constraint, ConstraintError
+from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 
@@ -158,6 +161,9 @@ def _check_text(value: Any, where: str) -> None:
             _check_text(item, f"{where}[{i}]")
 
 
+RESPONSE_SCHEMA = "response_format.json_schema.schema"
+
+
 class _Generation(BaseModel):
     """What both completion endpoints take. Other fields are kept aside (extra="allow") for
     `refused`: a field in REFUSED_EXTRAS is refused, any other (user, store, metadata,
@@ -231,38 +237,35 @@ class _Generation(BaseModel):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
 
-    def constraint(self) -> Constraint | None:
-        """The constraint the body asks for: response_format (json_object, or json_schema with
-        its `schema`), or llama-server's json_schema or grammar; at most one of them. A schema
-        or grammar that cannot be used is a RequestError naming the field and the place."""
-        given: list[tuple[str, Callable[[], Constraint]]] = []
-        kind = (self.response_format or {}).get("type", "text")
-        if kind == "json_object":
-            given.append(("response_format", Constraint.json_object))
-        elif kind == "json_schema":
-            schema = (self.response_format or {}).get("json_schema")
-            if not isinstance(schema, dict):
-                raise RequestError("response_format.json_schema must be an object with a `schema`",
-                                   "response_format.json_schema")
-            inner = schema.get("schema", {"type": "object"})
-            given.append(("response_format.json_schema.schema",
-                          lambda: Constraint.json_schema(inner, "response_format.json_schema.schema")))
-        elif kind != "text":
-            raise RequestError(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
-                               "response_format.type")
+    def constraint_sources(self) -> list[ConstraintSource]:
+        """The constraint sources the body gives, in order: response_format (json_object, or
+        json_schema with its `schema`; "text" constrains nothing), then llama-server's
+        json_schema and grammar. Nothing is read until a source is made."""
+        sources = []
+        if self.response_format:
+            kind = self.response_format.get("type", "text")
+            if kind == "json_schema":
+                sources.append(ConstraintSource(RESPONSE_SCHEMA, SourceKind.JSON,
+                                                for_field(RESPONSE_SCHEMA, self._response_schema)))
+            elif kind == "json_object":
+                sources.append(ConstraintSource("response_format", SourceKind.JSON, Constraint.json_object))
+            else:
+                sources.append(ConstraintSource("response_format", SourceKind.TEXT, lambda: _text_format(kind)))
         if self.json_schema is not None:
-            given.append(("json_schema", lambda: Constraint.json_schema(self.json_schema, "json_schema")))  # type: ignore[arg-type]
+            sources.append(ConstraintSource("json_schema", SourceKind.JSON, for_field("json_schema", lambda: (
+                Constraint.json_schema(self.json_schema, "json_schema")))))  # type: ignore[arg-type]
         if self.grammar is not None:
-            given.append(("grammar", lambda: Constraint.gbnf(self.grammar or "", "grammar")))
-        if len(given) > 1:
-            raise RequestError(f"give one of {', '.join(name for name, _ in given)}, not several", given[1][0])
-        if not given:
-            return None
-        field, make = given[0]
-        try:
-            return make()
-        except ConstraintError as error:
-            raise RequestError(error.message, field) from None
+            sources.append(ConstraintSource("grammar", SourceKind.GRAMMAR, for_field("grammar", lambda: (
+                Constraint.gbnf(self.grammar or "", "grammar")))))
+        return sources
+
+    def _response_schema(self) -> Constraint:
+        """response_format's JSON schema: its `schema`, or any object where it gives none."""
+        schema = (self.response_format or {}).get("json_schema")
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema must be an object with a `schema`",
+                               "response_format.json_schema")
+        return Constraint.json_schema(schema.get("schema", {"type": "object"}), RESPONSE_SCHEMA)
 
     @property
     def stops(self) -> list[str]:
@@ -281,9 +284,11 @@ class _Generation(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
-    def generation_request(self, defaults: GenerationRequest) -> GenerationRequest:
+    def generation_request(self, defaults: GenerationRequest,
+                           tools: ConstraintSource | None = None) -> GenerationRequest:
         """The generation this body asks for: its own fields over the server's defaults (its
-        options). No seed: a fresh one; no token limit: the server's (until the end)."""
+        options), its constraint written from its sources (`tools` first: a chat's tools). No
+        seed: a fresh one; no token limit: the server's (until the end)."""
         sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                     if getattr(self, name) is not None}
         return replace(defaults,
@@ -295,7 +300,7 @@ class _Generation(BaseModel):
                        draft_tokens=self.draft_tokens or defaults.draft_tokens,
                        exact=defaults.exact if self.exact is None else self.exact,
                        prediction=self.prediction_text(),
-                       constraint=self.constraint())
+                       constraint=write_constraint([*([tools] if tools else []), *self.constraint_sources()]))
 
 
 class ChatRequest(_Generation):
@@ -327,8 +332,6 @@ class ChatRequest(_Generation):
                 raise RequestError(f"tools[{i}]: a second function named {name!r}", f"tools[{i}].function.name")
         if self.tool_choice is not None and not self.tools:
             raise RequestError("tool_choice needs tools", "tool_choice")
-        if self.tools and (self.response_format or self.json_schema is not None or self.grammar is not None):
-            raise RequestError("give tools or a response format (json_schema, grammar), not both", "tools")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
             raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
                                "tool_choice.function.name")
@@ -399,6 +402,25 @@ class ChatRequest(_Generation):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+def _text_format(kind: Any) -> None:
+    """A response_format of type "text" constrains nothing; any other type is not one we know."""
+    if kind != "text":
+        raise RequestError(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+                           "response_format.type")
+
+
+def for_field(field: str, make: Callable[[], Constraint | None]) -> Callable[[], Constraint | None]:
+    """`make`, with a schema or grammar it cannot use answered as a RequestError naming the field."""
+
+    def made() -> Constraint | None:
+        try:
+            return make()
+        except ConstraintError as error:
+            raise RequestError(error.message, field) from None
+
+    return made
 
 
 def _arguments(text: str, param: str) -> dict:
