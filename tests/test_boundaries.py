@@ -114,6 +114,7 @@ LAYERS = {  # a package, and the specli packages and modules it must never impor
     "specli.serve": ("specli.commands",),
     "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.bench"),
     "specli.stream": ("specli.commands", "specli.serve", "specli.session"),
+    "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.llama"),
 }
 
 

@@ -126,7 +126,7 @@ def test_the_cli_refuses_a_bad_schema_with_one_line_and_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["run", "--grammar", 'root ::= "a" b', "hello"])
     assert_one_line_error(result, 2, "--grammar", "Rule 'b' not found")
     result = CliRunner().invoke(app, ["run", "-j", "{}", "--grammar", 'root ::= "a"', "hello"])
-    assert_one_line_error(result, 2, "give one of")
+    assert_one_line_error(result, 2, "give one of --grammar, --json-schema, not several")
 
 
 # --- the real models --------------------------------------------------------------------

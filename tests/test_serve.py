@@ -413,7 +413,7 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, gemma_path):
     """Checked in-process, opening nothing: listening fails right after the warning."""
     import io
 
-    from specli import serve as server
+    from specli.serve import server
     from specli.errors import SpecliError
     from specli.session import SessionSpec
 

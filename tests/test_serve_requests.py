@@ -8,17 +8,22 @@ import asyncio
 import io
 import json
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
+from specli.decode.constraint_sources import ConstraintSource, SourceConflict, SourceKind, write_constraint
 from specli.decode.events import Stats
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.errors import SpecliError
+from specli.serve import generation
 from specli.serve.app import ServerInfo, create_app
-from specli.serve.schema import ChatRequest, CompletionRequest, RequestError
+from specli.serve.errors import GenerationFailed, api_error
+from specli.serve.requests import ChatRequest, CompletionRequest, RequestError
+from specli.serve.worker import Busy
 from specli.stream import Outcome
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -151,3 +156,78 @@ def test_an_error_inside_a_generation_ends_that_request_only():
     assert [line.split(" | ")[0] for line in lines] == ["specli: POST /v1/completions 500",
                                                          "specli: POST /v1/completions 200",
                                                          "specli: POST /v1/completions 500"], lines
+
+
+# --- one writer per constraint ------------------------------------------------------------
+
+HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+
+
+def tool_session(monkeypatch) -> SimpleNamespace:
+    """A session whose target takes Hermes tool calls; its chat prompt is three tokens."""
+    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools: [1, 2, 3])
+    target = SimpleNamespace(n_ctx=64, path=Path("m.gguf"), chat_template=lambda: HERMES.read_text(),
+                             special_token=lambda name: None)
+    return SimpleNamespace(target=target, draft=None)
+
+
+def test_the_request_builder_writes_the_tools_constraint_and_checks_the_body_once(monkeypatch):
+    checked = []
+    refused = ChatRequest.refused
+    monkeypatch.setattr(ChatRequest, "refused", lambda self: checked.append(self) or refused(self))
+    body = ChatRequest(messages=MESSAGES, tools=TOOLS, tool_choice="required")
+    asked = generation.read(body, tool_session(monkeypatch), GenerationRequest())
+    assert asked.job.request.constraint.kind == "grammar" and "read_file" in asked.job.request.constraint.source
+    assert asked.plan is not None and asked.plan.choice == "required"
+    assert len(checked) == 1, "refused() runs once per request"
+    none = generation.read(ChatRequest(messages=MESSAGES, tools=TOOLS, tool_choice="none"),
+                           tool_session(monkeypatch), GenerationRequest())
+    assert none.job.request.constraint is None and none.plan is None, "tool_choice none: no constraint, no plan"
+
+
+@pytest.mark.parametrize("fields, param, message", [
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools",
+     "give tools or a response format (json_schema, grammar), not both"),
+    ({"tools": TOOLS, "response_format": {"type": "text"}}, "tools", "not both"),
+    ({"tools": TOOLS, "grammar": 'root ::= "a"'}, "tools", "not both"),
+    ({"response_format": {"type": "json_object"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "json_schema",
+     "give one of response_format, json_schema, grammar, not several"),
+    ({"response_format": {"type": "text"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "grammar",
+     "give one of json_schema, grammar, not several"),
+])
+def test_sources_that_do_not_combine_are_refused_in_one_message(monkeypatch, fields, param, message):
+    with pytest.raises(SourceConflict) as refused:
+        generation.read(ChatRequest(messages=MESSAGES, **fields), tool_session(monkeypatch), GenerationRequest())
+    assert refused.value.name == param and message in refused.value.message
+    answer = api_error(refused.value)
+    assert (answer.status, answer.body.param) == (400, param)
+
+
+def test_a_text_response_format_combines_with_a_schema_or_a_grammar():
+    for fields, kind in [({"json_schema": {"type": "object"}}, "json_schema"), ({"grammar": 'root ::= "a"'}, "grammar")]:
+        request = ChatRequest(messages=MESSAGES, response_format={"type": "text"}, **fields)
+        assert request.generation_request(GenerationRequest()).constraint.kind == kind
+
+
+def test_the_cli_and_serve_share_the_rule():
+    sources = [ConstraintSource("--grammar", SourceKind.GRAMMAR, lambda: None),
+               ConstraintSource("--json-schema-file", SourceKind.JSON, lambda: None)]
+    with pytest.raises(SourceConflict) as refused:
+        write_constraint(sources)
+    assert refused.value.message == "give one of --grammar, --json-schema-file, not several"
+    assert refused.value.exit_code == 2
+    assert write_constraint(sources[:1]) is None
+
+
+# --- the error table ----------------------------------------------------------------------
+
+def test_the_error_table_answers_the_workers_refusals_and_leaves_bugs_alone():
+    busy = api_error(Busy(3))
+    assert (busy.status, busy.body.code, busy.headers) == (503, "queue_full", {"Retry-After": "1"})
+    assert "3 requests are already waiting" in busy.body.message
+    failed = api_error(GenerationFailed(RuntimeError("boom")))
+    assert (failed.status, failed.body.message) == (500, "internal error: RuntimeError: boom")
+    with pytest.raises(KeyError):
+        api_error(KeyError("a bug"))

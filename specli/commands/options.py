@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional, Union, get_type_
 import typer
 
 from specli.decode.constraint import Constraint
+from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
 from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
@@ -294,18 +295,17 @@ def generation_request(models: ResolvedModels, params: Mapping[str, Any], *, max
 
 
 def constraint(params: Mapping[str, Any]) -> Constraint | None:
-    """--grammar, --grammar-file, -j or -jf, at most one of them: the constraint it gives."""
-    given = [name for name in ("grammar", "grammar_file", "json_schema", "json_schema_file") if params.get(name) is not None]
-    if len(given) > 1:
-        raise UsageError("give one of --grammar, --grammar-file, --json-schema and --json-schema-file")
-    if params.get("grammar") is not None:
-        return Constraint.gbnf(params["grammar"], "--grammar")
-    if params.get("grammar_file") is not None:
-        path = params["grammar_file"]
-        return Constraint.gbnf(read_constraint_file(path, "grammar file"), f"grammar in {path}")
-    if params.get("json_schema") is not None:
-        return Constraint.json_schema(params["json_schema"], "--json-schema")
-    if params.get("json_schema_file") is not None:
-        path = params["json_schema_file"]
-        return Constraint.json_schema(read_constraint_file(path, "JSON schema file"), f"JSON schema in {path}")
-    return None
+    """--grammar, --grammar-file, -j or -jf: the constraint it gives (write_constraint refuses two)."""
+    sources = []
+    if (grammar := params.get("grammar")) is not None:
+        sources.append(ConstraintSource("--grammar", SourceKind.GRAMMAR, lambda: Constraint.gbnf(grammar, "--grammar")))
+    if (grammar_file := params.get("grammar_file")) is not None:
+        sources.append(ConstraintSource("--grammar-file", SourceKind.GRAMMAR, lambda: Constraint.gbnf(
+            read_constraint_file(grammar_file, "grammar file"), f"grammar in {grammar_file}")))
+    if (schema := params.get("json_schema")) is not None:
+        sources.append(ConstraintSource("--json-schema", SourceKind.JSON,
+                                        lambda: Constraint.json_schema(schema, "--json-schema")))
+    if (schema_file := params.get("json_schema_file")) is not None:
+        sources.append(ConstraintSource("--json-schema-file", SourceKind.JSON, lambda: Constraint.json_schema(
+            read_constraint_file(schema_file, "JSON schema file"), f"JSON schema in {schema_file}")))
+    return write_constraint(sources)

@@ -24,8 +24,8 @@ def serve(
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API, with a chat page at /; sampling options are defaults a request may override."""
-    from specli.serve import ServeSettings
-    from specli.serve import serve as run_server
+    from specli.serve.server import ServeSettings
+    from specli.serve.server import serve as run_server
 
     models = opt.models(ctx.params)
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)

@@ -33,6 +33,10 @@ WAIT_POLL = 0.2  # seconds between asking whether a waiting request's client has
 class Busy(Exception):
     """The queue is full: the request is answered 503 with Retry-After."""
 
+    def __init__(self, waiting: int) -> None:
+        super().__init__(waiting)
+        self.waiting = waiting  # the requests already waiting
+
 
 class Closing(Exception):
     """The server is shutting down: no new generation starts."""
@@ -127,7 +131,7 @@ class Worker:
         if self._turn is None:
             self._turn = asyncio.Lock()  # FIFO: waiters are woken in the order they came
         if self._admitted > self.queue:  # one generating and `queue` waiting
-            raise Busy
+            raise Busy(self.queue)
         self._admitted += 1
         future = None
         try:

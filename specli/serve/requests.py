@@ -1,4 +1,4 @@
-"""The OpenAI request and response bodies `specli serve` speaks, as pydantic models.
+"""The OpenAI request bodies `specli serve` reads, as pydantic models.
 
 Requests keep OpenAI's names (`response_format`, `tools` included) and add llama.cpp's
 sampling extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constraints
@@ -6,19 +6,20 @@ sampling extensions (`top_k`, `min_p`, `repeat_penalty`), llama-server's constra
 Fields are read strictly: a number given as a string, a boolean as a number, is a 400. A
 field that would change what is generated but that specli cannot honour is refused by name
 (`refused`); a field that changes nothing (`user`, `store`, `metadata`...) is ignored.
+A body's constraint sources (`response_format`, `json_schema`, `grammar`, and a chat's tools)
+become one constraint in `generation_request`, by the rule of decode.constraint_sources.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specli.decode.constraint import Constraint, ConstraintError
+from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 
@@ -29,9 +30,6 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
-
-
-# --- requests ----------------------------------------------------------------------
 
 
 STRICT = ConfigDict(extra="ignore", strict=True)  # "10" is not a number, nor true a number
@@ -163,6 +161,9 @@ def _check_text(value: Any, where: str) -> None:
             _check_text(item, f"{where}[{i}]")
 
 
+RESPONSE_SCHEMA = "response_format.json_schema.schema"
+
+
 class _Generation(BaseModel):
     """What both completion endpoints take. Other fields are kept aside (extra="allow") for
     `refused`: a field in REFUSED_EXTRAS is refused, any other (user, store, metadata,
@@ -236,38 +237,35 @@ class _Generation(BaseModel):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
 
-    def constraint(self) -> Constraint | None:
-        """The constraint the body asks for: response_format (json_object, or json_schema with
-        its `schema`), or llama-server's json_schema or grammar; at most one of them. A schema
-        or grammar that cannot be used is a RequestError naming the field and the place."""
-        given: list[tuple[str, Callable[[], Constraint]]] = []
-        kind = (self.response_format or {}).get("type", "text")
-        if kind == "json_object":
-            given.append(("response_format", Constraint.json_object))
-        elif kind == "json_schema":
-            schema = (self.response_format or {}).get("json_schema")
-            if not isinstance(schema, dict):
-                raise RequestError("response_format.json_schema must be an object with a `schema`",
-                                   "response_format.json_schema")
-            inner = schema.get("schema", {"type": "object"})
-            given.append(("response_format.json_schema.schema",
-                          lambda: Constraint.json_schema(inner, "response_format.json_schema.schema")))
-        elif kind != "text":
-            raise RequestError(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
-                               "response_format.type")
+    def constraint_sources(self) -> list[ConstraintSource]:
+        """The constraint sources the body gives, in order: response_format (json_object, or
+        json_schema with its `schema`; "text" constrains nothing), then llama-server's
+        json_schema and grammar. Nothing is read until a source is made."""
+        sources = []
+        if self.response_format:
+            kind = self.response_format.get("type", "text")
+            if kind == "json_schema":
+                sources.append(ConstraintSource(RESPONSE_SCHEMA, SourceKind.JSON,
+                                                for_field(RESPONSE_SCHEMA, self._response_schema)))
+            elif kind == "json_object":
+                sources.append(ConstraintSource("response_format", SourceKind.JSON, Constraint.json_object))
+            else:
+                sources.append(ConstraintSource("response_format", SourceKind.TEXT, lambda: _text_format(kind)))
         if self.json_schema is not None:
-            given.append(("json_schema", lambda: Constraint.json_schema(self.json_schema, "json_schema")))  # type: ignore[arg-type]
+            sources.append(ConstraintSource("json_schema", SourceKind.JSON, for_field("json_schema", lambda: (
+                Constraint.json_schema(self.json_schema, "json_schema")))))  # type: ignore[arg-type]
         if self.grammar is not None:
-            given.append(("grammar", lambda: Constraint.gbnf(self.grammar or "", "grammar")))
-        if len(given) > 1:
-            raise RequestError(f"give one of {', '.join(name for name, _ in given)}, not several", given[1][0])
-        if not given:
-            return None
-        field, make = given[0]
-        try:
-            return make()
-        except ConstraintError as error:
-            raise RequestError(error.message, field) from None
+            sources.append(ConstraintSource("grammar", SourceKind.GRAMMAR, for_field("grammar", lambda: (
+                Constraint.gbnf(self.grammar or "", "grammar")))))
+        return sources
+
+    def _response_schema(self) -> Constraint:
+        """response_format's JSON schema: its `schema`, or any object where it gives none."""
+        schema = (self.response_format or {}).get("json_schema")
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema must be an object with a `schema`",
+                               "response_format.json_schema")
+        return Constraint.json_schema(schema.get("schema", {"type": "object"}), RESPONSE_SCHEMA)
 
     @property
     def stops(self) -> list[str]:
@@ -286,9 +284,11 @@ class _Generation(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
-    def generation_request(self, defaults: GenerationRequest) -> GenerationRequest:
+    def generation_request(self, defaults: GenerationRequest,
+                           tools: ConstraintSource | None = None) -> GenerationRequest:
         """The generation this body asks for: its own fields over the server's defaults (its
-        options). No seed: a fresh one; no token limit: the server's (until the end)."""
+        options), its constraint written from its sources (`tools` first: a chat's tools). No
+        seed: a fresh one; no token limit: the server's (until the end)."""
         sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                     if getattr(self, name) is not None}
         return replace(defaults,
@@ -300,7 +300,7 @@ class _Generation(BaseModel):
                        draft_tokens=self.draft_tokens or defaults.draft_tokens,
                        exact=defaults.exact if self.exact is None else self.exact,
                        prediction=self.prediction_text(),
-                       constraint=self.constraint())
+                       constraint=write_constraint([*([tools] if tools else []), *self.constraint_sources()]))
 
 
 class ChatRequest(_Generation):
@@ -332,8 +332,6 @@ class ChatRequest(_Generation):
                 raise RequestError(f"tools[{i}]: a second function named {name!r}", f"tools[{i}].function.name")
         if self.tool_choice is not None and not self.tools:
             raise RequestError("tool_choice needs tools", "tool_choice")
-        if self.tools and (self.response_format or self.json_schema is not None or self.grammar is not None):
-            raise RequestError("give tools or a response format (json_schema, grammar), not both", "tools")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
             raise RequestError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
                                "tool_choice.function.name")
@@ -406,6 +404,25 @@ class ChatRequest(_Generation):
         return self.max_completion_tokens or self.max_tokens
 
 
+def _text_format(kind: Any) -> None:
+    """A response_format of type "text" constrains nothing; any other type is not one we know."""
+    if kind != "text":
+        raise RequestError(f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+                           "response_format.type")
+
+
+def for_field(field: str, make: Callable[[], Constraint | None]) -> Callable[[], Constraint | None]:
+    """`make`, with a schema or grammar it cannot use answered as a RequestError naming the field."""
+
+    def made() -> Constraint | None:
+        try:
+            return make()
+        except ConstraintError as error:
+            raise RequestError(error.message, field) from None
+
+    return made
+
+
 def _arguments(text: str, param: str) -> dict:
     """A history call's arguments: a JSON object, as templates need."""
     try:
@@ -435,176 +452,3 @@ class CompletionRequest(_Generation):
             raise RequestError("suffix (fill-in-the-middle) is not supported", "suffix")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
             raise RequestError("one prompt per request", "prompt")
-
-
-# --- responses ----------------------------------------------------------------------
-
-
-class Span(BaseModel):
-    """A run of text written by one source: the draft (proposed, and kept by the target) or
-    the target itself."""
-
-    text: str
-    source: Literal["draft", "target"]
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None  # who drafted a draft span
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int
-
-
-class CompletionTokensDetails(BaseModel):
-    accepted_prediction_tokens: int
-    rejected_prediction_tokens: int
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails
-
-
-class Timings(BaseModel):
-    """llama-server's names where it has them."""
-
-    prompt_n: int
-    prompt_ms: float
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_second: float
-    draft_n: int
-    draft_n_accepted: int
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: Optional[str]  # None where the answer is only tool calls
-    tool_calls: Optional[list[ToolCall]] = None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: str
-    spans: list[Span]
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: str
-    logprobs: None = None
-    spans: list[Span]
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-class ChatCompletion(BaseModel):
-    id: str = Field(default_factory=lambda: _new_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    timings: Timings
-
-
-class Completion(BaseModel):
-    id: str = Field(default_factory=lambda: _new_id("cmpl"))
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[TextChoice]
-    usage: Usage
-    timings: Timings
-
-
-class FunctionCallDelta(BaseModel):
-    name: Optional[str] = None
-    arguments: Optional[str] = None
-
-
-class ToolCallDelta(BaseModel):
-    """A streamed call: its first delta has the index, id, type and name; later ones
-    add pieces of its arguments."""
-
-    index: int
-    id: Optional[str] = None
-    type: Optional[Literal["function"]] = None
-    function: FunctionCallDelta
-
-
-class Delta(BaseModel):
-    role: Optional[Literal["assistant"]] = None
-    content: Optional[str] = None
-    tool_calls: Optional[list[ToolCallDelta]] = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: Optional[str] = None
-    source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
-    tokens: Optional[int] = None  # how many tokens this chunk's text holds
-
-
-class TextChunkChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: Optional[str] = None
-    logprobs: None = None
-    source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
-    tokens: Optional[int] = None  # how many tokens this chunk's text holds
-
-
-class ChatChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Optional[Usage] = None
-    timings: Optional[Timings] = None
-
-
-class TextChunk(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChunkChoice]
-    usage: Optional[Usage] = None
-    timings: Optional[Timings] = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "specli"
-    target: str
-    draft: str
-    chat: bool  # the target has a chat template (else /v1/completions only)
-    drafts: list[str]  # the `draft` values a request may give, the server's own first
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: Optional[str] = None
-    code: Optional[str] = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody

@@ -1,0 +1,92 @@
+"""A request's body as a generation on the loaded models: the one place its fields become a
+GenerationRequest (with the constraint written once, from response_format, json_schema,
+grammar or tools), the ToolPlan its answer is read with, and its prompt's tokens.
+
+What cannot be served is raised as the typed error serve.errors answers: a RequestError
+naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from specli.decode.constraint import Constraint
+from specli.decode.constraint_sources import ConstraintSource, SourceKind
+from specli.decode.engine import check_prompt_fits
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.prompt import chat_tokens, prompt_tokens
+from specli.serve.requests import ChatRequest, CompletionRequest, RequestError, for_field
+from specli.serve.worker import Job
+from specli.session import Session
+from specli.tools.plan import ToolPlan, tool_format
+
+Body = Union[ChatRequest, CompletionRequest]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What one request asks for: its body, the generation, and its tools' plan (None: no
+    tools, or tool_choice "none")."""
+
+    body: Body
+    job: Job
+    plan: ToolPlan | None = None
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.body, ChatRequest)
+
+
+def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
+    """The generation `body` asks for on the session's models, over the server's `defaults`."""
+    body.refused()
+    tools = _Tools(body, session) if isinstance(body, ChatRequest) else None
+    request = body.generation_request(defaults, tools.source() if tools is not None else None)
+    if request.draft is DraftKind.MODEL and session.draft is None:
+        raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
+    if isinstance(body, ChatRequest):
+        prompt = chat_tokens(session.target, body.conversation(), body.template_tools())
+    else:
+        prompt = _prompt_tokens(body, session)
+    check_prompt_fits(len(prompt), session.target.n_ctx)
+    return Asked(body, Job(prompt, request), tools.plan if tools is not None else None)
+
+
+class _Tools:
+    """A chat's tools as a constraint source, read (each schema checked, the template's call
+    format found) only once the sources are known to combine: `plan` is set then."""
+
+    def __init__(self, body: ChatRequest, session: Session) -> None:
+        self.body, self.session = body, session
+        self.plan: ToolPlan | None = None
+
+    def source(self) -> ConstraintSource | None:
+        if not self.body.tools:
+            return None
+        return ConstraintSource("tools", SourceKind.TOOLS, for_field("tools", self._constraint))
+
+    def _constraint(self) -> Constraint | None:
+        if self.body.choice == "none":
+            return None
+        target = self.session.target
+        functions = self.body.functions_called()
+        format = tool_format(target.chat_template(), target.path.name)
+        self.plan = ToolPlan(format, functions, self.body.choice, parallel=self.body.parallel_tool_calls is not False)
+        return self.plan.constraint(target.special_token)
+
+
+def _prompt_tokens(body: CompletionRequest, session: Session) -> list[int]:
+    """The prompt: text, one text in a list, or token ids (as OpenAI's API allows)."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and not prompt:
+        raise RequestError("the prompt is empty", "prompt")
+    if isinstance(prompt, list) and isinstance(prompt[0], int):
+        n_vocab = session.target.n_vocab
+        if any(not 0 <= token < n_vocab for token in prompt):
+            raise RequestError(f"prompt: token ids run from 0 to {n_vocab - 1}", "prompt")
+        return list(prompt)
+    text = prompt[0] if isinstance(prompt, list) else prompt
+    if not text:
+        raise RequestError("the prompt is empty", "prompt")
+    return prompt_tokens(session.target, text, chat=False)

@@ -1,0 +1,29 @@
+"""The server's log: one line per request on its stderr."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO
+
+from specli.decode.events import Stats
+
+
+@dataclass(frozen=True)
+class RequestLog:
+    """Where one request's line goes, and what it starts with: method and path."""
+
+    out: IO[str]
+    method: str
+    path: str
+
+    def line(self, status: int, stats: Stats | None = None, note: str = "") -> None:
+        """method, path, status; then tokens, tok/s and acceptance where it generated; then `note`."""
+        parts = [f"specli: {self.method} {self.path} {status}"]
+        if stats is not None:
+            parts.append(f"{stats.tokens} tokens, {stats.tokens_per_second:.1f} tok/s")
+            if stats.drafted:
+                parts.append(f"accepted {stats.accepted}/{stats.drafted} ({100 * stats.acceptance_rate:.0f}%)")
+        if note:
+            parts.append(note)
+        self.out.write(" | ".join(parts) + "\n")
+        self.out.flush()

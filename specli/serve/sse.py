@@ -1,0 +1,207 @@
+"""A streamed answer as server-sent events, for both routes: `Chunks` builds a chat's or a
+text completion's chunk from one `Piece`, and `EventStream` writes the generation's events
+as those chunks.
+
+A streamed choice says which tokens the draft wrote: one chunk per run of a step's tokens
+from one source (`source`, `proposer`), with the number of tokens its text holds (`tokens`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional, Union
+
+from specli.decode.events import Stats, Token
+from specli.serve.errors import CLIENT_LEFT, GenerationFailed, api_error
+from specli.serve.log import RequestLog
+from specli.serve.responses import (
+    ChatChunk,
+    ChatChunkChoice,
+    Delta,
+    ErrorBody,
+    ErrorResponse,
+    FunctionCallDelta,
+    TextChunk,
+    TextChunkChoice,
+    ToolCallDelta,
+    finish_reason,
+    new_id,
+    timings,
+    usage,
+)
+from specli.tools.plan import CallDelta, ContentDelta, SpecialText, ToolStream
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one chunk carries: text (None: a chat chunk of calls only, or the last), or a
+    call's delta; who wrote it; how many tokens it holds; the finish reason on the last."""
+
+    text: Optional[str] = None
+    source: Optional[str] = None
+    proposer: str = ""
+    tokens: Optional[int] = None
+    calls: Optional[list[ToolCallDelta]] = None
+    finish: Optional[str] = None
+    role: Optional[str] = None  # "assistant" on a chat's first chunk
+
+
+class Chunks:
+    """The chunks of one streamed answer, a chat's or a text completion's, under one id and time."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id, self.created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
+
+    def __call__(self, piece: Piece) -> str:
+        shared = dict(finish_reason=piece.finish, source=piece.source, proposer=piece.proposer or None,
+                      tokens=piece.tokens)
+        data: Union[ChatChunk, TextChunk]
+        if self.chat:
+            delta = Delta(role=piece.role, content=piece.text, tool_calls=piece.calls)
+            data = ChatChunk(id=self.id, created=self.created, model=self.model,
+                             choices=[ChatChunkChoice(delta=delta, **shared)])
+        else:
+            data = TextChunk(id=self.id, created=self.created, model=self.model,
+                             choices=[TextChunkChoice(text=piece.text or "", **shared)])
+        return event(data.model_dump(exclude_none=self.chat))
+
+    def usage(self, stats: Stats) -> str:
+        """The chunk after the last choice, when the request asked for usage."""
+        kind = ChatChunk if self.chat else TextChunk
+        return event(kind(id=self.id, created=self.created, model=self.model, choices=[], usage=usage(stats),
+                          timings=timings(stats)).model_dump(exclude_none=True))
+
+
+@dataclass(frozen=True)
+class Started:
+    """A generation the worker started: its Outcome to come, the event that cancels it, and
+    its events as they come (each Token and StepRecord, then None)."""
+
+    future: asyncio.Future
+    cancel: threading.Event
+    events: asyncio.Queue
+
+
+class EventStream:
+    """The first token as soon as the prompt's decode writes it, then one chunk per run of a
+    step's tokens from one source, a last chunk with the finish reason, the usage chunk when
+    asked for, then [DONE]. With tools (`calls`, reading text with its special tokens written
+    out by `special`), a run's text is read for calls: content until a call opens, then the
+    call's id and name, then its arguments in pieces. If the client goes away, Starlette
+    stops `events()` and the generation is cancelled."""
+
+    def __init__(self, chunks: Chunks, started: Started, log: RequestLog, *, usage: bool = False,
+                 calls: ToolStream | None = None, special: SpecialText | None = None) -> None:
+        self.chunks, self.started, self.log, self.usage = chunks, started, log, usage
+        self.calls, self.special = calls, special
+        # Tokens whose text is still held back (part of a character, a call being parsed):
+        # counted in the next chunk, so that the chunks' `tokens` add up to the answer's.
+        self.held = 0
+        self._pending: list[Token] = []  # the step's tokens, out when its record comes
+        self._first = True  # the prompt decode's token: out at once, not after the first step's
+
+    async def events(self) -> AsyncIterator[str]:
+        try:
+            if self.chunks.chat:
+                yield self.chunks(Piece("", role="assistant"))
+            while True:
+                event = await self.started.events.get()
+                for line in self._released(event):
+                    yield line
+                if event is None:
+                    break
+            await asyncio.wait({self.started.future})
+            for line in self._end():
+                yield line
+        finally:
+            if not self.started.future.done():
+                self.started.cancel.set()
+                self.log.line(CLIENT_LEFT, None, "client went away")
+
+    def _released(self, event: object) -> list[str]:
+        """The chunks an event releases: a step's tokens when its StepRecord (or the end, None) comes."""
+        if isinstance(event, Token) and self._first:
+            self._first = False
+            return self._run([event])
+        if isinstance(event, Token):
+            self._pending.append(event)
+            return []
+        lines = [line for tokens in _runs(self._pending) for line in self._run(tokens)]
+        self._pending = []
+        return lines
+
+    def _run(self, tokens: list[Token]) -> list[str]:
+        """Chunks for a run of tokens of one source and proposer."""
+        self.held += sum(token.id >= 0 for token in tokens)  # id -1: text held back to the end, no token of its own
+        source, proposer = tokens[0].source, tokens[0].proposer
+        if self.calls is None or self.special is None:
+            text = "".join(token.text for token in tokens)
+            lines = [self.chunks(Piece(text, source, proposer, self.held))] if text else []
+        else:
+            text = "".join(self.special(token.id) for token in tokens if token.id >= 0)
+            lines = self._deltas(self.calls.feed(text), source, proposer, self.held)
+        if lines:
+            self.held = 0
+        return lines
+
+    def _deltas(self, found: list[Union[ContentDelta, CallDelta]], source: str | None, proposer: str,
+                tokens: int | None) -> list[str]:
+        """Chunks for what the calls' reader found; the first carries the run's token count."""
+        lines = []
+        for delta in found:
+            if isinstance(delta, ContentDelta):
+                lines.append(self.chunks(Piece(delta.text, source, proposer, tokens)))
+            else:
+                call = ToolCallDelta(index=delta.index, id=delta.id, type="function" if delta.id else None,
+                                     function=FunctionCallDelta(name=delta.name, arguments=delta.arguments))
+                lines.append(self.chunks(Piece(None, source, proposer, tokens, calls=[call])))
+            tokens = None
+        return lines
+
+    def _end(self) -> list[str]:
+        """After the last token: the rest of the calls, the finish reason and the usage; or an
+        error event where the generation failed or was cut short. Then [DONE]."""
+        error = self.started.future.exception()
+        if error is not None:
+            answer = api_error(GenerationFailed(error))
+            self.log.line(answer.status)
+            return [event(ErrorResponse(error=answer.body).model_dump()), DONE]
+        stats = self.started.future.result().stats
+        if stats.finish_reason == "cancelled":  # the server is shutting down (a client that left reads nothing)
+            self.log.line(503, stats, "cancelled: shutting down")
+            body = ErrorBody(message="the server is shutting down; the answer is cut short", type="server_error")
+            return [event(ErrorResponse(error=body).model_dump()), DONE]
+        finish, lines = finish_reason(stats), []
+        if self.calls is not None and self.special is not None:
+            lines = self._deltas(self.calls.feed(self.special.flush()) + self.calls.finish(), None, "",
+                                 self.held or None)
+            self.held = self.held if not lines else 0
+            if self.calls.ids and finish == "stop":
+                finish = "tool_calls"
+        lines.append(self.chunks(Piece(None, finish=finish, tokens=self.held or None)))
+        if self.usage:
+            lines.append(self.chunks.usage(stats))
+        self.log.line(200, stats)  # before the end: a client may close as soon as it reads it
+        return lines + [DONE]
+
+
+def _runs(tokens: list[Token]) -> list[list[Token]]:
+    """A step's tokens in runs of one source and proposer."""
+    runs: list[list[Token]] = []
+    for token in tokens:
+        if runs and (runs[-1][0].source, runs[-1][0].proposer) == (token.source, token.proposer):
+            runs[-1].append(token)
+        else:
+            runs.append([token])
+    return runs
