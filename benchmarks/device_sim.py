@@ -7,10 +7,12 @@ it adds to its `Ledger` and never sleeps for:
 - the decode itself, by the number of tokens in the batch, from a measured curve (by default
   an 8B-shaped F16 model on an NVIDIA H200, after 512 tokens, llama-bench 2026-11-26);
 - copying the output rows to the host (n_vocab float32s each, at COPY_GBPS);
-- a change of batch shape (tokens, outputs, sampler): the CUDA backend reuses its captured graph
-  only while the shape stays the same, so the first use of a shape costs CAPTURE_MS and a change
-  back to a shape used before RECAPTURE_MS;
-- decode_argmax: the device sampler's cost per decode (SAMPLER_MS, measured on the H200).
+- CUDA graphs as llama.cpp's CUDA backend keeps them (ggml-cuda.cu, 0.3.36): one graph per
+  context; a decode whose shape (tokens, outputs, sampler) differs from the last one's runs
+  without a graph (GRAPHLESS_MS more, its kernels launched one by one), the next one of the same
+  shape captures it (CAPTURE_MS more), and later ones of that shape replay it;
+- decode_argmax: the device's top-k sampler per decode (SAMPLER_MS, measured on the H200);
+  decode_greedy: its argmax (GREEDY_MS, an assumption: one small reduction kernel).
 The wall time spent inside its device calls (the rows it writes, its KV bookkeeping) is kept
 apart in the ledger (`inside_seconds`), so a harness can take it off the wall time and be left
 with the host's own work. What backend.Model does in Python around llama_decode (filling the
@@ -44,12 +46,15 @@ H200_8B_MS = {1: 6.295, 2: 8.416, 3: 8.185, 4: 8.261, 5: 8.357, 6: 8.503, 7: 8.5
               48: 10.603, 49: 10.490}
 # Assumptions, not measured: the 8B shape's 2-layer F16 draft decodes one token in 0.45 ms (about
 # 1/14 of the target's), its curve the target's scaled to that; output rows cross to the host
-# at 25 GB/s; capturing a CUDA graph for a new shape costs 1.5 ms, for a known one 0.3 ms.
+# at 25 GB/s; a decode without its graph costs 0.3 ms more (the target's ~450 kernels launched
+# one by one, mostly hidden behind its 6 ms of work), and capturing one 0.5 ms; the draft's
+# both scaled with its one-token decode.
 DRAFT_ONE_TOKEN_MS = 0.45
 COPY_GBPS = 25.0
-CAPTURE_MS = 1.5
-RECAPTURE_MS = 0.3
+GRAPHLESS_MS = 0.3
+CAPTURE_MS = 0.5
 SAMPLER_MS = 0.94  # the target's top-k device sampler per decode (--verify-on-device), H200 2026-11-26
+GREEDY_MS = 0.02  # a greedy device sampler (one argmax kernel) per decode: an assumption
 HIGH_LOGIT = 30.0  # a row's chosen token; every other entry lies in [0, 1): a near one-hot row
 FIRST_TOKEN = 2  # ids 0 (BOS) and 1 are never in a script; EOS is n_vocab - 1
 
@@ -60,9 +65,10 @@ class DeviceCosts:
 
     curve: tuple[tuple[int, float], ...]  # (tokens in the batch, seconds), a steady shape
     copy_gbps: float = COPY_GBPS  # output rows to the host; 0: free
-    capture: float = CAPTURE_MS / 1000  # the first decode of a shape
-    recapture: float = RECAPTURE_MS / 1000  # a change back to a shape decoded before
+    graphless: float = GRAPHLESS_MS / 1000  # a decode without its graph: after a change of shape
+    capture: float = CAPTURE_MS / 1000  # the second decode of a shape in a row: it captures the graph
     sampler: float = SAMPLER_MS / 1000  # decode_argmax's device sampler, per decode
+    greedy: float = GREEDY_MS / 1000  # decode_greedy's, per decode
 
     def decode(self, tokens: int) -> float:
         """A decode of `tokens`: the curve, linear between its points; past its last point, along
@@ -80,14 +86,15 @@ class DeviceCosts:
     def scaled(self, one_token: float) -> DeviceCosts:
         """The same curve's shape with one token costing `one_token` seconds."""
         factor = one_token / self.curve[0][1]
-        return replace(self, curve=tuple((size, cost * factor) for size, cost in self.curve))
+        return replace(self, curve=tuple((size, cost * factor) for size, cost in self.curve),
+                       graphless=self.graphless * factor, capture=self.capture * factor)
 
 
 def h200_costs(*, draft: bool = False, draft_ms: float = DRAFT_ONE_TOKEN_MS, copy_gbps: float = COPY_GBPS,
-               capture_ms: float = CAPTURE_MS, recapture_ms: float = RECAPTURE_MS) -> DeviceCosts:
+               graphless_ms: float = GRAPHLESS_MS, capture_ms: float = CAPTURE_MS) -> DeviceCosts:
     """The 8B-shaped target's costs on the H200, or (draft) its draft's."""
     costs = DeviceCosts(tuple((size, ms / 1000) for size, ms in sorted(H200_8B_MS.items())), copy_gbps,
-                        capture_ms / 1000, recapture_ms / 1000)
+                        graphless_ms / 1000, capture_ms / 1000)
     return costs.scaled(draft_ms / 1000) if draft else costs
 
 
@@ -101,8 +108,8 @@ class Ledger:
     decode_inside_seconds: float = 0.0  # of which decodes
     decodes: int = 0
     rows_out: int = 0  # rows copied to the host
-    captures: int = 0  # decodes of a shape never decoded before
-    recaptures: int = 0  # decodes of a shape other than the last one, decoded before
+    graphless: int = 0  # decodes of another shape than the last one's: run without a graph
+    captures: int = 0  # decodes that captured a graph (the second of a shape in a row)
 
     def since(self, earlier: Ledger) -> Ledger:
         return Ledger(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
@@ -112,7 +119,7 @@ class Ledger:
 
     @property
     def shape_changes(self) -> int:
-        return self.captures + self.recaptures
+        return self.graphless
 
 
 @dataclass(frozen=True)
@@ -215,14 +222,15 @@ class SimulatedModel:
         self.bos, self.add_bos, self.add_eos = 0, True, False
         self.ledger = Ledger()
         self.closed = False
+        self.on_gpu = True  # every layer and the output head on the (simulated) GPU
         self._kv: list[int] = []
         self._on_script = 0  # the KV cache's first positions that hold the script's tokens
         self._buffer = _OutputBuffer(self.n_vocab)
         self._batch_tokens = np.zeros(batch_size, dtype=np.int32)  # backend.Model's batch arrays
         self._batch_pos = np.zeros(batch_size, dtype=np.int32)
         self._batch_logits = np.zeros(batch_size, dtype=np.int8)
-        self._shape: tuple[int, int, bool] | None = None
-        self._shapes: set[tuple[int, int, bool]] = set()
+        self._shape: tuple[int, int, str] | None = None
+        self._captured = False  # whether the graph of the last shape is captured
         self._pieces: dict[int, bytes] = {}
         self._chosen: list[int] = []  # the last decode_argmax's choices
         self._decode_seconds = [0.0] + [costs.decode(n) for n in range(1, batch_size + 1)]
@@ -238,13 +246,18 @@ class SimulatedModel:
             rows = self._decode(tokens, all_logits)
         return self._buffer.rows[:rows]
 
+    def decode_greedy(self, tokens: list[int]) -> int:
+        """The last row's argmax, chosen on the device by a greedy sampler."""
+        self._decode(tokens, False, sampler="greedy")
+        return self._chosen[-1]
+
     def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> list[int]:
         """Each row's argmax, chosen on the device: no row crosses to the host."""
-        self._decode(tokens, all_rows, argmax=True)
+        self._decode(tokens, all_rows, sampler="candidates")
         return list(self._chosen)
 
     def _decode(self, tokens: list[int], all_rows: bool, outputs: Sequence[bool] | None = None, *,
-                argmax: bool = False) -> int:
+                sampler: str = "") -> int:
         """backend.Model._decode's work in Python (the batch's arrays, chunk by chunk), each
         chunk decoded on the device. Returns the rows written."""
         if not tokens:
@@ -265,13 +278,13 @@ class SimulatedModel:
                 self._batch_logits[:n] = 1 if all_rows else 0
             if start + n == len(tokens):
                 self._batch_logits[n - 1] = 1
-            rows = self._device_decode(chunk, argmax)
+            rows = self._device_decode(chunk, sampler)
             start += n
         return rows
 
-    def _device_decode(self, chunk: list[int], argmax: bool) -> int:
+    def _device_decode(self, chunk: list[int], sampler: str) -> int:
         """What llama_decode does, simulated: the KV cache takes the chunk, the rows the batch
-        flags are written (or, with argmax, chosen), and the device's time is priced."""
+        flags are written (or, with a device sampler, chosen), and the device's time is priced."""
         started = time.perf_counter()
         out = self._batch_logits[: len(chunk)].nonzero()[0].tolist()
         first = self.n_past
@@ -282,12 +295,12 @@ class SimulatedModel:
         self._kv.extend(chunk)
         self.n_past += len(chunk)
         choices = [self._next(first + i) for i in out]
-        if argmax:
+        if sampler:
             self._chosen = choices
         else:
             for r, token in enumerate(choices):
                 self._buffer.write(r, token)
-        self._price(len(chunk), len(out), argmax)
+        self._price(len(chunk), len(out), sampler)
         spent = time.perf_counter() - started
         self.ledger.inside_seconds += spent
         self.ledger.decode_inside_seconds += spent
@@ -301,22 +314,23 @@ class SimulatedModel:
             return script.tokens[q] if not self.draft or script.draft_agrees[q] else script.wrong[q]
         return FIRST_TOKEN + (self._kv[p] * 40503 + q * 9176 + 7 * self.draft) % (self.n_vocab - 1 - FIRST_TOKEN)
 
-    def _price(self, tokens: int, rows: int, argmax: bool) -> None:
+    def _price(self, tokens: int, rows: int, sampler: str) -> None:
         costs, ledger = self.costs, self.ledger
-        seconds = self._decode_seconds[tokens] + (costs.sampler if argmax else rows * self._row_seconds)
-        shape = (tokens, rows, argmax)
-        if shape != self._shape:
-            if shape in self._shapes:
-                ledger.recaptures += 1
-                seconds += costs.recapture
-            else:
-                ledger.captures += 1
-                seconds += costs.capture
-                self._shapes.add(shape)
+        on_device = {"candidates": costs.sampler, "greedy": costs.greedy}
+        seconds = self._decode_seconds[tokens] + (on_device[sampler] if sampler else rows * self._row_seconds)
+        shape = (tokens, rows, sampler)
+        if shape != self._shape:  # ggml-cuda: properties changed, run without the graph
+            ledger.graphless += 1
+            seconds += costs.graphless
+            self._captured = False
             self._shape = shape
+        elif not self._captured:  # the same shape twice in a row: captured now
+            ledger.captures += 1
+            seconds += costs.capture
+            self._captured = True
         ledger.device_seconds += seconds
         ledger.decodes += 1
-        ledger.rows_out += 0 if argmax else rows
+        ledger.rows_out += 0 if sampler else rows
 
     def rewind(self, n_keep: int) -> None:
         started = time.perf_counter()

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from specli.decode.costs import StepCosts, VerifyCurve
 from specli.decode.ngram import PREDICTED
+from specli.decode.shapes import BatchShapes
 
 if TYPE_CHECKING:
     from specli.decode.events import StepRecord
@@ -105,9 +106,13 @@ class AdaptiveDraftPolicy:
         costs: StepCosts,
         prior: Callable[[object, int], float] | None = None,
         max_draft: int = MAX_DRAFT,
+        shapes: BatchShapes | None = None,
     ) -> None:
         self.max_draft = max_draft
         self.costs = costs
+        # The batch each draft length is decoded in (a GPU pads to reusable shapes and pays
+        # for a change of shape): the engine's, so the policy prices what the engine decodes.
+        self._shapes = shapes if shapes is not None else BatchShapes.any()
         # The proposer's belief: acceptance of a drafted token under a key, after a copy of
         # that many tokens (0: not a copy). None: PRIOR_ACCEPTANCE everywhere.
         self._prior = prior
@@ -264,8 +269,11 @@ class AdaptiveDraftPolicy:
     def _step_cost(self, k: int, key: object = None) -> float:
         """A step of k draft tokens: a draft model's decodes (key None: its catch-up with the
         text committed since it last drafted, then one decode a token), the verify, the loop."""
-        drafting = self._catch_up * self._behind + self._draft_per_token * k if key is None and k > 0 else 0.0
-        return drafting + self._verify.cost(k + 1) + self._loop
+        return self._drafting_cost(k, key) + self._shapes.cost(self._verify, k + 1, self.max_draft + 1) + self._loop
+
+    def _drafting_cost(self, k: int, key: object) -> float:
+        """A draft model's decodes for k tokens: its catch-up, then one decode a token (lookup: free)."""
+        return self._catch_up * self._behind + self._draft_per_token * k if key is None and k > 0 else 0.0
 
     def price(self, drafted: int) -> float:
         """The verify of `drafted` draft tokens, as the costs price it (a prior's are relative: 0)."""
@@ -274,7 +282,9 @@ class AdaptiveDraftPolicy:
     def record(self, step: StepRecord) -> None:
         """Learn from what the step kept. Its measured times are not used: see the module doc."""
         drafted, accepted = step.drafted, step.accepted
-        cost = self._step_cost(drafted, step.key)
+        # The batch as decoded: padded, perhaps in a new shape.
+        verify = self._shapes.paid(self._verify, step.rows) if step.rows else self._verify.cost(drafted + 1)
+        cost = self._drafting_cost(drafted, step.key) + verify + self._loop
         if step.key is None and not drafted and step.asked:  # decodes that brought no token to verify
             cost += self._catch_up * self._behind + self._draft_per_token * step.asked
         self._seconds += cost

@@ -26,6 +26,10 @@ class DecoderModel(Protocol):
     n_ctx: int
 
     def decode(self, tokens: list[int], *, all_logits: bool = False) -> np.ndarray: ...
+    def decode_greedy(self, tokens: list[int]) -> int:
+        """The last row's argmax, taken on the device (only where DraftModel.on_gpu)."""
+        ...
+
     def rewind(self, n_keep: int) -> None: ...
     def close(self) -> None: ...
 
@@ -36,27 +40,61 @@ class Drafter(Protocol):
 
     n_ctx: int
     decode_seconds: float  # inside its decodes, all told
+    on_gpu: bool  # its greedy choices can be taken on the device (choice_after, extend_choice)
 
     def behind(self, tokens: list[int]) -> int: ...
     def prepare(self, prompt: list[int]) -> None: ...
     def row_after(self, tokens: list[int]) -> np.ndarray: ...
     def extend(self, token: int) -> np.ndarray: ...
+    def choice_after(self, tokens: list[int]) -> int: ...
+    def extend_choice(self, token: int) -> int: ...
+
+
+# On a GPU, a catch-up this short is decoded a token at a time (DraftModel._chunks).
+ONE_AT_A_TIME = 2
 
 
 class DraftModel:
     """A loaded draft model whose KV cache follows the committed sequence incrementally:
-    only new tokens are decoded, rejected ones are removed."""
+    only new tokens are decoded, rejected ones are removed.
 
-    def __init__(self, model: DecoderModel) -> None:
+    `on_gpu`: it runs on a GPU, where a decode of a new shape runs without the captured graph
+    (specli.decode.shapes): its catch-up with the committed text is decoded a token at a
+    time, the shape every drafting decode has, and a greedy draft's choices can be taken on
+    the device (choice_after, extend_choice), so no row of logits crosses to the host."""
+
+    def __init__(self, model: DecoderModel, *, on_gpu: bool = False) -> None:
         self.model = model
+        self.on_gpu = on_gpu
         self.cached: list[int] = []  # tokens in its KV cache, in order
         self.decode_seconds = 0.0  # inside its model's decodes, all told
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
+        """The logits row after the last of `tokens` (as a one-row array)."""
         started = time.perf_counter()
-        rows = self.model.decode(tokens)
+        rows = None
+        for chunk in self._chunks(tokens):
+            rows = self.model.decode(chunk)
         self.decode_seconds += time.perf_counter() - started
-        return rows
+        assert rows is not None
+        return rows[-1:]
+
+    def _choose(self, tokens: list[int]) -> int:
+        """The device's greedy choice after the last of `tokens`."""
+        started = time.perf_counter()
+        choice = -1
+        for chunk in self._chunks(tokens):
+            choice = self.model.decode_greedy(chunk)
+        self.decode_seconds += time.perf_counter() - started
+        return choice
+
+    def _chunks(self, tokens: list[int]) -> list[list[int]]:
+        """The decodes that bring `tokens` in: on a GPU a short catch-up (a step's usual one or
+        two tokens) goes a token a decode, keeping the drafting decodes' shape; anything longer
+        (a prompt, a chat's new turn) in one batch, where one change of shape costs less."""
+        if self.on_gpu and len(tokens) <= ONE_AT_A_TIME:
+            return [[token] for token in tokens]
+        return [tokens]
 
     @property
     def n_ctx(self) -> int:
@@ -84,20 +122,32 @@ class DraftModel:
     def row_after(self, tokens: list[int]) -> np.ndarray:
         """The logits row for the token after `tokens`: its cache rewound to what it shares
         with them, and the rest decoded (the last token at least, for its row)."""
+        return self._decode(self._rewind_to(tokens))[-1]
+
+    def choice_after(self, tokens: list[int]) -> int:
+        """row_after's argmax, taken on the device (on_gpu only)."""
+        return self._choose(self._rewind_to(tokens))
+
+    def _rewind_to(self, tokens: list[int]) -> list[int]:
+        """Rewind its cache to what it shares with `tokens` (all but the last, at most), and
+        take the rest as cached: the tokens to decode now."""
         keep = common_prefix_length(self.cached, tokens)
         if keep == len(tokens):
             keep -= 1
         self.model.rewind(keep)
         del self.cached[keep:]
-        row = self._decode(tokens[keep:])[-1]
         self.cached.extend(tokens[keep:])
-        return row
+        return tokens[keep:]
 
     def extend(self, token: int) -> np.ndarray:
         """Decode one more token; the logits row after it."""
-        row = self._decode([token])[0]
         self.cached.append(token)
-        return row
+        return self._decode([token])[0]
+
+    def extend_choice(self, token: int) -> int:
+        """extend's argmax, taken on the device (on_gpu only)."""
+        self.cached.append(token)
+        return self._choose([token])
 
     def close(self) -> None:
         self.model.close()
@@ -132,6 +182,19 @@ class DraftModelProposer:
     def lookup(self, tokens: list[int], count: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
+    def _greedy_on_device(self) -> bool:
+        """Whether each drafted token is the row's argmax and nothing else reads the row (no
+        penalty, constraint or min-p): then the device chooses it (DraftModel.on_gpu)."""
+        sampling = self.sampling
+        return (self.draft.on_gpu and (sampling.greedy or not self.keyed) and not sampling.penalises
+                and self.constraint is None and self.draft_min_p <= 0.0)
+
+    def _draft_on_device(self, tokens: list[int], count: int) -> list[int]:
+        drafted = [self.draft.choice_after(tokens)]
+        while len(drafted) < count:
+            drafted.append(self.draft.extend_choice(drafted[-1]))
+        return drafted
+
     def behind(self, tokens: list[int]) -> int:
         return self.draft.behind(tokens)
 
@@ -145,6 +208,9 @@ class DraftModelProposer:
         if count <= 0:
             return Proposal()
         decoded = self.draft.decode_seconds
+        if self._greedy_on_device():
+            return Proposal(self._draft_on_device(tokens, count), proposer=self.name,
+                            decode_seconds=self.draft.decode_seconds - decoded)
         row = self.draft.row_after(tokens)
         drafted: list[int] = []
         constraint = self.constraint

@@ -38,6 +38,7 @@ from specli.decode.sampling import (
     verify_keyed,
     warp,
 )
+from specli.decode.shapes import BatchShapes
 from specli.decode.text import TextStream, common_prefix_length
 from specli.errors import PromptError
 
@@ -100,7 +101,8 @@ class Engine:
 
     def __init__(self, target: TargetModel, proposer: Proposer, policy: DraftPolicy, request: GenerationRequest,
                  *, cache: TargetCache | None = None, verify_on_device: bool = False,
-                 matcher: Matcher | None = None, max_batch: int = 0, draft_model: str = "") -> None:
+                 matcher: Matcher | None = None, max_batch: int = 0, draft_model: str = "",
+                 shapes: BatchShapes | None = None) -> None:
         self.target = target
         self.draft_model = draft_model  # the draft model's name, where one drafts (the stats name it)
         self.proposer = proposer
@@ -114,6 +116,9 @@ class Engine:
         # Forced tokens are drafted only where something drafts (--draft none: one token a step).
         self._forces = matcher is not None and not isinstance(proposer, NoProposer)
         self.max_batch = max_batch or policy.max_draft + 1
+        # The verify batch sizes the target's decodes keep to (a GPU's reusable shapes), shared
+        # with the policy that prices them and with later engines on the same target.
+        self.shapes = shapes if shapes is not None else BatchShapes.any()
         # A penalised or masked row depends on the tokens before it, which the device does not see.
         self._on_device = verify_on_device and self.sampling.pure_greedy and matcher is None
         self.stats = self._fresh_stats()
@@ -291,32 +296,51 @@ class Engine:
         forced = self._forced_run(room)
         proposal, draft, asked = self._propose(tokens + forced if forced else tokens, room - len(forced))
         t1 = time.perf_counter()
+        draft, padding = self._pad(proposal, forced, draft)
         batch = [last] + forced + draft  # row i: after last + (forced + draft)[:i]
+        if padding:  # rows of a reusable shape that nobody reads (BatchShapes)
+            batch = batch + [batch[-1]] * padding
         if self._on_device:
             rows = target.decode_argmax(batch, all_rows=True)
         elif forced:  # a forced token needs no row: the rows before them ask for no logits
-            rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1))
+            rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1 + padding))
         else:
             rows = target.decode(batch, all_logits=True)
+        self.shapes.used(len(batch))
         t2 = time.perf_counter()
         accepted, written = self._verify(rows, tokens + forced, draft)
         t3 = time.perf_counter()
         # Keep `last`, the forced and the accepted draft tokens; the written token is the new `last`.
-        if accepted < len(draft):
-            target.rewind(target.n_past - (len(draft) - accepted))
+        if accepted < len(draft) or padding:
+            target.rewind(target.n_past - (len(draft) - accepted) - padding)
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
                           proposal.proposer if draft else "", proposal.support[: len(draft)],
                           proposal.agreeing[: len(draft)], asked,
                           # (the costs price batches whose every row has logits)
-                          0.0 if forced else self.policy.price(len(draft)), forced=len(forced),
+                          0.0 if forced else self.policy.price(len(batch) - 1), forced=len(forced),
+                          rows=len(batch),
                           draft_decode_seconds=proposal.decode_seconds)
         self.stats.record(step)
         self.policy.record(step)
         committed = forced + draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * (len(forced) + accepted) + ["target"]
         return committed, sources, step
+
+    def _pad(self, proposal: Proposal, forced: list[int], draft: list[int]) -> tuple[list[int], int]:
+        """The draft to verify and the padding rows after it, for the batch size BatchShapes
+        chooses: where the proposal has tokens past the chosen ones they fill the rows first
+        (verified like the rest, at no extra cost), the rest is padding. Never past the
+        largest batch (--exact) or the context."""
+        needed = 1 + len(forced) + len(draft)
+        most = min(self.max_batch, self.target.n_ctx - self.target.n_past)
+        rows = self.shapes.rows(needed, most)
+        if rows <= needed:
+            return draft, 0
+        more = proposal.tokens[len(draft) : len(draft) + rows - needed] if draft else []
+        draft = draft + more
+        return draft, rows - needed - len(more)
 
     def _verify(self, rows: Sequence, tokens: list[int], draft: list[int]) -> tuple[int, int]:
         """(accepted, written) from the verify batch's rows: the device's argmax of each, or

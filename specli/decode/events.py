@@ -48,6 +48,9 @@ class StepRecord:
     forced: int = 0
     # Of draft_seconds, the draft model's decodes (Proposal.decode_seconds); the rest is the host's.
     draft_decode_seconds: float = 0.0
+    # Tokens in the verify decode: [last], forced, drafted, and rows padding it to a reusable
+    # shape (BatchShapes); 0: as many as that without padding (a record made elsewhere).
+    rows: int = 0
 
     @property
     def rows_read(self) -> int:

@@ -45,6 +45,8 @@ class NextnDraft:
     """The MTP caches of one loaded target, kept across generations (a chat's turns): the
     committed tokens each context's cache holds, and the draft in progress."""
 
+    on_gpu = False  # its rows come to the host (choice_after is row_after's argmax)
+
     def __init__(self, heads: NextnLayers) -> None:
         self.heads = heads
         self.n_ctx = heads.n_ctx
@@ -111,6 +113,13 @@ class NextnDraft:
         logits, self._written = self._decode(step, self._tokens, start, np.stack(self._states))
         self.cached[step].append(self._tokens[0])
         return logits
+
+
+    def choice_after(self, tokens: list[int]) -> int:
+        return int(np.argmax(self.row_after(tokens)))
+
+    def extend_choice(self, token: int) -> int:
+        return int(np.argmax(self.extend(token)))
 
 
 class MtpProposer(DraftModelProposer):

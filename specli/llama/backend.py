@@ -188,7 +188,8 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
-        self._device_sampler = None  # the chain sequence 0 samples with while decode_argmax is in use
+        self._device_sampler = None  # the chain sequence 0 samples with (decode_argmax, decode_greedy)
+        self._device_sampling = ""  # which: "candidates" or "greedy" ("": none, logits come to the host)
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack
@@ -203,6 +204,11 @@ class Model:
                 "rerun with --verbose for llama.cpp's reason",
             )
         self._vocab = llama.llama_model_get_vocab(self._model)
+        # Every layer and the output head on a local GPU (llama.cpp offloads the output with the
+        # layers once n_gpu_layers exceeds the layer count): its decodes replay CUDA graphs, and
+        # a row costs little next to a step.
+        layers = int(llama.llama_model_n_layer(self._model))
+        self.on_gpu = supports_gpu_offload() and (settings.gpu_layers < 0 or settings.gpu_layers > layers)
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(self._model))
         ctx_params = llama.llama_context_default_params()
@@ -273,7 +279,7 @@ class Model:
 
         The returned array is a view of llama.cpp's buffer, valid until the next decode.
         """
-        self._sample_on_device(False)
+        self._sample_on_device("")
         if outputs is not None:
             self._decode(tokens, True, outputs)
             return self._logits_rows(int(sum(bool(flag) for flag in outputs[: len(tokens) - 1])) + 1)
@@ -288,9 +294,21 @@ class Model:
 
         Rows are read when indexed; the result is valid until the next decode.
         """
-        self._sample_on_device(True)
+        self._sample_on_device("candidates")
         self._decode(tokens, all_rows)
         return DeviceChoices(self, len(tokens) if all_rows else 1)
+
+    def decode_greedy(self, tokens: list[int]) -> int:
+        """Append tokens to the KV cache; return the last row's argmax as the device takes it
+        (ggml's argmax: a tie goes to whichever maximum the device's reduction keeps, not
+        always the lowest id, so only for a draft, whose tokens the target verifies). No logits
+        row crosses to the host."""
+        self._sample_on_device("greedy")
+        self._decode(tokens, False)
+        token = int(llama.llama_get_sampled_token_ith(self._ctx, len(self._last_batch[0]) - 1))
+        if token < 0:
+            raise DecodeError(-1, self.path, "wrote no token for the device's greedy choice")
+        return token
 
     def _decode(self, tokens: list[int], all_rows: bool, outputs: Sequence[bool] | None = None) -> None:
         if not tokens:
@@ -326,29 +344,33 @@ class Model:
 
     # --- backend sampling (decode_argmax) --------------------------------------
 
-    def _sample_on_device(self, on: bool) -> None:
-        """Attach (or detach) the device sampler of sequence 0. While it is attached,
-        llama.cpp copies no logits to the host for the sequence's rows; each attach or
-        detach re-plans the compute graph, so it happens only when the path changes."""
-        if on == (self._device_sampler is not None):
+    def _sample_on_device(self, mode: str) -> None:
+        """Attach (or detach: "") the device sampler of sequence 0: "candidates" keeps
+        DEVICE_CANDIDATES (id, logit) pairs a row, "greedy" one token id. While one is
+        attached, llama.cpp copies no logits to the host for the sequence's rows; each attach
+        or detach re-plans the compute graph, so it happens only when the path changes."""
+        if mode == self._device_sampling:
             return
-        if not on:
+        if self._device_sampler is not None:
             llama.llama_set_sampler(self._ctx, 0, None)
             llama.llama_sampler_free(self._device_sampler)
-            self._device_sampler = None
+            self._device_sampler, self._device_sampling = None, ""
+        if not mode:
             return
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(min(DEVICE_CANDIDATES, self.n_vocab)))
+        sampler = (llama.llama_sampler_init_greedy() if mode == "greedy"
+                   else llama.llama_sampler_init_top_k(min(DEVICE_CANDIDATES, self.n_vocab)))
+        llama.llama_sampler_chain_add(chain, sampler)
         attached = llama.llama_set_sampler(self._ctx, 0, chain)
-        # "+top-k": its ggml ops run on the output device; "-top-k": they do not, and the
-        # rows would come back with neither logits nor candidates.
+        # "+name": its ggml ops run on the output device; "-name": they do not, and the rows
+        # would come back with neither logits nor a choice.
         name = llama.llama_sampler_name(llama.llama_sampler_chain_get(chain, 0)) if attached else b""
         if not name.startswith(b"+"):
             if attached:
                 llama.llama_set_sampler(self._ctx, 0, None)
             llama.llama_sampler_free(chain)
             raise DeviceSamplingError(self.path, name.decode(errors="replace") or "llama_set_sampler refused the sampler")
-        self._device_sampler = chain
+        self._device_sampler, self._device_sampling = chain, mode
 
     def _device_choice(self, index: int) -> int | None:
         """Row `index`'s argmax from the device's candidates; None where the candidates
@@ -517,7 +539,7 @@ class Model:
 
     def close(self) -> None:
         if self._device_sampler is not None:
-            self._sample_on_device(False)
+            self._sample_on_device("")
         if self._batch is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
