@@ -362,7 +362,7 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int, max_token
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
                                   max_tokens=budget))
                 print(f"recorded {workload.name}: {len(prompt)} + {len(output)} tokens", file=sys.stderr)
-        calibration = session.calibrate().verify
+        calibration = session.pricing.calibrate().verify
         # In situ: after a context as long as a typical prompt, in the engine's order of
         # calls (decode, then rewind), each size `repeats` times, the median kept.
         filler = [t for case in cases for t in case["prompt"] + case["output"]]

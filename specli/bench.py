@@ -30,7 +30,8 @@ from specli.decode.sampling import top_two_margin
 from specli.errors import ConfigError
 from specli.llama.backend import library_versions
 from specli.prompt import prompt_tokens
-from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
+from specli.pricing import exact_batch_sizes
+from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
 
 PLAIN = "plain"
@@ -46,10 +47,10 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
     exact_sizes = exact_batch_sizes(spec, progress)
     with open_session(spec, progress) as session:
-        if AUTO in configs and session.costs(measure=False).source != "calibrated":
+        if AUTO in configs and session.pricing.costs(measure=False).source != "calibrated":
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
-            session.calibrate()
+            session.pricing.calibrate()
         report = run_bench(session, request, workloads, configs, runs, progress)
         # Where the verified rows' argmax was taken: the device only for greedy runs without a penalty.
         on_device = spec.verify_on_device and request.sampling.pure_greedy

@@ -149,15 +149,14 @@ def check_costs() -> list[StoredCurve]:
     """Every verify-cost curve in the store: its age, source, and whether it still holds (a
     plausible shape, not marked stale by a run, measured by this build), with the command
     that measures it again."""
-    from specli.config import cache_dir
-    from specli.decode.costs import CostStore, curve_problem
-    from specli.session import COSTS_VERSION, build_key, parse_settings_key
+    from specli.decode.costs import curve_problem
+    from specli.pricing import COSTS_VERSION, build_key, cost_store, parse_settings_key
 
     try:
         build = build_key()
     except Exception:  # noqa: BLE001 - no working backend: the report says so elsewhere
         build = None
-    store = CostStore(cache_dir() / "costs.json")
+    store = cost_store()
     curves = []
     for key in store.keys():
         costs, parsed = store.costs(key), parse_settings_key(key)
@@ -220,15 +219,16 @@ SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
 def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     """A model's stored costs and exact batch sizes; with `calibrate`, measured now and stored."""
     from specli.decode.costs import VerifyCurve
-    from specli.session import exact_batch_sizes, open_session
+    from specli.pricing import exact_batch_sizes
+    from specli.session import open_session
 
     exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
         if calibrate:
             if notice is not None:
                 notice("timing the target's verify batches")
-            session.calibrate()
-        costs = session.costs(measure=False)
+            session.pricing.calibrate()
+        costs = session.pricing.costs(measure=False)
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}

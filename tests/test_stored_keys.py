@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from specli import session as session_module
+from specli import pricing
 from specli.decode.costs import Calibration, CostStore, StepCosts
 from specli.llama.backend import LoadSettings
-from specli.session import SessionSpec, draft_key, exact_key, open_session, parse_settings_key, settings_key
+from specli.pricing import draft_key, exact_key, parse_settings_key, settings_key
+from specli.session import SessionSpec, open_session
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 MTIME_NS = 1_700_000_000_123_456_789
@@ -92,10 +93,10 @@ def test_a_first_run_with_a_draft_stores_the_same_keys_and_fields(smollm_path, t
     target's curve, the draft's cost per token, catch-up and agreement (the model drafting
     for itself agrees everywhere)."""
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
-    monkeypatch.setattr(session_module, "calibrate", _timed)
+    monkeypatch.setattr(pricing, "calibrate", _timed)
     load = LoadSettings(ctx_size=256)
     with open_session(SessionSpec(smollm_path, smollm_path, load, load)) as session:
-        session.costs()
+        session.pricing.costs()
     stored = json.loads((tmp_path / "costs.json").read_text())
     masked = {_masked(key, smollm_path): _unclocked(value) for key, value in stored.items()}
     _compare("costs_keys_first_run.json", json.dumps(masked, indent=1, sort_keys=True) + "\n")

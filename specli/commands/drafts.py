@@ -37,12 +37,13 @@ def drafts(
         if measure:
             raise UsageError("--measure loads the target: give a downloaded one", "specli pull, or a GGUF path")
     elif measure:
-        from specli.session import measure_draft
+        from specli.session import SessionSpec, open_session
 
         _, found = draft_candidates(path, target)
         for candidate in found:
             typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
-            measure_draft(path, Path(candidate.draft.path), load)
+            with open_session(SessionSpec(path, Path(candidate.draft.path), load, load)) as session:
+                session.pricing.measure_speedup(session.engine_for)
 
     def speedup(target_path: Path, draft: Path) -> float | None:
         return stored_speedup(target_path, draft, load)
