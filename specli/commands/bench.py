@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from specli.commands import options as opt
-from specli.commands.app import Command, app, report_console
+from specli.commands.app import Command, app
+from specli.commands.tables import report_console
 from specli.decode.request import AUTO, DraftKind
 from specli.errors import UsageError
 

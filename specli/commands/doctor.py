@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from specli.commands import options as opt
-from specli.commands.app import Command, app, report_console
+from specli.commands.app import Command, app
+from specli.commands.tables import report_console
 
 
 @app.command("doctor", cls=Command)
