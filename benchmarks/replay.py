@@ -345,7 +345,7 @@ def copy_bound(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 # --- record -------------------------------------------------------------------------
 
 def record(model: Path, prompt_files: list[Path | None], repeats: int, max_tokens: int | None = None) -> dict:
-    from specli.bench import load_workloads
+    from specli.comparison import load_workloads
     from specli.decode.events import Token
     from specli.prompt import prompt_tokens
     from specli.session import SessionSpec, open_session

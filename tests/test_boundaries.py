@@ -106,16 +106,16 @@ def test_sampling_is_pure_numpy_and_the_engine_never_prints():
 
 LAYERS = {  # a package, and the specli packages and modules it must never import
     "specli.decode": ("specli.llama", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                      "specli.pricing", "specli.stream", "specli.render", "specli.prompt", "specli.bench",
-                      "specli.doctor"),
+                      "specli.pricing", "specli.stream", "specli.render", "specli.prompt", "specli.comparison",
+                      "specli.diagnostics"),
     "specli.llama": ("specli.decode", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                     "specli.pricing", "specli.stream", "specli.bench", "specli.doctor"),
+                     "specli.pricing", "specli.stream", "specli.comparison", "specli.diagnostics"),
     "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.pricing", "specli.stream",
-                      "specli.bench", "specli.doctor", "specli.llama.backend"),
+                      "specli.comparison", "specli.diagnostics", "specli.llama.backend"),
     "specli.serve": ("specli.commands",),
-    "specli.pricing": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.bench",
-                       "specli.doctor"),
-    "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.bench"),
+    "specli.pricing": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.comparison",
+                       "specli.diagnostics"),
+    "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.comparison"),
     "specli.stream": ("specli.commands", "specli.serve", "specli.session", "specli.pricing"),
     "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.pricing", "specli.llama"),
 }

@@ -12,7 +12,7 @@ import pytest
 from benchmarks import host_overhead
 from benchmarks.device_sim import FIRST_TOKEN, SimulatedModel, h200_costs, make_script
 from benchmarks.host_overhead import Setup, open_session, request_for, run_once
-from specli.bench import Measurement
+from specli.comparison import Measurement
 from specli.decode.request import AUTO
 from specli.stream import stream
 

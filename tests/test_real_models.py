@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
 from specli.decode.events import Token

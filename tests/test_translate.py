@@ -17,7 +17,7 @@ import sys
 import pytest
 from test_real_models import assert_lossless
 
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
 from specli.decode.events import Token
