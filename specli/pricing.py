@@ -9,7 +9,8 @@ its catch-up, its greedy agreement with the target, and (`drafts --measure`) its
 Everything is stored in one CostStore, keyed by the model file, its load settings, the
 llama.cpp build and its devices (`settings_key`), so no other machine's or build's timings
 steer a run. The cost maths itself (curves, timing, judging a calibration) is
-specli/decode/costs.py; this module loads nothing, and runs what the session loaded.
+specli/decode/costs.py; this module times the models the session loaded (exact_batch_sizes
+alone loads the target, once per repacking setting, before the session does).
 """
 
 from __future__ import annotations
