@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 
 BATCHES = (2, 3, 4, 5, 8, 9, 16, 17, 32, 48)
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from specli.bench import load_workloads
+    from specli.comparison import load_workloads
     from specli.llama.backend import LoadSettings, Model
     from specli.prompt import prompt_tokens
 

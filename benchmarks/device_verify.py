@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from specli.bench import load_workloads
+from specli.comparison import load_workloads
 from specli.decode.engine import Engine
 from specli.decode.events import Stats, Token
 from specli.decode.ngram import NGramProposer

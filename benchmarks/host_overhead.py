@@ -59,7 +59,8 @@ from specli.decode.draft_model import DraftModel  # noqa: E402
 from specli.decode.events import Stats, StepRecord, Token  # noqa: E402
 from specli.decode.request import AUTO, DraftKind, DraftTokens, GenerationRequest  # noqa: E402
 from specli.render import TextRenderer  # noqa: E402
-from specli.session import CATCH_UP_BATCH, Session, SessionSpec  # noqa: E402
+from specli.pricing import CATCH_UP_BATCH, Pricing  # noqa: E402
+from specli.session import Session, SessionSpec  # noqa: E402
 from specli.stream import stream  # noqa: E402
 
 GOAL_STEP_US = 400.0  # host time a step at K=8, 152k vocabulary
@@ -83,16 +84,24 @@ class Setup:
     verify_on_device: bool = False
 
 
+class SteadyPricing(Pricing):
+    """The simulated device's steady costs, neither read from the store nor measured."""
+
+    def __init__(self, session: Session, costs: StepCosts) -> None:
+        super().__init__(session.spec, session.target, session.draft, translated=session.translated)
+        self._steady = costs
+
+    def costs(self, *, measure: bool = True) -> StepCosts:
+        return self._steady
+
+
 class SimulatedSession(Session):
     """A Session over simulated models, whose -k auto prices with the device's steady costs."""
 
     def __init__(self, spec: SessionSpec, target: SimulatedModel, draft: SimulatedModel | None,
                  costs: StepCosts) -> None:
         super().__init__(spec, target, DraftModel(draft) if draft is not None else None)  # type: ignore[arg-type]
-        self._simulated_costs = costs
-
-    def costs(self, *, measure: bool = True) -> StepCosts:
-        return self._simulated_costs
+        self.pricing = SteadyPricing(self, costs)
 
 
 def steady_costs(setup: Setup, with_draft: bool) -> StepCosts:

@@ -345,7 +345,7 @@ def copy_bound(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
 # --- record -------------------------------------------------------------------------
 
 def record(model: Path, prompt_files: list[Path | None], repeats: int, max_tokens: int | None = None) -> dict:
-    from specli.bench import load_workloads
+    from specli.comparison import load_workloads
     from specli.decode.events import Token
     from specli.prompt import prompt_tokens
     from specli.session import SessionSpec, open_session
@@ -362,7 +362,7 @@ def record(model: Path, prompt_files: list[Path | None], repeats: int, max_token
                 cases.append(dict(name=workload.name, kind=workload.kind, prompt=prompt, output=output,
                                   max_tokens=budget))
                 print(f"recorded {workload.name}: {len(prompt)} + {len(output)} tokens", file=sys.stderr)
-        calibration = session.calibrate().verify
+        calibration = session.pricing.calibrate().verify
         # In situ: after a context as long as a typical prompt, in the engine's order of
         # calls (decode, then rewind), each size `repeats` times, the median kept.
         filler = [t for case in cases for t in case["prompt"] + case["output"]]

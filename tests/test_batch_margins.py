@@ -7,7 +7,7 @@ import math
 import pytest
 
 from benchmarks.batch_margins import batched_margins, measure
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.llama.backend import LoadSettings, Model
 
 pytestmark = pytest.mark.slow  # loads real models

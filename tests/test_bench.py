@@ -11,8 +11,9 @@ from fakes import FakeModel
 from fakes import plain_greedy as reference_greedy
 from typer.testing import CliRunner
 
-from specli.bench import Measurement, _agreement, plain_greedy, shared_text_speedup
+from specli.commands.bench import _agreement
 from specli.commands.cli import app
+from specli.comparison import Measurement, plain_greedy, shared_text_speedup
 from specli.decode.events import Stats
 from specli.decode.request import parse_draft_tokens_list
 from specli.decode.sampling import top_two_margin

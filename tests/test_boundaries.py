@@ -106,15 +106,18 @@ def test_sampling_is_pure_numpy_and_the_engine_never_prints():
 
 LAYERS = {  # a package, and the specli packages and modules it must never import
     "specli.decode": ("specli.llama", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                      "specli.stream", "specli.render", "specli.prompt", "specli.bench", "specli.doctor"),
+                      "specli.pricing", "specli.stream", "specli.render", "specli.prompt", "specli.comparison",
+                      "specli.diagnostics"),
     "specli.llama": ("specli.decode", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                     "specli.stream", "specli.bench", "specli.doctor"),
-    "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.bench",
-                      "specli.doctor", "specli.llama.backend"),
+                     "specli.pricing", "specli.stream", "specli.comparison", "specli.diagnostics"),
+    "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.pricing", "specli.stream",
+                      "specli.comparison", "specli.diagnostics", "specli.llama.backend"),
     "specli.serve": ("specli.commands",),
-    "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.bench"),
-    "specli.stream": ("specli.commands", "specli.serve", "specli.session"),
-    "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.llama"),
+    "specli.pricing": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.comparison",
+                       "specli.diagnostics"),
+    "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.comparison"),
+    "specli.stream": ("specli.commands", "specli.serve", "specli.session", "specli.pricing"),
+    "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.pricing", "specli.llama"),
 }
 
 
@@ -126,6 +129,14 @@ def test_layers_point_one_way():
               if module == layer or module.startswith(layer + ".")
               for imported in imports if any(imported == b or imported.startswith(b + ".") for b in banned)]
     assert broken == []
+
+
+def test_the_decoding_algorithm_does_not_import_pricing():
+    """decode/ holds the pure cost maths; measuring the loaded models and storing what they
+    cost (specli.pricing) needs the binding and the devices, which decode/ may not import."""
+    graph = import_graph()
+    assert "specli.pricing" in graph and "specli.decode.costs" in graph["specli.pricing"], "the graph is read"
+    assert [module for module in graph if module.startswith("specli.decode") and "specli.pricing" in graph[module]] == []
 
 
 # Constructors of proposers and draft-length policies: Session.engine_for builds them, once.

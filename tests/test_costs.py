@@ -151,15 +151,15 @@ def test_a_stored_implausible_curve_is_replaced_on_the_next_run(gemma_path, tmp_
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=512))
     with open_session(spec) as session:
-        first = session.costs()
-        key = session._costs_key()
+        first = session.pricing.costs()
+        key = session.pricing.key
     assert first.source == "first run" and curve_problem(first.verify) is None
     # What a first run on a busy machine stored (a batch of 2 "cheaper" than one token).
     store = CostStore(tmp_path / "costs.json")
     store.put_costs(key, replace(first, verify={**first.verify, 2: first.verify[1] * 0.2}, measured_at=1.0))
     notices: list[str] = []
     with open_session(spec, notices.append) as session:
-        again = session.costs()
+        again = session.pricing.costs()
     assert again.source == "first run" and curve_problem(again.verify) is None and again.measured_at > 1.0
     assert CostStore(tmp_path / "costs.json").costs(key) == again, "replaced in the store"
     assert len(notices) == 1 and "no longer hold (a batch of 2 priced at 0.20x one token)" in notices[0]
@@ -175,8 +175,8 @@ def test_a_run_far_from_its_stored_curve_marks_it_stale_and_the_next_run_measure
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=512))
     with open_session(spec) as session:
-        key = session._costs_key()
-        measured = session.costs()
+        key = session.pricing.key
+        measured = session.pricing.costs()
     # A curve of the right shape, priced a third of what this machine takes now.
     CostStore(tmp_path / "costs.json").put_costs(key, replace(measured, verify={size: seconds / 3 for size, seconds
                                                                                   in measured.verify.items()}))
@@ -186,11 +186,11 @@ def test_a_run_far_from_its_stored_curve_marks_it_stale_and_the_next_run_measure
         outcome = stream(engine, prompt_tokens(session.target, "The history of the printing press", chat=False),
                          _Quiet())
         assert outcome.stats.priced_steps >= STALE_STEPS and outcome.stats.costs_ratio > 1.5
-        assert session.review(outcome.stats)
+        assert session.pricing.review(outcome.stats)
     assert CostStore(tmp_path / "costs.json").costs(key).stale == pytest.approx(outcome.stats.costs_ratio)
     assert "measured again on the next run" in notices[-1]
     with open_session(spec, notices.append) as session:
-        again = session.costs()
+        again = session.pricing.costs()
     assert again.stale is None and again.verify[1] == pytest.approx(measured.verify[1], rel=0.5)
     assert "no longer hold" in notices[-1]
 
@@ -209,16 +209,15 @@ def test_a_calibration_under_load_is_near_a_quiet_one_or_not_stored(gemma_path, 
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=512))
     with open_session(spec) as session:
-        quiet_curve = session.calibrate().verify
-        key = session._costs_key()
+        quiet_curve = session.pricing.calibrate().verify
+        key = session.pricing.key
         (tmp_path / "costs.json").unlink()
-        session._cost_store = None
         busy = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"])
                 for _ in range(os.cpu_count() or 2)]
         try:
             time.sleep(0.5)
             try:
-                loaded = session.calibrate().verify
+                loaded = session.pricing.calibrate().verify
             except CalibrationError as error:
                 loaded = None
                 assert "too busy" in error.message

@@ -191,7 +191,7 @@ def exact_session(gemma_path):
 def test_exact_device_verification_writes_plain_decodings_text(exact_session):
     """--exact: plain decoding on the host path, and speculative runs verified on the device
     at every K the exact batch allows, write one text (a prompt with near-ties)."""
-    from specli.bench import load_workloads
+    from specli.comparison import load_workloads
     from specli.prompt import prompt_tokens
 
     session = exact_session

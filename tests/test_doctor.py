@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from specli import doctor, install
+from specli import diagnostics
+from specli import install
+from specli.commands.doctor import print_report
 
 NATIVE_OFF = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
 AVX512_BUILD = NATIVE_OFF + "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | "
@@ -12,14 +14,14 @@ AVX512_CPU = {"fpu", "sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq"
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\nprocessor\t: 1\n")
-    assert doctor.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512f", "avx512_vnni"}
-    assert doctor.cpu_flags(tmp_path / "absent") is None
+    assert diagnostics.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512f", "avx512_vnni"}
+    assert diagnostics.cpu_flags(tmp_path / "absent") is None
     (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd\n")
-    assert doctor.cpu_flags(tmp_path / "arm") is None
+    assert diagnostics.cpu_flags(tmp_path / "arm") is None
 
 
 def test_a_portable_build_on_an_avx512_cpu_misses_avx512():
-    unused = doctor.unused_cpu_features(AVX512_CPU, NATIVE_OFF)
+    unused = diagnostics.unused_cpu_features(AVX512_CPU, NATIVE_OFF)
     assert unused == [("AVX512", "GGML_AVX512"), ("AVX512_VBMI", "GGML_AVX512_VBMI"),
                       ("AVX512_VNNI", "GGML_AVX512_VNNI"), ("AVX512_BF16", "GGML_AVX512_BF16")]
     command = install.cpu_install_command(unused)
@@ -28,22 +30,22 @@ def test_a_portable_build_on_an_avx512_cpu_misses_avx512():
 
 
 def test_nothing_is_missing_where_the_build_matches_the_cpu():
-    assert doctor.unused_cpu_features(AVX512_CPU, AVX512_BUILD) == []
-    assert doctor.unused_cpu_features({"avx2", "fma", "f16c"}, NATIVE_OFF) == []
+    assert diagnostics.unused_cpu_features(AVX512_CPU, AVX512_BUILD) == []
+    assert diagnostics.unused_cpu_features({"avx2", "fma", "f16c"}, NATIVE_OFF) == []
     # AVX512 built but not AVX512_BF16 (a CPU without it): only what the CPU has counts.
-    assert doctor.unused_cpu_features({"avx2", "avx512f"}, AVX512_BUILD.replace("AVX512_BF16 = 1 | ", "")) == []
+    assert diagnostics.unused_cpu_features({"avx2", "avx512f"}, AVX512_BUILD.replace("AVX512_BF16 = 1 | ", "")) == []
     # A build without AVX2 on an AVX2 CPU.
-    assert doctor.unused_cpu_features({"avx2"}, "CPU : SSE3 = 1 | AVX = 1 | ") == [("AVX2", "GGML_AVX2")]
+    assert diagnostics.unused_cpu_features({"avx2"}, "CPU : SSE3 = 1 | AVX = 1 | ") == [("AVX2", "GGML_AVX2")]
 
 
 def test_unknown_cpu_or_build_says_nothing():
-    assert doctor.unused_cpu_features(None, NATIVE_OFF) is None
-    assert doctor.unused_cpu_features(AVX512_CPU, None) is None
+    assert diagnostics.unused_cpu_features(None, NATIVE_OFF) is None
+    assert diagnostics.unused_cpu_features(AVX512_CPU, None) is None
 
 
 def test_the_report_hints_at_the_faster_build_without_failing(monkeypatch):
-    monkeypatch.setattr(doctor, "cpu_flags", lambda: AVX512_CPU)
-    report = doctor.diagnose()
+    monkeypatch.setattr(diagnostics, "cpu_flags", lambda: AVX512_CPU)
+    report = diagnostics.diagnose()
     assert report.backend.error is None
     if report.backend.gpu_offload:
         assert report.hints == []  # the GPU does the verifying
@@ -65,17 +67,17 @@ def test_the_report_says_where_the_embedded_model_lives_and_how_big_it_is(monkey
 
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     path = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
-    storage = doctor.check_storage()
+    storage = diagnostics.check_storage()
     assert (storage.embedded_model, storage.embedded_model_assembled) == (str(path), False)
     assert storage.embedded_model_bytes == gemma_path.stat().st_size  # the model, before it is written there
 
     path.parent.mkdir()
     path.write_bytes(b"GGUF" + bytes(1996))  # stands in for the assembled file
-    report = doctor.diagnose()
+    report = diagnostics.diagnose()
     stored = json.loads(json.dumps(report.to_dict()))["storage"]  # as `doctor --json` prints it
     assert (stored["embedded_model"], stored["embedded_model_bytes"], stored["embedded_model_assembled"]) == (str(path), 2000, True)
     out = io.StringIO()
-    doctor.print_report(report, Console(file=out, width=300, highlight=False))
+    print_report(report, Console(file=out, width=300, highlight=False))
     assert f"embedded model    {path} (2.0 kB)" in out.getvalue()
 
 
@@ -88,5 +90,5 @@ def test_the_device_probe_sees_the_cpu_and_the_fingerprint_is_stable():
     assert build["llama_cpp_python"] and build["ggml_version"] and "CPU :" in build["system_info"]
     fingerprint = devices.compute_fingerprint()
     assert len(fingerprint) == 12 and devices.compute_fingerprint() == fingerprint
-    report = doctor.check_backend()
+    report = diagnostics.check_backend()
     assert report.error is None and report.devices == found

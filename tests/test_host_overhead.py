@@ -12,7 +12,7 @@ import pytest
 from benchmarks import host_overhead
 from benchmarks.device_sim import FIRST_TOKEN, SimulatedModel, h200_costs, make_script
 from benchmarks.host_overhead import Setup, open_session, request_for, run_once
-from specli.bench import Measurement
+from specli.comparison import Measurement
 from specli.decode.request import AUTO
 from specli.stream import stream
 
@@ -110,7 +110,7 @@ def test_auto_prices_its_steps_with_the_simulated_devices_costs():
     engine = session.engine_for(request_for("draft", AUTO, setup.max_tokens))
     outcome = stream(engine, setup.script.prompt, _Silent())
     assert outcome.stats.priced_steps > 0  # priced (a prior or a calibration on the fake prices nothing)
-    assert session.costs().verify[1] == pytest.approx(6.295e-3 + VOCAB * 4 / 25e9)
+    assert session.pricing.costs().verify[1] == pytest.approx(6.295e-3 + VOCAB * 4 / 25e9)
 
 
 @pytest.mark.parametrize("agreement, kept", [(1.0, "all"), (0.0, "none")])

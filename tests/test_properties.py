@@ -65,8 +65,8 @@ def test_greedy_verification_matches_a_reference_loop(case):
 def keyed_cases(draw):
     k = draw(st.integers(min_value=0, max_value=6))
     targets = [distribution(draw(weights)) for _ in range(k + 1)]
-    draft_tokens = [draw(tokens) for _ in range(k)]
-    return draft_tokens, targets, draw(st.integers(min_value=0, max_value=2**63)), draw(st.integers(0, 10_000))
+    drafted = [draw(tokens) for _ in range(k)]
+    return drafted, targets, draw(st.integers(min_value=0, max_value=2**63)), draw(st.integers(0, 10_000))
 
 
 @PROPERTY_SETTINGS
@@ -74,12 +74,12 @@ def keyed_cases(draw):
 def test_keyed_verification_writes_the_targets_own_draws(case):
     """Whatever the draft proposed, the committed tokens are the target's keyed draws at
     their positions: the accepted prefix equals them, and so does the written token."""
-    draft_tokens, targets, seed, position = case
-    accepted, written = verify_keyed(draft_tokens, targets, seed, position)
+    drafted, targets, seed, position = case
+    accepted, written = verify_keyed(drafted, targets, seed, position)
     own = [keyed_choice(p, seed, position + i) for i, p in enumerate(targets)]
-    assert draft_tokens[:accepted] == own[:accepted]
+    assert drafted[:accepted] == own[:accepted]
     assert written == own[accepted]
-    assert accepted == len(draft_tokens) or draft_tokens[accepted] != own[accepted]
+    assert accepted == len(drafted) or drafted[accepted] != own[accepted]
     assert prob(targets[accepted], written) > 0, "the written token is in the target's support"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
 from specli.decode.events import Token
@@ -188,16 +188,16 @@ def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs
 def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch, quiet_calibration):
     """A reinstall with other flags (CUDA, AVX-512) decodes at other speeds: the stored
     verify costs of the old build must not steer the new one."""
-    from specli import session as session_module
+    from specli import pricing
+    from specli.session import SessionSpec, open_session
 
-    spec = session_module.SessionSpec(smollm_path, None, LoadSettings(ctx_size=64))
-    with session_module.open_session(spec) as opened:
-        assert opened.costs(measure=False).source == "prior"
-        calibrated = opened.calibrate()
+    with open_session(SessionSpec(smollm_path, None, LoadSettings(ctx_size=64))) as opened:
+        assert opened.pricing.costs(measure=False).source == "prior"
+        calibrated = opened.pricing.calibrate()
         assert calibrated.source == "calibrated" and 1 in calibrated.verify and 49 in calibrated.verify
-        assert opened.costs() == calibrated
-        monkeypatch.setattr(session_module, "compute_fingerprint", lambda: "another-build")
-        assert opened.costs(measure=False).source == "prior"
+        assert opened.pricing.costs() == calibrated
+        monkeypatch.setattr(pricing, "compute_fingerprint", lambda: "another-build")
+        assert opened.pricing.costs(measure=False).source == "prior"
 
 
 def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_calibration):
@@ -206,14 +206,14 @@ def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_cali
     times the draft itself, as it must over --rpc, where the target's decodes also pay the
     network."""
     from benchmarks.synthetic import write_tiny_pair
-    from specli import session as session_module
+    from specli.session import SessionSpec, open_session
 
     target_path, draft_path = write_tiny_pair(tmp_path)
-    spec = session_module.SessionSpec(target_path, draft_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
-    with session_module.open_session(spec) as opened:
-        by_size = opened.costs(measure=False).draft_per_token
+    spec = SessionSpec(target_path, draft_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
+    with open_session(spec) as opened:
+        by_size = opened.pricing.costs(measure=False).draft_per_token
         assert by_size > 0.9  # the prior: file sizes, in units of a one-token verify
-        calibrated = opened.calibrate()
-        stored = opened._store().get(opened._draft_key())
+        calibrated = opened.pricing.calibrate()
+        stored = opened.pricing.store.get(opened.pricing.draft_key)
         assert isinstance(stored, float) and 0 < stored < 1  # seconds, as timed
         assert calibrated.draft_per_token == stored

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specli.bench import load_workloads
+from specli.comparison import load_workloads
 from specli.decode.engine import Engine
 from specli.decode.events import Token
 from specli.decode.policy import FixedDraftPolicy
@@ -148,14 +148,14 @@ def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_pa
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     load = LoadSettings(ctx_size=512)
     with open_session(SessionSpec(gemma_path, None, load)) as session:
-        assert session.costs().source == "first run"
+        assert session.pricing.costs().source == "first run"
     spec = SessionSpec(gemma_path, smollm_path, load, load)
     with open_session(spec) as session:
-        by_size = session.costs(measure=False).draft_per_token
-        first = session.costs().draft_per_token
+        by_size = session.pricing.costs(measure=False).draft_per_token
+        first = session.pricing.costs().draft_per_token
         assert first != by_size, "timed, not priced by file size"
     with open_session(spec) as session:
-        assert session.costs(measure=False).draft_per_token == first, "stored by the first run"
+        assert session.pricing.costs(measure=False).draft_per_token == first, "stored by the first run"
 
 
 @pytest.mark.slow
@@ -169,11 +169,11 @@ def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemm
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     load = LoadSettings(ctx_size=512)
     with open_session(SessionSpec(gemma_path, gemma_path, load, load)) as session:
-        measured = session.costs()
+        measured = session.pricing.costs()
         assert measured.draft_acceptance is not None and measured.draft_acceptance > 0.9
-        assert session.costs(measure=False).draft_acceptance == measured.draft_acceptance, "stored"
+        assert session.pricing.costs(measure=False).draft_acceptance == measured.draft_acceptance, "stored"
         assert auto_policy(session)._model_acceptance == measured.draft_acceptance
         assert session.target.n_past == 0, "the calibration leaves the cache empty"
     with open_session(SessionSpec(gemma_path, smollm_path, load, load)) as session:
-        assert session.costs().draft_acceptance is None
+        assert session.pricing.costs().draft_acceptance is None
         assert auto_policy(session)._model_acceptance == PRIOR_ACCEPTANCE

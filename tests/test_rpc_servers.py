@@ -42,7 +42,7 @@ def servers():
 LOSSLESS_CHECK = """
 import json, sys
 from specli.llama.backend import LoadSettings, Model
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.decode.engine import Engine
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.request import GenerationRequest

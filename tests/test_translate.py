@@ -17,7 +17,7 @@ import sys
 import pytest
 from test_real_models import assert_lossless
 
-from specli.bench import plain_greedy
+from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
 from specli.decode.events import Token
@@ -216,18 +216,20 @@ def test_the_cli_drafts_through_text_says_why_and_exact_is_bit_for_bit(gemma_pat
 def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smollm_path, monkeypatch):
     """Proposer.behind counts the draft's own tokens, so its catch-up cost is stored per draft
     token as timed; a drafted token is priced per target token (the tokenizers' ratio)."""
-    from specli import session as session_module
+    from specli import pricing
     from specli.decode.costs import Calibration
     from specli.decode.translate import cost_per_target_token
+    from specli.session import SessionSpec, open_session
 
-    timings = {1: 0.010, session_module.CATCH_UP_BATCH: 0.048}
-    monkeypatch.setattr(session_module, "calibrate",
+    timings = {1: 0.010, pricing.CATCH_UP_BATCH: 0.048}
+    monkeypatch.setattr(pricing, "calibrate",
                         lambda decode, rewind, token, sizes, **_: Calibration(timings, None, 0.0, None))
-    spec = session_module.SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
-    with session_module.open_session(spec) as opened:
+    spec = SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
+    with open_session(spec) as opened:
         assert opened.translated
         draft = opened.draft.model
         # (the round trip through both tokenizers is timed each time: a little noise)
-        assert opened._calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010), rel=0.02)
-        catch_up = opened._store().get(opened._draft_key() + "|catch_up")
-        assert catch_up == pytest.approx(0.048 / session_module.CATCH_UP_BATCH)
+        assert opened.pricing.calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010),
+                                                                 rel=0.02)
+        catch_up = opened.pricing.store.get(opened.pricing.draft_key + "|catch_up")
+        assert catch_up == pytest.approx(0.048 / pricing.CATCH_UP_BATCH)

@@ -128,14 +128,6 @@ app = typer.Typer(
 )
 
 
-def report_console():
-    """A Rich console for a report on stdout. In a pipe, as wide as the lines need (Rich would
-    squeeze them into 80 columns and cut the values short), for grep, tee and copy."""
-    from rich.console import Console
-
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
-
-
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"specli {__version__}")

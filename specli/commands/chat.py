@@ -51,7 +51,7 @@ def chat(spec: SessionSpec, request: GenerationRequest, output: Output, system: 
                 continue
             renderer = TextRenderer(stdout, stderr, colour=colour, quiet=output.quiet, legend=first)
             reply = stream(engine, conversation.tokens_with(line), renderer)  # Ctrl-C stops the answer only
-            session.review(reply.stats)
+            session.pricing.review(reply.stats)
             conversation.add(line, reply.text)
             first = False
     return 0

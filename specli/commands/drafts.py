@@ -12,6 +12,7 @@ from specli.commands.app import Command, app
 from specli.errors import UsageError
 
 if TYPE_CHECKING:
+    from specli.llama.backend import LoadSettings
     from specli.models.local import Summary
 
 
@@ -27,65 +28,90 @@ def drafts(
 ) -> None:
     """List the models that can draft for TARGET, best first (the first local one is what --draft auto takes)."""
     from specli.commands.options import default_load, stored_speedup
-    from specli.commands.pairs import _home, _local_table
-    from specli.models.hub import format_size
-    from specli.models.local import Summary, draft_candidates, hub_candidates
+    from specli.models.local import draft_candidates, hub_candidates
 
     path = _target_file(target)
     load = default_load()
-    if isinstance(path, Summary):  # a Hub file, judged from its header
-        if measure:
-            raise UsageError("--measure loads the target: give a downloaded one", "specli pull, or a GGUF path")
-    elif measure:
-        from specli.session import measure_draft
-
-        _, found = draft_candidates(path, target)
-        for candidate in found:
-            typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
-            measure_draft(path, Path(candidate.draft.path), load)
+    if measure:
+        _measure(path, target, load)
 
     def speedup(target_path: Path, draft: Path) -> float | None:
         return stored_speedup(target_path, draft, load)
 
     mine, candidates = draft_candidates(path, target, speedup)
-    size = max(1, mine.size)  # a Hub file's size, where its listing gives none: 0
     gains = {c.draft.path: speedup(Path(mine.path), Path(c.draft.path)) if isinstance(path, Path) else None
              for c in candidates}
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
     for problem in problems:
         typer.echo(f"specli: {problem}", err=True)
     if as_json:
-        listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
-                   "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
-                               "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
-                               "through_text": c.through_text, "speedup": gains[c.draft.path]}
-                              for c in candidates]}
-        if hub:
-            listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
-                               "through_text": c.through_text, "header_bytes_fetched": c.fetched} for c in remote]
-        typer.echo(json.dumps(listing, indent=2))
+        typer.echo(json.dumps(_listing(mine, candidates, gains, remote if hub else None), indent=2))
         return
-    if candidates:
-        rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
-                 "through text" if c.through_text else "same vocabulary",
-                 f"{gains[c.draft.path]:.2f}x" if gains[c.draft.path] is not None else "-", _home(c.draft.path))
-                for c in candidates]
-        _local_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "SPEED-UP", "PATH"), rows,
-                     paths="specli drafts TARGET --json")
-        if not any(gain is not None for gain in gains.values()):
-            typer.echo("speed-ups: specli drafts TARGET --measure")
-    else:
+    _print_local(target, mine, candidates, gains)
+    if hub:
+        _print_hub(target, mine, remote)
+
+
+def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
+    """Load each local draft with the target and time it, storing its speed-up (pricing's)."""
+    from specli.models.local import Summary, draft_candidates
+    from specli.session import SessionSpec, open_session
+
+    if isinstance(path, Summary):  # a Hub file, judged from its header
+        raise UsageError("--measure loads the target: give a downloaded one", "specli pull, or a GGUF path")
+    _, found = draft_candidates(path, target)
+    for candidate in found:
+        typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
+        with open_session(SessionSpec(path, Path(candidate.draft.path), load, load)) as session:
+            session.pricing.measure_speedup(session.engine_for)
+
+
+def _listing(mine: Summary, candidates: list, gains: dict, remote: list | None) -> dict:
+    """The candidates as `--json` prints them (`remote`: the Hub's, with --hub)."""
+    size = max(1, mine.size)  # a Hub file's size, where its listing gives none: 0
+    listing = {"target": {"name": mine.name, "path": mine.path, "size_bytes": mine.size, "vocabulary": mine.family},
+               "drafts": [{"name": c.draft.name, "store": c.draft.store, "path": c.draft.path,
+                           "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
+                           "through_text": c.through_text, "speedup": gains[c.draft.path]}
+                          for c in candidates]}
+    if remote is not None:
+        listing["hub"] = [{"name": c.draft.name, "size_bytes": c.draft.size, "size_ratio": c.draft.size / size,
+                           "through_text": c.through_text, "header_bytes_fetched": c.fetched} for c in remote]
+    return listing
+
+
+def _print_local(target: str, mine: Summary, candidates: list, gains: dict) -> None:
+    from specli.commands.tables import home_path, print_table
+    from specli.models.hub import format_size
+
+    if not candidates:
         typer.echo(f"no model on this machine shares {target}'s vocabulary ({mine.family}); "
                    "--draft auto drafts with n-gram lookup", err=True)
-    if hub:
-        typer.echo("")
-        if not remote:
-            typer.echo(f"on the Hub: nothing found that shares {target}'s vocabulary")
-            return
-        _local_table(("ON THE HUB", "SIZE", "OF TARGET", "DRAFTS", "HEADER READ"),
-                     [(c.draft.name, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
-                       "through text" if c.through_text else "same vocabulary", format_size(c.fetched))
-                      for c in remote])
+        return
+    size = max(1, mine.size)
+    rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
+             "through text" if c.through_text else "same vocabulary",
+             f"{gains[c.draft.path]:.2f}x" if gains[c.draft.path] is not None else "-", home_path(c.draft.path))
+            for c in candidates]
+    print_table(("DRAFT", "STORE", "SIZE", "OF TARGET", "DRAFTS", "SPEED-UP", "PATH"), rows,
+                paths="specli drafts TARGET --json")
+    if not any(gain is not None for gain in gains.values()):
+        typer.echo("speed-ups: specli drafts TARGET --measure")
+
+
+def _print_hub(target: str, mine: Summary, remote: list) -> None:
+    from specli.commands.tables import print_table
+    from specli.models.hub import format_size
+
+    typer.echo("")
+    if not remote:
+        typer.echo(f"on the Hub: nothing found that shares {target}'s vocabulary")
+        return
+    size = max(1, mine.size)
+    print_table(("ON THE HUB", "SIZE", "OF TARGET", "DRAFTS", "HEADER READ"),
+                [(c.draft.name, format_size(c.draft.size), f"{c.draft.size / size:.0%}",
+                  "through text" if c.through_text else "same vocabulary", format_size(c.fetched))
+                 for c in remote])
 
 
 def _target_file(target: str) -> Path | Summary:

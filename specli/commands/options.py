@@ -237,7 +237,7 @@ def default_load() -> LoadSettings:
 
 def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
     """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not measured)."""
-    from specli.session import stored_speedup as timed
+    from specli.pricing import stored_speedup as timed
 
     return timed(target, draft, load)
 

@@ -8,22 +8,18 @@ their cells. `--json` gives every file and path."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
 import textwrap
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from specli.commands.app import Command, app
+from specli.commands.tables import WHOLE, echo_table, home_path, output_width, print_table
 
 HEADER = ("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")
 DRAFTED_BY = ", drafted by "
 THROUGH_TEXT = "*"  # ends the name of a draft with a vocabulary of its own
 THROUGH_TEXT_NOTE = "* drafts through text: its vocabulary is not the target's"
-WHOLE = 1000  # a pipe's width: lines are never cut or wrapped
 
 
 @app.command("list", cls=Command)
@@ -77,14 +73,6 @@ def remove(
             typer.echo(str(path))
 
 
-def output_width() -> int | None:
-    """COLUMNS when set, else the terminal's width; None when stdout is not a terminal."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-
-
 def print_pairs_table(statuses, width: int | None = None) -> None:
     """One row per pair; a draft that drafts through text ends with `*`, and a line under the
     table says what that means. Where the whole table is wider than the terminal, the path
@@ -106,7 +94,7 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
             if len(status.models) > 1 else "ngram"
         size = pair.download_size or (status.size if status.downloaded else None)
         rows.append((pair.name, model_name(target), draft, hub.format_size(size) if size else "-", status.state,
-                     _home(target.path) if target.path else "-"))
+                     home_path(target.path) if target.path else "-"))
         if target.ref.package is not None and target.downloaded:
             embedded = embedded_model()
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -125,16 +113,13 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
             table.add_column(name, no_wrap=True, min_width=max(len(row[index]) for row in [HEADER, *rows]))
         for pair, target, draft, size, state, _ in rows:
             table.add_row(pair, f"{_bare(target)}{DRAFTED_BY}{_bare(draft)}", size, state)
-    with console.capture() as captured:
-        console.print(table)
-    for line in captured.get().splitlines():
-        typer.echo(line.rstrip())
+    echo_table(console, table)
     if any(status.pair.cross_vocabulary for status in statuses):
         for line in textwrap.wrap(THROUGH_TEXT_NOTE, width or len(THROUGH_TEXT_NOTE), subsequent_indent="  "):
             typer.echo(line)
     if embedded is not None and (not whole or not embedded.assembled):  # a row shows no path for it
         later = "" if embedded.assembled else " (written on first run)"
-        typer.echo(f"embedded model: {_home(embedded.path)}{later}")
+        typer.echo(f"embedded model: {home_path(embedded.path)}{later}")
     if not whole:
         typer.echo("file paths: specli list --json")
 
@@ -149,11 +134,6 @@ def _bare(name: str) -> str:
     mark = THROUGH_TEXT if name.endswith(THROUGH_TEXT) else ""
     name = name[: -len(mark)] if mark else name
     return (name[: -len(".gguf")] if name.lower().endswith(".gguf") else name) + mark
-
-
-def _home(path) -> str:
-    home, text = str(Path.home()), str(path)
-    return "~" + text[len(home):] if home != "/" and text.startswith(home + "/") else text
 
 
 def model_name(model) -> str:
@@ -232,48 +212,15 @@ def list_local(*, as_json: bool, verbose: bool) -> None:
     if not summaries:
         typer.echo("no GGUF models found in the Hugging Face cache, Ollama, LM Studio or llama.cpp's cache", err=True)
         return
-    rows = [(s.name, s.store, s.architecture, s.quantisation, format_size(s.size), s.family, _home(s.path))
+    rows = [(s.name, s.store, s.architecture, s.quantisation, format_size(s.size), s.family, home_path(s.path))
             for s in summaries]
-    _local_table(("MODEL", "STORE", "ARCH", "QUANT", "SIZE", "VOCABULARY", "PATH"), rows)
+    print_table(("MODEL", "STORE", "ARCH", "QUANT", "SIZE", "VOCABULARY", "PATH"), rows)
     typer.echo("")
     if not found:
         typer.echo("no pairs: no two models share a vocabulary")
         return
-    _local_table(("TARGET", "DRAFT"), [(p.target.name, p.draft.name + (THROUGH_TEXT if p.through_text else ""))
-                                 for p in found])
+    print_table(("TARGET", "DRAFT"), [(p.target.name, p.draft.name + (THROUGH_TEXT if p.through_text else ""))
+                                      for p in found])
     if any(p.through_text for p in found):
         typer.echo("* drafts through text: its BOS/EOS settings are not the target's")
 
-
-def _local_table(header: tuple[str, ...], rows: list[tuple[str, ...]],
-                 paths: str = "specli list --local --json") -> None:
-    """Rich's table, whole lines in a pipe; on a terminal too narrow for it, without its PATH
-    column (`--json` has the paths)."""
-    from rich.console import Console
-    from rich.measure import Measurement
-    from rich.table import Table
-
-    width = output_width()
-    console = Console(width=width or WHOLE, highlight=False, soft_wrap=False)
-
-    def table(columns: int) -> Table:
-        """The first column (a name) folds where the width runs out; the others stay whole."""
-        made = Table(box=None, pad_edge=False, header_style="bold")
-        for index, name in enumerate(header[:columns]):
-            if index == 0:
-                made.add_column(name, overflow="fold", ratio=1)
-            else:
-                made.add_column(name, no_wrap=True, min_width=max(len(row[index]) for row in [header, *rows]))
-        for row in rows:
-            made.add_row(*row[:columns])
-        return made
-
-    whole = table(len(header))
-    fits = Measurement.get(console, console.options.update_width(1 << 20), whole).maximum <= console.width
-    cut = not fits and header[-1] == "PATH"
-    with console.capture() as captured:
-        console.print(table(len(header) - 1) if cut else whole)
-    for line in captured.get().splitlines():
-        typer.echo(line.rstrip())
-    if cut:
-        typer.echo(f"file paths: {paths}")

@@ -126,7 +126,7 @@ def execute(spec: SessionSpec, prompt: Prompt, request: GenerationRequest, outpu
         except BrokenPipeError:  # the reader went away (`| head`): a success
             _silence_stdout()
             return EXIT_OK
-        session.review(outcome.stats)
+        session.pricing.review(outcome.stats)
         if outcome.stats.finish_reason == "interrupted":
             return EXIT_INTERRUPTED
         if outcome.stats.finish_reason == "context":

@@ -75,7 +75,7 @@ class StepCosts:
     draft_per_token: float = 0.0  # proposing one draft token
     loop: float = 0.0  # the rest of a step: emitting text, reading logits rows
     source: CostSource = "prior"
-    # A draft model's greedy agreement with the target on a sample text (Session's
+    # A draft model's greedy agreement with the target on a sample text (Pricing's
     # calibration), the policy's first guess at its acceptance; None: not measured.
     draft_acceptance: float | None = None
     # Bringing a draft model's cache up to date, per token (one batched decode of what was
@@ -83,7 +83,7 @@ class StepCosts:
     draft_catch_up: float = 0.0
     measured_at: float | None = None  # when the verify curve was measured (Unix time)
     # A run's median verify time over this curve's price, where it was far enough off to
-    # measure again (Session.review); None: not stale.
+    # measure again (Pricing.review); None: not stale.
     stale: float | None = None
 
     def to_json(self) -> dict:
@@ -107,7 +107,7 @@ def prior_costs(gpu: bool, draft_size_ratio: float = 0.0, *, conservative: bool 
     """Costs before anything is measured, in units of a one-token decode (conservative: where
     the machine was too busy to measure, CONSERVATIVE_CURVE). A draft model is priced by its
     file size against the target's: a decode reads every weight once (its catch-up too, a
-    token at a decode's cost, as Session prices an unmeasured draft)."""
+    token at a decode's cost, as Pricing prices an unmeasured draft)."""
     scale, power = (CONSERVATIVE_CURVE if conservative else PRIOR_CURVE)["gpu" if gpu else "cpu"]
     verify = {size: 1.0 + scale * (size - 1) ** power for size in CALIBRATION_SIZES}
     source: CostSource = "conservative" if conservative else "prior"

@@ -191,16 +191,16 @@ def keyed_choice(dist: Distribution, seed: int, position: int) -> int:
         return int(dist.ids[np.argmax(np.log(dist.probs) + gumbel)])
 
 
-def verify_keyed(draft_tokens: list[int], target_dists: Sequence[Distribution], seed: int,
+def verify_keyed(drafted: list[int], target_dists: Sequence[Distribution], seed: int,
                  position: int) -> tuple[int, int]:
     """Keep draft tokens while each equals the target's keyed draw at its position (the
     first draft token stands at `position`); the draw at the first mismatch, or after the
     last draft token, is the token the target writes. Rows after a mismatch are never read."""
-    for i, token in enumerate(draft_tokens):
+    for i, token in enumerate(drafted):
         chosen = keyed_choice(target_dists[i], seed, position + i)
         if chosen != token:
             return i, chosen
-    n = len(draft_tokens)
+    n = len(drafted)
     return n, keyed_choice(target_dists[n], seed, position + n)
 
 
@@ -210,24 +210,24 @@ def top_two_margin(row: np.ndarray) -> float:
     return float(best_two[1] - best_two[0])
 
 
-def verify_greedy(draft_tokens: list[int], logits: Sequence[np.ndarray]) -> tuple[int, int]:
+def verify_greedy(drafted: list[int], logits: Sequence[np.ndarray]) -> tuple[int, int]:
     """Return (number of draft tokens accepted, the token the target writes next).
 
-    logits[i] is the target's row after the prefix plus draft_tokens[:i] (len + 1 rows).
+    logits[i] is the target's row after the prefix plus drafted[:i] (len + 1 rows).
     Rows after the first disagreement are never read: each is a vocabulary-sized scan.
     """
-    return verify_greedy_tokens(draft_tokens, _Argmaxes(logits))
+    return verify_greedy_tokens(drafted, _Argmaxes(logits))
 
 
-def verify_greedy_tokens(draft_tokens: list[int], target_tokens: Sequence[int]) -> tuple[int, int]:
+def verify_greedy_tokens(drafted: list[int], target_tokens: Sequence[int]) -> tuple[int, int]:
     """verify_greedy from the target's greedy token at each row (target_tokens[i]: the
-    argmax of its row after the prefix plus draft_tokens[:i]), read in order and never
+    argmax of its row after the prefix plus drafted[:i]), read in order and never
     after the first disagreement."""
-    for i, token in enumerate(draft_tokens):
+    for i, token in enumerate(drafted):
         best = int(target_tokens[i])
         if best != token:
             return i, best  # the target disagrees: its own token replaces the draft's
-    return len(draft_tokens), int(target_tokens[len(draft_tokens)])
+    return len(drafted), int(target_tokens[len(drafted)])
 
 
 class _Argmaxes(Sequence[int]):

@@ -115,7 +115,7 @@ class Worker:
         # -k auto prices every request with the costs read (or, the first time, measured) now,
         # before any request: a request may draft on a server started with --draft none, and a
         # calibration between requests would leave the target's cache empty (see module doc).
-        session.costs()
+        session.pricing.costs()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn
@@ -187,7 +187,7 @@ class Worker:
         outcome = stream(engine, job.tokens, sink, cancelled=lambda: cancel.is_set() or self.closing.is_set())
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
             self.memory.add(outcome.tokens)
-        self.session.review(outcome.stats)  # stale costs: measured again when the server next starts
+        self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
         return outcome
 
     def close(self) -> None:

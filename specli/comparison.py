@@ -1,4 +1,4 @@
-"""`specli bench`: plain vs speculative decoding on the same prompts, in one process.
+"""Plain against speculative decoding on the same prompts, in one process (`specli bench`).
 
 Every configuration (plain, `-k auto`, fixed K values) runs each workload once as a
 warm-up, then `runs` times in rounds; the order of configurations rotates from round to
@@ -15,7 +15,6 @@ run, whose last step verifies a whole draft; a run identical to plain is timed e
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from importlib.resources import files
@@ -30,7 +29,8 @@ from specli.decode.sampling import top_two_margin
 from specli.errors import ConfigError
 from specli.llama.backend import library_versions
 from specli.prompt import prompt_tokens
-from specli.session import Session, SessionSpec, exact_batch_sizes, open_session
+from specli.pricing import exact_batch_sizes
+from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
 
 PLAIN = "plain"
@@ -46,10 +46,10 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
     exact_sizes = exact_batch_sizes(spec, progress)
     with open_session(spec, progress) as session:
-        if AUTO in configs and session.costs(measure=False).source != "calibrated":
+        if AUTO in configs and session.pricing.costs(measure=False).source != "calibrated":
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")
-            session.calibrate()
+            session.pricing.calibrate()
         report = run_bench(session, request, workloads, configs, runs, progress)
         # Where the verified rows' argmax was taken: the device only for greedy runs without a penalty.
         on_device = spec.verify_on_device and request.sampling.pure_greedy
@@ -177,67 +177,84 @@ def run_bench(session: Session, request: GenerationRequest, workloads: list[Work
               runs: int, progress: Callable[[str], None] | None = None) -> dict:
     """Measure every configuration on every workload; returns the report as a dict."""
     all_configs: list[Config] = [PLAIN, *configs]
-    sampling = request.sampling
     report: dict = {"proposer": session.engine_for(request).proposer.name, "translated": session.translated,
                     "runs": runs, "workloads": []}
     for workload in workloads:
         tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
         results = {_label(c): Measurement() for c in all_configs}
-        reference: list[int] | None = None
+        reference: list[int] = []
         for round_index in range(runs + 1):  # round 0 is the warm-up
             order = all_configs[round_index % len(all_configs):] + all_configs[: round_index % len(all_configs)]
-            round_speed: dict[str, float] = {}
-            round_output: dict[str, list[int]] = {}
-            round_times: dict[str, list[float]] = {}
+            played: dict[str, Run] = {}
             for config in order:
                 output, times, stats = _generate(session, request, config, tokens, workload.max_tokens)
-                round_speed[_label(config)] = stats.tokens_per_second
-                round_output[_label(config)] = output
-                round_times[_label(config)] = times
+                played[_label(config)] = Run(output, times, stats.tokens_per_second)
                 if round_index > 0:
                     results[_label(config)].stats.append(stats)
                     results[_label(config)].tokens_per_second.append(stats.tokens_per_second)
             if round_index == 0:
-                reference = round_output[PLAIN]
-                if sampling.greedy:
+                reference = played[PLAIN].output
+                if request.sampling.greedy:
                     margins = plain_greedy(session.target, tokens, workload.max_tokens)[1]
                     for measurement in results.values():
                         measurement.plain_margins = margins
                 continue
-            for label, speed in round_speed.items():
-                if label != PLAIN and round_speed[PLAIN] > 0:
-                    results[label].speedups.append(speed / round_speed[PLAIN])
-                if sampling.greedy:
-                    output = round_output[label]
-                    results[label].identical.append(output == reference)
-                    if output != reference:
-                        results[label].first_difference.append(_first_difference(output, reference))
-                    if label != PLAIN and output == round_output[PLAIN] and round_speed[PLAIN] > 0:
-                        # Plain's text exactly: timed end to end, the step that finds the end included.
-                        results[label].shared_speedups.append(speed / round_speed[PLAIN])
-                        results[label].shared_tokens.append(len(output))
-                    elif label != PLAIN:
-                        shared, ratio = shared_text_speedup(output, round_times[label], round_output[PLAIN],
-                                                            round_times[PLAIN])
-                        if ratio is not None:
-                            results[label].shared_speedups.append(ratio)
-                            results[label].shared_tokens.append(shared)
+            _compare_round(results, played, reference, greedy=request.sampling.greedy)
             if progress:
                 progress(f"{workload.name}: round {round_index}/{runs}")
-        summaries = {label: m.summary() for label, m in results.items()}
-        fixed = {label: s for label, s in summaries.items() if label.startswith("k=")}
-        best = max(fixed, key=lambda label: fixed[label]["tokens_per_second"]["median"]) if fixed else None
-        report["workloads"].append(
-            {
-                "name": workload.name,
-                "kind": workload.kind,
-                "prompt_tokens": len(tokens),
-                "max_tokens": workload.max_tokens,
-                "configs": summaries,
-                "recommended_k": int(best[2:]) if best else None,
-            }
-        )
+        report["workloads"].append(_workload_report(workload, len(tokens), results))
     return report
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration's run in a round: its output, when each token was released, its rate."""
+
+    output: list[int]
+    times: list[float]
+    tokens_per_second: float
+
+
+def _compare_round(results: dict[str, Measurement], played: dict[str, Run], reference: list[int], *,
+                   greedy: bool) -> None:
+    """Each speculative run of a measured round against the same round's plain run; greedy,
+    each run's output against the warm-up's plain output (`reference`) too."""
+    plain = played[PLAIN]
+    for label, run in played.items():
+        measurement = results[label]
+        if label != PLAIN and plain.tokens_per_second > 0:
+            measurement.speedups.append(run.tokens_per_second / plain.tokens_per_second)
+        if not greedy:
+            continue
+        measurement.identical.append(run.output == reference)
+        if run.output != reference:
+            measurement.first_difference.append(_first_difference(run.output, reference))
+        if label == PLAIN:
+            continue
+        if run.output == plain.output and plain.tokens_per_second > 0:
+            # Plain's text exactly: timed end to end, the step that finds the end included.
+            measurement.shared_speedups.append(run.tokens_per_second / plain.tokens_per_second)
+            measurement.shared_tokens.append(len(run.output))
+            continue
+        shared, ratio = shared_text_speedup(run.output, run.times, plain.output, plain.times)
+        if ratio is not None:
+            measurement.shared_speedups.append(ratio)
+            measurement.shared_tokens.append(shared)
+
+
+def _workload_report(workload: Workload, prompt_length: int, results: dict[str, Measurement]) -> dict:
+    """A workload's summaries, and the fixed draft length that ran fastest."""
+    summaries = {label: m.summary() for label, m in results.items()}
+    fixed = {label: s for label, s in summaries.items() if label.startswith("k=")}
+    best = max(fixed, key=lambda label: fixed[label]["tokens_per_second"]["median"]) if fixed else None
+    return {
+        "name": workload.name,
+        "kind": workload.kind,
+        "prompt_tokens": prompt_length,
+        "max_tokens": workload.max_tokens,
+        "configs": summaries,
+        "recommended_k": int(best[2:]) if best else None,
+    }
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -311,78 +328,3 @@ def _generate(session: Session, request: GenerationRequest, config: Config, toke
     times = _ReleaseTimes()
     outcome = stream(engine, tokens, times)
     return outcome.tokens, [t - times.released[0] for t in times.released], outcome.stats
-
-
-def render_report(report: dict, console) -> None:
-    """A line naming the llama.cpp build (its kernels decide the costs), then a Rich table per
-    workload."""
-    from rich.table import Table
-    from rich.text import Text
-
-    build = report.get("llama_cpp")
-    if build:
-        console.print(Text(f"llama-cpp-python {build['llama_cpp_python']}: {build['system_info']}", style="dim"))
-    exact = report.get("exact_batch")
-    if exact:
-        used = "repacking on" if report.get("repack") else "repacking off"
-        console.print(Text(f"exact-safe verify batch: {exact['repack']} rows with repacking, {exact['no_repack']} "
-                           f"without{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
-    if report.get("translated"):
-        console.print(Text("the draft model has another vocabulary: it drafts through text, re-tokenized for the target",
-                           style="dim"))
-    if report.get("verify_on_device"):
-        console.print(Text("verified on the device: llama.cpp takes each row's argmax, reads are its candidates",
-                           style="dim"))
-
-    for workload in report["workloads"]:
-        table = Table(
-            title=f"{workload['name']} ({workload['kind']}, {workload['prompt_tokens']} prompt tokens, "
-            f"{workload['max_tokens']} max) — recommended K: {workload['recommended_k']}",
-            title_justify="left",
-        )
-        for column in ("config", "tok/s", "speedup (min–max)", "accept", "per step", "by position",
-                       "draft/verify/other", "py ms/step: loop + reads", "= plain"):
-            table.add_column(column, justify="right" if column not in ("config", "by position") else "left")
-        for label, s in workload["configs"].items():
-            speedup = s["speedup"]
-            split = s["time_split"]
-            table.add_row(
-                label,
-                f"{s['tokens_per_second']['median']:.1f}",
-                f"{speedup['median']:.2f}× ({speedup['min']:.2f}–{speedup['max']:.2f})" if speedup else "1.00×",
-                f"{100 * s['acceptance_rate']:.0f}%" if s["acceptance_rate"] is not None else "–",
-                f"{s['mean_accepted_length']:.2f}" if s["mean_accepted_length"] is not None else "–",
-                " ".join(f"{100 * a:.0f}" for a in s["acceptance_by_position"][:6]) or "–",
-                f"{100 * split['draft']:.0f}/{100 * split['verify']:.0f}/{100 * split['overhead']:.0f}%",
-                _python_overhead(s),
-                _agreement(s),
-            )
-        console.print(table)
-
-
-def _python_overhead(summary: dict) -> str:
-    """'0.85 = 0.31 + 12×45µs': the Python time per step, as the loop's own part plus the
-    logits rows read to verify (a vocabulary-sized scan each)."""
-    text = f"{summary['python_overhead_ms_per_step']:.2f} = {summary['loop_overhead_ms_per_step']:.2f}"
-    if summary["read_us_per_row"] is not None:
-        text += f" + {summary['rows_read_per_step']:.1f}×{summary['read_us_per_row']:.0f}µs"
-    return text
-
-
-def _agreement(summary: dict) -> str:
-    """'yes', or how many runs left plain's output, the earliest token where one did, plain's
-    top-two margin there, and the speedup on the text the runs shared with plain:
-    '2/5 from 77 (tie 0.12), 1.91× to there'."""
-    if summary["identical_to_plain"] is None:
-        return "–"
-    if summary["identical_to_plain"]:
-        return "yes"
-    margin = summary["plain_margin_at_first_difference"]
-    text = f"{summary['runs_differing']}/{summary['runs']} from {summary['first_difference']}"
-    text += f" (tie {margin:.2f})" if margin is not None else ""
-    shared = summary.get("speedup_on_plain_text")
-    return text + (f", {shared['median']:.2f}× to there" if shared else "")
-
-
-def print_progress(message: str) -> None:
-    print(f"specli bench: {message}", file=sys.stderr, flush=True)
