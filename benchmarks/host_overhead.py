@@ -82,6 +82,9 @@ class Setup:
     draft_costs: DeviceCosts
     max_tokens: int = 256
     verify_on_device: bool = False
+    # specli's GPU paths (reusable batch shapes, a draft's device choices and one-token
+    # catch-up); False: the models say they are on no GPU, so the host paths a CPU takes run.
+    gpu_paths: bool = True
 
 
 class SteadyPricing(Pricing):
@@ -100,7 +103,8 @@ class SimulatedSession(Session):
 
     def __init__(self, spec: SessionSpec, target: SimulatedModel, draft: SimulatedModel | None,
                  costs: StepCosts) -> None:
-        super().__init__(spec, target, DraftModel(draft) if draft is not None else None)  # type: ignore[arg-type]
+        super().__init__(spec, target,  # type: ignore[arg-type]
+                         DraftModel(draft, on_gpu=draft.on_gpu) if draft is not None else None)  # type: ignore[arg-type]
         self.pricing = SteadyPricing(self, costs)
 
 
@@ -110,11 +114,14 @@ def steady_costs(setup: Setup, with_draft: bool) -> StepCosts:
     its catch-up and its agreement."""
     target, draft, n_vocab = setup.target_costs, setup.draft_costs, setup.script.n_vocab
     verify = {size: target.decode(size) + target.copy(size, n_vocab) for size in CALIBRATION_SIZES}
-    costs = StepCosts(verify, loop=PRIOR_LOOP * verify[1], source="calibrated")
+    costs = StepCosts(verify, loop=PRIOR_LOOP * verify[1], source="calibrated",
+                      shape_change=target.graphless + target.capture if setup.gpu_paths else None)
     if not with_draft:
         return costs
     agreement = sum(setup.script.draft_agrees) / len(setup.script.draft_agrees)
-    return replace(costs, draft_per_token=draft.decode(1) + draft.copy(1, n_vocab),
+    # On the GPU paths a greedy draft's choice is taken on the device: no row crosses.
+    choice = draft.greedy if setup.gpu_paths else draft.copy(1, n_vocab)
+    return replace(costs, draft_per_token=draft.decode(1) + choice,
                    draft_catch_up=(draft.decode(CATCH_UP_BATCH) + draft.copy(1, n_vocab)) / CATCH_UP_BATCH,
                    draft_acceptance=agreement)
 
@@ -124,6 +131,9 @@ def open_session(setup: Setup, proposer: str) -> SimulatedSession:
     with_draft = PROPOSERS[proposer][0] is DraftKind.MODEL
     target = SimulatedModel(setup.script, setup.target_costs)
     draft = SimulatedModel(setup.script, setup.draft_costs, draft=True) if with_draft else None
+    for model in (target, draft):
+        if model is not None:
+            model.on_gpu = setup.gpu_paths
     spec = SessionSpec(target.path, draft.path if draft else None, verify_on_device=setup.verify_on_device)
     return SimulatedSession(spec, target, draft, steady_costs(setup, with_draft))
 
@@ -336,6 +346,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a target decode run without its CUDA graph, after a change of shape (the draft's: scaled)")
     parser.add_argument("--capture-ms", type=float, default=CAPTURE_MS, help="capturing the target's graph")
     parser.add_argument("--verify-on-device", action="store_true", help="the target chooses each row's argmax")
+    parser.add_argument("--no-gpu-paths", dest="gpu_paths", action="store_false",
+                        help="run the paths a CPU takes (no batch shapes, the draft's rows read on the host)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the first configuration with cProfile instead of measuring")
     return parser.parse_args(argv)
@@ -346,7 +358,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
                          copy_share=args.copy_share, agreement=args.agreement)
     device = dict(copy_gbps=args.copy_gbps, graphless_ms=args.graphless_ms, capture_ms=args.capture_ms)
     return Setup(script, h200_costs(**device), h200_costs(draft=True, draft_ms=args.draft_ms, **device),
-                 args.tokens, args.verify_on_device)
+                 args.tokens, args.verify_on_device, args.gpu_paths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -281,13 +281,13 @@ class Pricing:
         on_cpu = not load.rpc and (load.gpu_layers == 0 or not supports_gpu_offload())
         threads = min(load.threads or os.cpu_count() or 1, usable_cpus()) if on_cpu else None
         return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes, passes,
-                         threads)
+                         threads, steady=target.on_gpu)
 
     def _store_target(self, outcome: Calibration, source: CostSource) -> StepCosts:
         stored = self.store.costs(self.key)
         verify = outcome.verify
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
-        costs = StepCosts(verify, 0.0, loop, source, measured_at=time.time())
+        costs = StepCosts(verify, 0.0, loop, source, measured_at=time.time(), shape_change=outcome.shape_change)
         self.store.put_costs(self.key, costs)
         return costs
 

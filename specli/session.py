@@ -14,12 +14,14 @@ from typing import Callable
 
 from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.decode.constraint import Matcher, Vocabulary
+from specli.decode.costs import VerifyCurve
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, TargetCache
 from specli.decode.ngram import NGramProposer, TokenIndex
 from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
+from specli.decode.shapes import GPU_SIZES, BatchShapes
 from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
 from specli.llama.backend import LoadSettings, Model
@@ -56,6 +58,9 @@ class Session:
         self.pricing = Pricing(spec, target, draft, translated=translated, notice=notice)
         self._exact_batch = exact_batch
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
+        # The target's verify batch shapes (a GPU's reusable ones), across generations: it
+        # replays one captured graph, whichever engine decodes.
+        self._shapes = BatchShapes.any()
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
 
     @property
@@ -84,7 +89,8 @@ class Session:
         by_model = drafting and self.draft is not None and request.draft is DraftKind.MODEL
         return Engine(self.target, proposer, policy, request, cache=self._cache,
                       verify_on_device=self.spec.verify_on_device, matcher=matcher, max_batch=max_batch,
-                      draft_model=self.spec.draft_model.name if by_model and self.spec.draft_model else "")
+                      draft_model=self.spec.draft_model.name if by_model and self.spec.draft_model else "",
+                      shapes=self._shapes)
 
     def vocabulary(self) -> Vocabulary:
         """The target's tokens as a constraint reads them, built on the first constrained request."""
@@ -125,9 +131,29 @@ class Session:
         if isinstance(proposer, NoProposer):
             return FixedDraftPolicy(0)
         max_draft = self.exact_batch_size() - 1 if request.exact else MAX_DRAFT
-        if request.draft_tokens == AUTO:
-            return AdaptiveDraftPolicy(self.pricing.costs(), prior=proposer.prior, max_draft=max_draft)
+        auto = request.draft_tokens == AUTO
+        costs = self.pricing.costs(measure=auto)
+        if self.target.on_gpu:  # padding and changes of shape priced as the policy prices steps
+            self._shapes.priced(VerifyCurve(costs.verify), costs.change)
+        if auto:
+            return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft, shapes=self._shapes)
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
+
+    def warm_up(self) -> None:
+        """On a GPU, decode each verify batch size once, and a token on the draft model, before
+        the first timed step: the first use of a size allocates and picks its kernels, which a
+        fresh run would otherwise pay for inside its steps. Both caches are left empty."""
+        target = self.target
+        if target.on_gpu:
+            token = target.bos if target.bos >= 0 else 0
+            for size in GPU_SIZES:
+                if size < min(target.n_ctx, target.batch_size):
+                    target.decode([token] * size, all_logits=True)
+                    target.rewind(0)
+        if self.draft is not None and self.draft.on_gpu:
+            self.draft.forget()
+            self.draft.choice_after([0, 0])
+            self.draft.forget()
 
     def close(self) -> None:
         if self.draft is not None:
@@ -151,14 +177,19 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     if spec.exact:
         spec, exact_batch = _exact_settings(spec, notice)
     target = Model(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
+    draft: DraftModel | None = None
     try:
-        if spec.draft_model is None or exact_batch == 1:
-            return Session(spec, target, exact_batch=exact_batch, notice=notice)
-        draft, translated = _open_draft(spec, target, notice)
+        translated = False
+        if spec.draft_model is not None and exact_batch != 1:
+            draft, translated = _open_draft(spec, target, notice)
+        session = Session(spec, target, draft, translated=translated, exact_batch=exact_batch, notice=notice)
+        session.warm_up()
     except BaseException:
+        if draft is not None:
+            draft.close()
         target.close()
         raise
-    return Session(spec, target, draft, translated=translated, exact_batch=exact_batch, notice=notice)
+    return session
 
 
 def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> tuple[SessionSpec, int]:
@@ -175,12 +206,12 @@ def _open_draft(spec: SessionSpec, target: Model, notice: Callable[[str], None] 
     draft = Model(spec.draft_model, spec.draft_load, verbose=spec.verbose)
     try:
         check_vocab_compatible(target, draft)
-        return DraftModel(draft), False
+        return DraftModel(draft, on_gpu=draft.on_gpu), False
     except VocabMismatchError as refused:
         # Its tokens mean nothing to the target: it drafts through text instead.
         if notice is not None:
             notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
-        return DraftModel(draft), True
+        return DraftModel(draft, on_gpu=draft.on_gpu), True
     except BaseException:
         draft.close()
         raise

@@ -38,6 +38,7 @@ class FakeModel:
         self.batch_sizes: list[int] = []
         self.argmax_decodes = 0  # decodes through decode_argmax
         self.closed = False
+        self.on_gpu = False  # a CPU: no shapes to keep, rows come to the host
 
     @property
     def n_past(self) -> int:

@@ -44,6 +44,11 @@ PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.34, 0.17)}
 # drafts only what is sure to pay.
 CONSERVATIVE_CURVE = {"cpu": (0.85, 0.8), "gpu": (0.45, 0.35)}
 PRIOR_LOOP = 0.02  # the loop's time per step, relative to a one-token decode
+# On a GPU, a change of the verify batch's shape, relative to a one-token decode, where no
+# steady calibration measured it (specli.decode.shapes): a decode without the captured graph
+# and the capture after it. A guess between a small model (launch-bound, where it is a large
+# share of a step) and an 8B one (where launches hide behind the work).
+PRIOR_SHAPE_CHANGE = 0.25
 
 # When a calibration can be trusted (`judge`): each size's second-fastest time within
 # BUSY_SPREAD of its fastest (the median over sizes; quiet passes here: 0.04-0.19, with two
@@ -85,6 +90,14 @@ class StepCosts:
     # A run's median verify time over this curve's price, where it was far enough off to
     # measure again (Pricing.review); None: not stale.
     stale: float | None = None
+    # On a GPU, what a change of the verify batch's shape costs (a decode without the captured
+    # graph, then its capture: specli.decode.shapes); None: not measured.
+    shape_change: float | None = None
+
+    @property
+    def change(self) -> float:
+        """A change of the verify batch's shape (a GPU's): measured, else PRIOR_SHAPE_CHANGE of a token."""
+        return self.shape_change if self.shape_change is not None else PRIOR_SHAPE_CHANGE * VerifyCurve(self.verify).cost(1)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -97,10 +110,11 @@ class StepCosts:
         if not verify or any(seconds <= 0 for seconds in verify.values()):
             raise ValueError("no verify costs")
         acceptance, measured_at, stale = data.get("draft_acceptance"), data.get("measured_at"), data.get("stale")
+        change = data.get("shape_change")
         return cls(verify, float(data.get("draft_per_token", 0.0)), float(data.get("loop", 0.0)),
                    data.get("source", "calibrated"), None if acceptance is None else float(acceptance),
                    float(data.get("draft_catch_up", 0.0)), None if measured_at is None else float(measured_at),
-                   None if stale is None else float(stale))
+                   None if stale is None else float(stale), None if change is None else float(change))
 
 
 def prior_costs(gpu: bool, draft_size_ratio: float = 0.0, *, conservative: bool = False) -> StepCosts:
@@ -205,10 +219,12 @@ class Calibration:
     problem: str | None  # why the machine was too busy to measure, or None
     seconds: float = 0.0  # how long the calibration took
     cpu_share: float | None = None  # of the CPU time its threads asked for, the share they got
+    shape_change: float | None = None  # a steady calibration's price of a change of shape (GPU)
 
 
 def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
-              sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES, threads: int | None = None) -> Calibration:
+              sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES, threads: int | None = None, *,
+              steady: bool = False) -> Calibration:
     """Time an all-logits decode of each batch size on an empty cache.
 
     The largest size is decoded once untimed first: its first use grows llama.cpp's buffers to
@@ -222,10 +238,16 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
     passes disagree or the curve is implausible (`judge`), two passes more are timed and it
     is judged again; its `problem` says why it cannot be trusted, if it still cannot.
     `threads`: the CPU threads a decode runs on (a model on the CPU), whose share of the CPU
-    time they asked for is checked too; None where the decodes run elsewhere (a GPU, --rpc)."""
+    time they asked for is checked too; None where the decodes run elsewhere (a GPU, --rpc).
+
+    `steady` (a GPU, whose backend replays a captured graph only while decodes keep one shape):
+    each size is decoded three times in a row and the third, a replay, is its sample, as a run
+    that keeps a shape pays; the first (after another size: no graph) and the second (it
+    captures) price a change of shape, over the third (`Calibration.shape_change`)."""
     started = time.perf_counter()
     largest = max(sizes)
     samples: dict[int, list[float]] = {size: [] for size in sizes}
+    changes: list[float] = []
     plain: list[float] = []
     used = {"wall": 0.0, "cpu": 0.0}
 
@@ -240,9 +262,20 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
     decode([token] * largest)  # the warm-up
     rewind(0)
 
+    def sample(size: int) -> float:
+        if not steady:
+            return timed([token] * size)
+        first = timed([token] * size)
+        rewind(0)
+        second = timed([token] * size)
+        rewind(0)
+        third = timed([token] * size)
+        changes.append(first + second - 2 * third)
+        return third
+
     def one_pass(index: int) -> None:
         for size in sizes if index % 2 == 0 else sizes[::-1]:
-            samples[size].append(timed([token] * size))
+            samples[size].append(sample(size))
             if size == largest:  # a plain step as a run makes one: a token after a token, after a context
                 decode([token])
                 plain.append(timed([token]))
@@ -258,7 +291,8 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
         for index in range(passes, passes + 2):
             one_pass(index)
         result = judge(samples, plain, share())
-    return replace(result, seconds=time.perf_counter() - started)
+    change = max(0.0, sorted(changes)[len(changes) // 2]) if changes else None
+    return replace(result, seconds=time.perf_counter() - started, shape_change=change)
 
 
 def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None) -> Calibration:

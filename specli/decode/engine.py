@@ -306,7 +306,7 @@ class Engine:
             rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1 + padding))
         else:
             rows = target.decode(batch, all_logits=True)
-        self.shapes.used(len(batch))
+        self.shapes.used(len(batch), len(batch) - padding)
         t2 = time.perf_counter()
         accepted, written = self._verify(rows, tokens + forced, draft)
         t3 = time.perf_counter()
