@@ -102,6 +102,8 @@ class StepCosts:
     def to_json(self) -> dict:
         data = asdict(self)
         data["verify"] = {str(size): seconds for size, seconds in sorted(self.verify.items())}
+        if self.shape_change is None:  # (measured on a GPU only: a CPU's entries keep their fields)
+            del data["shape_change"]
         return data
 
     @classmethod
