@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 from specli.decode.engine import Engine
 from specli.decode.events import Finished, Stats, StepRecord, Token
-from specli.llama import rpc
+from specli.llama import backend, rpc
 
 
 class Sink(Protocol):
@@ -52,6 +52,7 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
     context here, once, before the sink hears anything."""
     events = engine.generate(prompt)
     outcome = Outcome(engine.stats)
+    graphs = backend.cuda_graph_events()
     pieces: list[tuple[str, str, str]] = []  # (text, source, proposer) of every token that released text
 
     def flush_partial() -> None:  # an RPC server went away: what was generated still shows
@@ -84,6 +85,9 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
             events.close()
             raise
         outcome.stats = engine.stats
+        after = backend.cuda_graph_events()
+        if any(after.values()):  # a GPU build that logged its graphs
+            outcome.stats.cuda_graphs = {event: after[event] - graphs[event] for event in after}
         outcome.text = "".join(piece[0] for piece in pieces)
         outcome.spans = spans_of(pieces)
         sink.finish(engine.stats)

@@ -127,3 +127,23 @@ def test_a_steady_calibration_times_a_replayed_shape_and_prices_a_change():
     assert max(outcome.verify.values()) < base + capture  # replays, not the first decodes of a shape
     assert graphless < outcome.shape_change < 3 * (graphless + capture)
     assert calibrate(decode, lambda n_keep: None, 0, (1, 2, 4), passes=3).shape_change is None
+
+
+def test_stats_count_the_steps_that_changed_the_batch_size():
+    from specli.decode.events import Stats
+
+    stats = Stats()
+    for rows in (3, 3, 9, 9, 1, 1, 1):
+        stats.record(StepRecord(rows - 1, 0, 0.0, 0.0, 0.0, 0.0, rows=rows))
+    assert stats.batch_changes == 2 and "last_rows" not in stats.to_dict() and "cuda_graphs" not in stats.to_dict()
+
+
+def test_the_cuda_backends_graph_lines_are_counted_from_the_silent_log():
+    from specli.llama import backend
+
+    before = backend.cuda_graph_events()
+    for line in (b"CUDA Graph id 12 reused\n", b"ggml_backend_cuda_graph_compute: CUDA graph warmup complete\n",
+                 b"ggml_backend_cuda_graph_compute: CUDA graph warmup reset\n", b"llama_context: n_ctx = 512\n"):
+        backend._silent_log(4, line, None)
+    after = backend.cuda_graph_events()
+    assert {event: after[event] - before[event] for event in after} == {"reused": 1, "captured": 1, "reset": 1}

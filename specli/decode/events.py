@@ -88,6 +88,13 @@ class Stats:
     accepted_by: dict[str, int] = field(default_factory=dict)
     # Each priced step's verify time over its price: how far the stored costs are from this run's.
     verify_over_price: list[float] = field(default_factory=list, repr=False)
+    # Steps whose verify batch had another size than the step's before (a GPU runs those without
+    # its captured graph: specli.decode.shapes).
+    batch_changes: int = 0
+    last_rows: int = field(default=0, repr=False)
+    # What the CUDA backend logged of its graphs during the run (reused, captured, reset), where
+    # a GPU build ran it; None elsewhere.
+    cuda_graphs: dict[str, int] | None = None
 
     def record(self, step: StepRecord) -> None:
         self.steps += 1
@@ -101,6 +108,9 @@ class Stats:
         self.read_seconds += step.read_seconds
         if step.priced_seconds > 0:
             self.verify_over_price.append(step.verify_seconds / step.priced_seconds)
+        rows = step.rows or step.drafted + step.forced + 1
+        self.batch_changes += bool(self.last_rows) and rows != self.last_rows
+        self.last_rows = rows
         if step.drafted:
             _count(self.draft_lengths, step.drafted)
             _count(self.accept_lengths, step.accepted)
@@ -116,7 +126,7 @@ class Stats:
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
                          "prefill_seconds", "seconds", "draft_seconds", "draft_decode_seconds", "verify_seconds",
-                         "read_seconds"):
+                         "read_seconds", "batch_changes"):
                 setattr(total, name, getattr(total, name) + getattr(run, name))
             for name in ("draft_lengths", "accept_lengths"):
                 mine, theirs = getattr(total, name), getattr(run, name)
@@ -191,7 +201,9 @@ class Stats:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        del data["verify_over_price"]
+        del data["verify_over_price"], data["last_rows"]
+        if self.cuda_graphs is None:
+            del data["cuda_graphs"]
         for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
                      "overhead_seconds", "python_overhead_ms_per_step", "loop_overhead_ms_per_step",
                      "read_us_per_row", "costs_ratio", "priced_steps"):

@@ -26,9 +26,28 @@ from specli.errors import ModelFileError, PromptError  # noqa: E402
 from specli.llama import devices, interrupts, rpc  # noqa: E402
 
 
+# What ggml's CUDA backend logged of its graphs (debug lines, which reach the silent log only):
+# a decode whose graph matched the last one's ("CUDA Graph id N reused"), a graph captured after
+# two decodes of one shape ("warmup complete"), and a change of shape after one was ("warmup
+# reset"). Counted across the process: `cuda_graph_events`.
+_GRAPH_LINES = ((b"CUDA Graph id", "reused"), (b"CUDA graph warmup complete", "captured"),
+                (b"CUDA graph warmup reset", "reset"))
+_graph_events = {"reused": 0, "captured": 0, "reset": 0}
+
+
 @interrupts.register
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if text and b"CUDA" in text:
+        for marker, event in _GRAPH_LINES:
+            if marker in text:
+                _graph_events[event] += 1
     return None
+
+
+def cuda_graph_events() -> dict[str, int]:
+    """How often ggml's CUDA backend reused, captured and reset a graph so far in this process,
+    as its log says (nothing is counted while llama.cpp's log goes to stderr, --verbose)."""
+    return dict(_graph_events)
 
 
 _SILENT_LOG = llama.llama_log_callback(_silent_log)
