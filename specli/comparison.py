@@ -111,6 +111,12 @@ def load_workloads(path: Path | None = None) -> list[Workload]:
     return workloads
 
 
+def _graph_events(runs: list[Stats]) -> dict[str, int] | None:
+    """What the CUDA backend logged of its graphs over the runs (None: no GPU build logged any)."""
+    logged = [run.cuda_graphs for run in runs if run.cuda_graphs is not None]
+    return {event: sum(counts[event] for counts in logged) for event in logged[0]} if logged else None
+
+
 @dataclass
 class Measurement:
     tokens_per_second: list[float] = field(default_factory=list)
@@ -145,6 +151,8 @@ class Measurement:
             "loop_overhead_ms_per_step": total.loop_overhead_ms_per_step,
             "read_us_per_row": total.read_us_per_row if total.rows_read else None,
             "rows_read_per_step": total.rows_read / steps,
+            "batch_changes_per_step": total.batch_changes / steps,  # a GPU replays its graph where none
+            "cuda_graphs": _graph_events(self.stats),
             "tokens": _spread([float(s.tokens) for s in self.stats]),  # generated per run
             "identical_to_plain": all(self.identical) if self.identical else None,
             # Runs whose output left plain's: a batched verify can round a near-tie the other

@@ -315,7 +315,7 @@ def _compare_row(label: str, data: dict) -> list[object]:
             _f(speedups.get("llama.cpp"), suffix="×"), _f(speedups.get("specli"), suffix="×"), texts]
 
 
-COMPARE_HEADER = ["workload", "llama.cpp setting", "llama.cpp t/s", "specli -k auto t/s", "ratio of medians",
+COMPARE_HEADER = ["workload", "llama.cpp setting", "llama.cpp t/s", "specli t/s", "ratio of medians",
                   "same-round ratio (range)", "llama.cpp / own plain", "specli / own plain", "texts"]
 
 
@@ -346,9 +346,12 @@ def _bench_section(results: dict) -> list[str]:
 def _synthetic_section(results: dict) -> list[str]:
     lines = []
     pair = results.get("synthetic-pair")
-    compare = results.get("synthetic-compare")
+    compares = {label: results[name] for name, label in (("synthetic-compare", "specli -k auto"),
+                                                          ("synthetic-compare-k8", "specli -k 8"),
+                                                          ("synthetic-compare-auto", "specli -k auto"))
+                if name in results}
     sweep = results.get("synthetic-best")
-    if not (pair or compare):
+    if not (pair or compares):
         return lines
     lines += ["## (c) Synthetic memory-bound pair, draft-model mode", ""]
     if pair:
@@ -358,8 +361,10 @@ def _synthetic_section(results: dict) -> list[str]:
         lines += _table(["llama.cpp draft-simple K", "t/s", "acceptance"],
                         [[c["workload"]["k"], _f(c["median_tokens_per_second"], 1), _f(c["acceptance_rate"])]
                          for c in sweep["candidates"]])
-    if compare:
-        lines += _table(COMPARE_HEADER, [_compare_row("synthetic", compare)])
+    if compares:
+        lines += ["Fresh processes, the draft model alone in both (`--no-ngram`):", ""]
+        lines += _table(COMPARE_HEADER, [_compare_row(label, data) for label, data in compares.items()])
+    lines += _fresh_and_warm(compares, results.get("synthetic-warm"))
     curve = results.get("synthetic-costs")
     if curve:
         seconds = {int(k): v for k, v in curve["seconds"].items()}
@@ -378,6 +383,26 @@ def _synthetic_section(results: dict) -> list[str]:
             ["layers offloaded (llama.cpp's log)", offload],
         ])
     return lines
+
+
+def _fresh_and_warm(compares: dict, warm: dict | None) -> list[str]:
+    """specli's fresh-process rates (compare_llamacpp) beside its warm ones (`specli bench`)."""
+    if not warm or not warm.get("workloads"):
+        return []
+    configs = warm["workloads"][0]["configs"]
+    rows = []
+    for label, key in (("specli -k 8", "k=8"), ("specli -k auto", "auto")):
+        summary = configs.get(key)
+        fresh = compares.get(label, {}).get("tools", {}).get("specli", {}).get("median_tokens_per_second")
+        if summary:
+            warm_rate = summary["tokens_per_second"]["median"]
+            rows.append([label, _f(fresh, 1), _f(warm_rate, 1), _f(fresh / warm_rate) if fresh else None,
+                         _f(summary.get("speedup", {}).get("median"), suffix="×"),
+                         _f(summary.get("time_split", {}).get("overhead"), 3),
+                         summary.get("batch_changes_per_step"), summary.get("cuda_graphs")])
+    return ["Fresh against warm (`specli bench`, one process, after its warm-up run):", ""] + _table(
+        ["configuration", "fresh t/s", "warm t/s", "fresh / warm", "warm × plain", "warm py share",
+         "batch changes a step", "CUDA graphs (reused, captured, reset)"], rows)
 
 
 def _plain_section(results: dict) -> list[str]:

@@ -12,7 +12,9 @@
 #              --verify-on-device), and specli -k auto against
 #              `llama-speculative-simple --spec-type ngram-simple` at its best settings
 #   synthetic  (c) an 8B-shaped F16 target and its 2-layer draft: llama-bench's verify costs,
-#              GPU memory with both models loaded, specli -k auto against draft-simple at its best K
+#              GPU memory with both models loaded; in fresh processes specli -k 8 against
+#              draft-simple K=8 (and both plain decoders), specli -k auto against draft-simple at
+#              its best K; the same two warm, in `specli bench`
 #   plain      (d) plain decoding, specli's and llama.cpp's
 #   replay     benchmarks/replay.py: record the embedded model on the GPU, replay -k auto on
 #              measured verify costs and on the paper model's
@@ -547,16 +549,29 @@ step_synthetic() {
             --target "$target" --draft "$draft" --no-chat "The quick brown fox"
     fi
 
-    # llama.cpp's draft-simple over K, then specli -k auto against the best K.
-    local sweeps=()
+    # llama.cpp's draft-simple over K; then, in fresh processes, specli -k 8 against draft-simple
+    # K=8 (with the plain decoders) and specli -k auto against draft-simple at its best K; both
+    # with the draft model alone (--no-ngram), as draft-simple drafts.
+    local sweeps=() prompt="The quick brown fox"
     for k in $DRAFT_K_GRID; do
-        compare "synthetic-sweep-k$k" -m "$target" --draft "$draft" -p "The quick brown fox" \
+        compare "synthetic-sweep-k$k" -m "$target" --draft "$draft" -p "$prompt" \
             -n "$SYNTHETIC_TOKENS" -k "$k" --skip-specli --runs "$SWEEP_RUNS"
         sweeps+=("$RESULTS/synthetic-sweep-k$k.json")
     done
     results best "$RESULTS/synthetic-best.json" "${sweeps[@]}"
-    compare synthetic-compare -m "$target" --draft "$draft" -p "The quick brown fox" -n "$SYNTHETIC_TOKENS" \
-        -k "$(results get "$RESULTS/synthetic-best.json" k)" --specli-k auto --plain --runs "$RUNS"
+    compare synthetic-compare-k8 -m "$target" --draft "$draft" -p "$prompt" -n "$SYNTHETIC_TOKENS" \
+        -k 8 --specli-k 8 --specli-arg=--no-ngram --plain --runs "$RUNS"
+    compare synthetic-compare-auto -m "$target" --draft "$draft" -p "$prompt" -n "$SYNTHETIC_TOKENS" \
+        -k "$(results get "$RESULTS/synthetic-best.json" k)" --specli-k auto --specli-arg=--no-ngram --runs "$RUNS"
+
+    # The same configurations warm: `specli bench` in one process, after its warm-up run.
+    if [[ ! -f "$RESULTS/synthetic-warm.json" ]] || forced synthetic; then
+        printf '[[workload]]\nname = "synthetic"\nkind = "creative"\nmax_tokens = %s\nprompt = "%s"\n' \
+            "$SYNTHETIC_TOKENS" "$prompt" >"$WORK/synthetic-prompt.toml"
+        "$PY" -m specli bench --json --target "$target" --draft "$draft" --no-ngram -k 8,auto --runs "$RUNS" \
+            --gpu-layers "$GPU_LAYERS" --prompts "$WORK/synthetic-prompt.toml" >"$RESULTS/synthetic-warm.json.partial"
+        mv "$RESULTS/synthetic-warm.json.partial" "$RESULTS/synthetic-warm.json"
+    fi
 }
 
 # --- (d) plain ----------------------------------------------------------------------------
