@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from specli.comparison import load_workloads
-from specli.decode.engine import Engine
+from specli.decode.engine import Engine, EngineOptions
 from specli.decode.events import Stats, Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
@@ -37,7 +37,7 @@ PATHS = ("host", "device")
 
 def run_once(target: Model, tokens: list[int], k: int, max_tokens: int, on_device: bool) -> tuple[list[int], Stats]:
     proposer = NoProposer() if k == 0 else NGramProposer()
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens), verify_on_device=on_device)
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens), options=EngineOptions(verify_on_device=on_device))
     output = []
     for event in engine.generate(tokens):
         if isinstance(event, Token) and event.id >= 0:

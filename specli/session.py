@@ -16,12 +16,12 @@ from specli.decode.adaptive import MAX_DRAFT, AdaptiveDraftPolicy
 from specli.decode.constraint import Matcher, Vocabulary
 from specli.decode.costs import VerifyCurve
 from specli.decode.draft_model import DraftModel, DraftModelProposer
-from specli.decode.engine import Engine, TargetCache
+from specli.decode.engine import Engine, EngineOptions, TargetCache
 from specli.decode.ngram import NGramProposer, TokenIndex
 from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
-from specli.decode.shapes import GPU_SIZES, BatchShapes
+from specli.decode.shapes import GPU_SIZES
 from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
 from specli.llama.backend import LoadSettings, Model
@@ -58,9 +58,6 @@ class Session:
         self.pricing = Pricing(spec, target, draft, translated=translated, notice=notice)
         self._exact_batch = exact_batch
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
-        # The target's verify batch shapes (a GPU's reusable ones), across generations: it
-        # replays one captured graph, whichever engine decodes.
-        self._shapes = BatchShapes.any()
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
 
     @property
@@ -87,10 +84,9 @@ class Session:
         drafting = not isinstance(proposer, NoProposer)
         max_batch = self.exact_batch_size() if request.exact and drafting else MAX_DRAFT + 1
         by_model = drafting and self.draft is not None and request.draft is DraftKind.MODEL
-        return Engine(self.target, proposer, policy, request, cache=self._cache,
-                      verify_on_device=self.spec.verify_on_device, matcher=matcher, max_batch=max_batch,
-                      draft_model=self.spec.draft_model.name if by_model and self.spec.draft_model else "",
-                      shapes=self._shapes)
+        options = EngineOptions(self.spec.verify_on_device, max_batch,
+                                self.spec.draft_model.name if by_model and self.spec.draft_model else "")
+        return Engine(self.target, proposer, policy, request, cache=self._cache, matcher=matcher, options=options)
 
     def vocabulary(self) -> Vocabulary:
         """The target's tokens as a constraint reads them, built on the first constrained request."""
@@ -102,7 +98,7 @@ class Session:
         """Forget what the target's KV cache holds: the next generation decodes its whole
         prompt, as a fresh `specli run` does (a prompt decoded on top of a kept prefix is
         batched otherwise, and rounds otherwise at a near-tie)."""
-        self._cache = TargetCache()
+        self._cache = TargetCache(shapes=self._cache.shapes)  # the graph the target replays stays
 
     def drafts_plainly(self, request: GenerationRequest) -> bool:
         """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
@@ -134,9 +130,9 @@ class Session:
         auto = request.draft_tokens == AUTO
         costs = self.pricing.costs(measure=auto)
         if self.target.on_gpu:  # padding and changes of shape priced as the policy prices steps
-            self._shapes.priced(VerifyCurve(costs.verify), costs.change)
+            self._cache.shapes.priced(VerifyCurve(costs.verify), costs.change)
         if auto:
-            return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft, shapes=self._shapes)
+            return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft, shapes=self._cache.shapes)
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
     def warm_up(self) -> None:

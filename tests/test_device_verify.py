@@ -1,5 +1,5 @@
 """Greedy verification with the argmax taken on llama.cpp's device (backend sampling,
-`Engine(verify_on_device=True)`) writes the tokens the host path writes.
+`Engine(options=EngineOptions(verify_on_device=True))`) writes the tokens the host path writes.
 
 - The engine, on fakes: the device path is taken only where it is exact (greedy, no
   repetition penalty), and writes what the host path writes.
@@ -20,7 +20,7 @@ import pytest
 from fakes import FakeModel, plain_greedy
 
 from specli.decode.draft_model import DraftModel, DraftModelProposer
-from specli.decode.engine import Engine
+from specli.decode.engine import Engine, EngineOptions
 from specli.decode.events import Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
@@ -66,7 +66,7 @@ def test_device_verification_writes_the_host_paths_tokens(proposer, k):
         target = FakeModel(seed=3, order=1)
         drafting = NGramProposer() if proposer == "ngram" else DraftModelProposer(
             DraftModel(FakeModel(seed=3, order=1, noise_seed=1, noise=2.0)), SamplingSettings(), 0)
-        engine = Engine(target, drafting, FixedDraftPolicy(k), GenerationRequest(60), verify_on_device=on_device)
+        engine = Engine(target, drafting, FixedDraftPolicy(k), GenerationRequest(60), options=EngineOptions(verify_on_device=on_device))
         tokens, stats = tokens_of(engine, PROMPT)
         assert stats.drafted > stats.accepted > 0
         # Every target decode, the prompt's included, goes the one way.
@@ -80,7 +80,7 @@ def test_penalised_and_sampled_runs_keep_the_host_path(sampling):
     """A penalised row needs the draft tokens before it, and a sampled one the whole row."""
     target = FakeModel(seed=3, order=1)
     request = GenerationRequest(40, sampling, seed=5)
-    tokens, stats = tokens_of(Engine(target, NGramProposer(), FixedDraftPolicy(4), request, verify_on_device=True), PROMPT)
+    tokens, stats = tokens_of(Engine(target, NGramProposer(), FixedDraftPolicy(4), request, options=EngineOptions(verify_on_device=True)), PROMPT)
     assert target.argmax_decodes == 0 and stats.steps > 0
     host = Engine(FakeModel(seed=3, order=1), NGramProposer(), FixedDraftPolicy(4), request)
     assert tokens == tokens_of(host, PROMPT)[0]
@@ -125,7 +125,7 @@ MAX_TOKENS = 40
 
 
 def generate(target, proposer, k: int, on_device: bool, prompt: str):
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(MAX_TOKENS), verify_on_device=on_device)
+    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(MAX_TOKENS), options=EngineOptions(verify_on_device=on_device))
     return tokens_of(engine, target.tokenize(prompt))
 
 
@@ -199,7 +199,7 @@ def test_exact_device_verification_writes_plain_decodings_text(exact_session):
     tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
 
     def run(proposer, k, on_device):
-        engine = Engine(session.target, proposer, FixedDraftPolicy(k), GenerationRequest(40), verify_on_device=on_device)
+        engine = Engine(session.target, proposer, FixedDraftPolicy(k), GenerationRequest(40), options=EngineOptions(verify_on_device=on_device))
         return tokens_of(engine, tokens)[0]
 
     plain = run(NoProposer(), 0, False)
@@ -304,6 +304,6 @@ def test_a_tie_wider_than_the_candidates_is_read_again_on_the_host(tmp_path):
         assert fallbacks == [1] and model.n_past == len(tokens)
         outputs = []
         for on_device in (False, True):
-            engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24), verify_on_device=on_device)
+            engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24), options=EngineOptions(verify_on_device=on_device))
             outputs.append(tokens_of(engine, tokens)[0])
         assert len(outputs[0]) == 24 and outputs[0] == outputs[1]

@@ -247,54 +247,63 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
     that keeps a shape pays; the first (after another size: no graph) and the second (it
     captures) price a change of shape, over the third (`Calibration.shape_change`)."""
     started = time.perf_counter()
-    largest = max(sizes)
-    samples: dict[int, list[float]] = {size: [] for size in sizes}
-    changes: list[float] = []
-    plain: list[float] = []
-    used = {"wall": 0.0, "cpu": 0.0}
-
-    def timed(tokens: list[int]) -> float:
-        begun, cpu = time.perf_counter(), time.process_time()
-        decode(tokens)
-        wall = time.perf_counter() - begun
-        used["wall"] += wall
-        used["cpu"] += time.process_time() - cpu
-        return wall
-
-    decode([token] * largest)  # the warm-up
+    timings = _Timings(decode, rewind, token, sizes, steady)
+    decode([token] * max(sizes))  # the warm-up
     rewind(0)
-
-    def sample(size: int) -> float:
-        if not steady:
-            return timed([token] * size)
-        first = timed([token] * size)
-        rewind(0)
-        second = timed([token] * size)
-        rewind(0)
-        third = timed([token] * size)
-        changes.append(first + second - 2 * third)
-        return third
-
-    def one_pass(index: int) -> None:
-        for size in sizes if index % 2 == 0 else sizes[::-1]:
-            samples[size].append(sample(size))
-            if size == largest:  # a plain step as a run makes one: a token after a token, after a context
-                decode([token])
-                plain.append(timed([token]))
-            rewind(0)
-
-    def share() -> float | None:
-        return used["cpu"] / (used["wall"] * threads) if threads and used["wall"] > 0 else None
-
     for index in range(passes):
-        one_pass(index)
-    result = judge(samples, plain, share())
+        timings.one_pass(index)
+    result = judge(timings.samples, timings.plain, timings.cpu_share(threads))
     if result.problem is not None:
         for index in range(passes, passes + 2):
-            one_pass(index)
-        result = judge(samples, plain, share())
-    change = max(0.0, sorted(changes)[len(changes) // 2]) if changes else None
+            timings.one_pass(index)
+        result = judge(timings.samples, timings.plain, timings.cpu_share(threads))
+    changes = sorted(timings.changes)
+    change = max(0.0, changes[len(changes) // 2]) if changes else None
     return replace(result, seconds=time.perf_counter() - started, shape_change=change)
+
+
+class _Timings:
+    """What a calibration's passes time: each size's samples, plain steps, and (steady) the
+    price of each change of shape; with the wall and CPU time the decodes took."""
+
+    def __init__(self, decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
+                 sizes: tuple[int, ...], steady: bool) -> None:
+        self.decode, self.rewind, self.token, self.sizes, self.steady = decode, rewind, token, sizes, steady
+        self.samples: dict[int, list[float]] = {size: [] for size in sizes}
+        self.changes: list[float] = []
+        self.plain: list[float] = []
+        self.wall = self.cpu = 0.0
+
+    def timed(self, tokens: list[int]) -> float:
+        begun, cpu = time.perf_counter(), time.process_time()
+        self.decode(tokens)
+        wall = time.perf_counter() - begun
+        self.wall += wall
+        self.cpu += time.process_time() - cpu
+        return wall
+
+    def sample(self, size: int) -> float:
+        if not self.steady:
+            return self.timed([self.token] * size)
+        first = self.timed([self.token] * size)  # after another size: no graph
+        self.rewind(0)
+        second = self.timed([self.token] * size)  # the same shape again: it captures
+        self.rewind(0)
+        third = self.timed([self.token] * size)  # a replay, as a run that keeps its shape pays
+        self.changes.append(first + second - 2 * third)
+        return third
+
+    def one_pass(self, index: int) -> None:
+        largest = max(self.sizes)
+        for size in self.sizes if index % 2 == 0 else self.sizes[::-1]:
+            self.samples[size].append(self.sample(size))
+            if size == largest:  # a plain step as a run makes one: a token after a token, after a context
+                self.decode([self.token])
+                self.plain.append(self.timed([self.token]))
+            self.rewind(0)
+
+    def cpu_share(self, threads: int | None) -> float | None:
+        return self.cpu / (self.wall * threads) if threads and self.wall > 0 else None
 
 
 def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None) -> Calibration:

@@ -72,6 +72,23 @@ class TargetCache:
     prompt: list[int] | None = None
     prompt_on_device: bool = False
     prompt_row: object = None
+    # The verify batch sizes its decodes keep to (a GPU's reusable shapes: the session prices
+    # them), and the size of the last: the graph the target replays, whichever engine decodes.
+    shapes: BatchShapes = field(default_factory=BatchShapes.any)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine verifies, beside its request: `verify_on_device`: greedy runs without a
+    repetition penalty have llama.cpp take each verified row's argmax on the device that
+    computed the logits, and the host reads a few candidates per row instead of a vocabulary
+    row (the same tokens); `max_batch`: the most tokens one verify decodes ([last], forced,
+    drafted and padding; 0: the policy's longest draft and [last]); `draft_model`: the draft
+    model's name, where one drafts (the stats name it)."""
+
+    verify_on_device: bool = False
+    max_batch: int = 0
+    draft_model: str = ""
 
 
 class ContextLengthError(PromptError):
@@ -93,18 +110,13 @@ class Engine:
     prompts: a chat's turns). `stats` stays readable if the consumer stops early (Ctrl-C).
 
     `cache` is what the target's KV cache holds, kept by whoever keeps the target loaded
-    (the session); `verify_on_device`: greedy runs without a repetition penalty have
-    llama.cpp take each verified row's argmax on the device that computed the logits, and
-    the host reads a few candidates per row instead of a vocabulary row (the same tokens).
-    `matcher`: the request's constraint, followed afresh in each generation; `max_batch`: the
-    most tokens one verify decodes ([last], forced and drafted)."""
+    (the session); `matcher`: the request's constraint, followed afresh in each generation."""
 
     def __init__(self, target: TargetModel, proposer: Proposer, policy: DraftPolicy, request: GenerationRequest,
-                 *, cache: TargetCache | None = None, verify_on_device: bool = False,
-                 matcher: Matcher | None = None, max_batch: int = 0, draft_model: str = "",
-                 shapes: BatchShapes | None = None) -> None:
+                 *, cache: TargetCache | None = None, matcher: Matcher | None = None,
+                 options: EngineOptions = EngineOptions()) -> None:
         self.target = target
-        self.draft_model = draft_model  # the draft model's name, where one drafts (the stats name it)
+        self.draft_model = options.draft_model
         self.proposer = proposer
         self.policy = policy
         self.request = request.seeded()
@@ -115,12 +127,10 @@ class Engine:
         self.matcher = matcher
         # Forced tokens are drafted only where something drafts (--draft none: one token a step).
         self._forces = matcher is not None and not isinstance(proposer, NoProposer)
-        self.max_batch = max_batch or policy.max_draft + 1
-        # The verify batch sizes the target's decodes keep to (a GPU's reusable shapes), shared
-        # with the policy that prices them and with later engines on the same target.
-        self.shapes = shapes if shapes is not None else BatchShapes.any()
+        self.max_batch = options.max_batch or policy.max_draft + 1
+        self.shapes = self.cache.shapes  # shared with the policy that prices them
         # A penalised or masked row depends on the tokens before it, which the device does not see.
-        self._on_device = verify_on_device and self.sampling.pure_greedy and matcher is None
+        self._on_device = options.verify_on_device and self.sampling.pure_greedy and matcher is None
         self.stats = self._fresh_stats()
         self._step_ended: float | None = None  # when the previous step's logits were read
 

@@ -193,6 +193,19 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
 DEVICE_CANDIDATES = 8
 
 
+def _context_params(settings: LoadSettings, n_ctx_train: int):
+    """llama_context_params for a model trained on `n_ctx_train` tokens of context."""
+    params = llama.llama_context_default_params()
+    params.n_ctx = min(settings.ctx_size, n_ctx_train) if n_ctx_train > 0 else settings.ctx_size
+    params.n_batch = params.n_ubatch = settings.batch_size
+    params.n_threads = params.n_threads_batch = settings.threads or os.cpu_count() or 1
+    params.no_perf = True
+    params.n_rs_seq = settings.recurrent_snapshots
+    # A device sampler (decode_argmax) may choose at every row of a batch, not only one.
+    params.n_outputs_max_per_seq = settings.batch_size
+    return params
+
+
 class Model:
     """One GGUF model with one llama.cpp context and a single sequence (id 0). `load_mtp`:
     with the GGUF's NextN (multi-token prediction) layers, which llama.cpp skips otherwise
@@ -230,16 +243,7 @@ class Model:
         self.on_gpu = supports_gpu_offload() and (settings.gpu_layers < 0 or settings.gpu_layers > layers)
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(self._model))
-        ctx_params = llama.llama_context_default_params()
-        ctx_params.n_ctx = min(settings.ctx_size, self.n_ctx_train) if self.n_ctx_train > 0 else settings.ctx_size
-        ctx_params.n_batch = settings.batch_size
-        ctx_params.n_ubatch = settings.batch_size
-        threads = settings.threads or os.cpu_count() or 1
-        ctx_params.n_threads = ctx_params.n_threads_batch = threads
-        ctx_params.no_perf = True
-        ctx_params.n_rs_seq = settings.recurrent_snapshots
-        # A device sampler (decode_argmax) may choose at every row of a batch, not only one.
-        ctx_params.n_outputs_max_per_seq = settings.batch_size
+        ctx_params = _context_params(settings, self.n_ctx_train)
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             raise ModelFileError(
