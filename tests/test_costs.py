@@ -231,3 +231,14 @@ def test_a_calibration_under_load_is_near_a_quiet_one_or_not_stored(gemma_path, 
     else:
         assert stored is not None and stored.verify == loaded
         assert all(0.7 <= loaded[size] / quiet_curve[size] <= 1.3 for size in quiet_curve), (loaded, quiet_curve)
+
+
+def test_the_curve_is_judged_as_it_will_be_stored():
+    # One token's samples (12 ms, within range of the plain steps' 10 ms) priced down to 10 ms: a
+    # batch of 2 at 36 ms is then 3.6x one token, which the stored curve must not be (a later run
+    # would find it implausible and measure again).
+    samples = {1: [0.012, 0.012], 2: [0.036, 0.036]}
+    assert curve_problem({1: 0.012, 2: 0.036}) is None
+    outcome = judge(samples, plain=[0.010, 0.010])
+    assert outcome.verify[1] == 0.010
+    assert outcome.problem is not None and outcome.problem == curve_problem(outcome.verify)

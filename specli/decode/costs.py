@@ -315,8 +315,8 @@ def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float 
     spreads = sorted((sorted(times)[1] - min(times)) / min(times) for times in samples.values() if len(times) > 1)
     spread = spreads[len(spreads) // 2] if spreads else 0.0
     plain_step = min(plain) if plain else None
-    problem = curve_problem(verify)
-    if problem is None and cpu_share is not None and cpu_share < BUSY_CPU_SHARE:
+    problem = None
+    if cpu_share is not None and cpu_share < BUSY_CPU_SHARE:
         problem = f"its threads got {cpu_share:.0%} of the CPU time they asked for"
     if problem is None and spread > BUSY_SPREAD:
         problem = f"a batch's times varied by {spread:.0%} from pass to pass"
@@ -326,6 +326,8 @@ def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float 
             problem = f"one token timed at {ratio:.2f}x a plain step"
     if plain_step is not None and one_token is not None:
         verify[1] = min(one_token, plain_step)
+    # The curve as stored, one token at its price: a later run judges that one too.
+    problem = problem or curve_problem(verify)
     return Calibration(verify, plain_step, spread, problem, cpu_share=cpu_share)
 
 
