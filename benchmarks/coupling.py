@@ -7,7 +7,7 @@ draft token is kept when the two draws agree. Rejection sampling (Leviathan et a
 keeps a token drawn from q with probability min(1, p/q), which keeps the first draft token
 with probability sum_x min(p(x), q(x)), the best any coupling can do. This script walks a
 sampled output of the target and, at every position, prints both chances for that
-position's p and q: the figure behind specli's choice of sampler (benchmarks/README.md, "Keyed sampling against rejection sampling").
+position's p and q: the figure behind specli's choice of sampler (docs/design.md, "Draft models").
 
     python benchmarks/coupling.py TARGET.gguf DRAFT.gguf -p "The quick brown fox" -n 64
 """

@@ -19,7 +19,7 @@ GPU_INSTALL_HINT = (
 # llama.cpp's system info, and the CMake option that builds for it. `-DGGML_NATIVE=OFF` (the
 # portable build, which also avoids a crash in the AMX path on some CPUs) stops at
 # AVX2/FMA/F16C: on a CPU with AVX-512 the batched verify then runs slower kernels
-# (benchmarks/README.md, "Costs behind the code").
+# (docs/design.md, "Other defaults").
 CPU_FEATURES = (
     ("avx2", "AVX2", "GGML_AVX2"),
     ("fma", "FMA", "GGML_FMA"),

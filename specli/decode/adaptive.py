@@ -34,7 +34,7 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   probes wait until the run has time to spare, and a short answer that never copies
   costs nothing.
 
-The figures behind each constant: benchmarks/README.md, "Costs behind the code"; `benchmarks/replay.py`
+The figures behind each constant: docs/design.md; `benchmarks/replay.py`
 replays the policy offline on recorded runs (tests/test_replay.py).
 """
 
@@ -74,7 +74,7 @@ PROBE_BUDGET = 0.02  # the most drafting may have lost, as a share of the run's 
 MAX_DRAFT = 48  # longest draft considered
 # A draft is made only if, rejected outright, it leaves drafting's net loss within
 # RISK_ALLOWANCE plain steps plus RISK_SHARE of the run's time: the most a run can lose. Chosen
-# on the development prompts' replay (benchmarks/README.md, "Offline replay of -k auto") for a
+# on the development prompts' replay (docs/design.md, "The risk budget") for a
 # lowest prompt of 0.97x plain or more on this CPU's curves, -t 1's included.
 RISK_ALLOWANCE = 2.0
 RISK_SHARE = 0.03

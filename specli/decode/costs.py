@@ -37,7 +37,7 @@ FIRST_RUN_SIZES = (1, 2, 3, 4, 8, 9, 16)
 # runs the whole output head, so each row adds much. On a GPU the step is from one row to two
 # (another kernel), then nearly flat: an 8B-shaped F16 model on an H200 measured 1.34 at 2
 # rows, 1.40 at 8, 1.52 at 16, 1.65 at 48 (llama-bench, 2026-11-26); this prior gives 1.34,
-# 1.47, 1.54, 1.65 (benchmarks/README.md, "Costs behind the code").
+# 1.47, 1.54, 1.65 (docs/design.md, "The cost model").
 PRIOR_CURVE = {"cpu": (0.7, 0.75), "gpu": (0.34, 0.17)}
 # Where the machine was too busy to measure: a curve at or above every one measured (CPU here:
 # 2 rows 1.85 plain decodes, 8 rows 5.0, 48 rows 16.8; the H200: 1.34, 1.40, 1.65), so the run

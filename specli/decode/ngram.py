@@ -162,7 +162,7 @@ class _Predicted:
 PREDICTED = _Predicted()
 EXTENT_LIMIT = 256  # past this the hazard is the floor: no need to look further back
 MAX_OCCURRENCES = 8  # the latest occurrences of an n-gram that vote on its continuation
-RECENCY = 0.8  # an occurrence's vote against the next later one's (benchmarks/README.md, "Costs behind the code")
+RECENCY = 0.8  # an occurrence's vote against the next later one's (docs/design.md, "The n-gram prior")
 
 
 def _remember(table: dict[tuple[int, ...], list[int]], gram: tuple[int, ...], position: int) -> None:

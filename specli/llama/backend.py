@@ -424,7 +424,7 @@ class Model:
 
         The view is built once per buffer (llama.cpp moves the buffer only when it grows)
         and sliced after that, because building one costs far more than slicing it
-        (benchmarks/README.md, "Costs behind the code"). It never spans more rows than
+        (docs/design.md, "The cost model"). It never spans more rows than
         llama.cpp has written at that address, so it covers allocated memory only.
         """
         pointer = llama.llama_get_logits(self._ctx)
