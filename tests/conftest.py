@@ -72,19 +72,19 @@ def smollm_path():
 @pytest.fixture(scope="module")
 def gemma_model(gemma_path):
     """Gemma 3 270M loaded with a 1024-token context."""
-    from specli.llama.backend import LoadSettings, Model
+    yield from _loaded(gemma_path)
 
-    with Model(gemma_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
+
+@pytest.fixture(scope="module")
+def gemma_draft_model(gemma_path):
+    """A second Gemma, with a KV cache of its own, to draft for gemma_model."""
+    yield from _loaded(gemma_path)
 
 
 @pytest.fixture(scope="module")
 def smollm_model(smollm_path):
     """SmolLM2-135M loaded with a 1024-token context."""
-    from specli.llama.backend import LoadSettings, Model
-
-    with Model(smollm_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
+    yield from _loaded(smollm_path)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,13 @@ def gemma_session(gemma_path):
 def gemma_exact_session(gemma_path):
     """As gemma_session, with --exact: verify batches capped at the measured bit-exact size."""
     yield from _session(gemma_path, exact=True)
+
+
+def _loaded(path):
+    from specli.llama.backend import LoadSettings, Model
+
+    with Model(path, LoadSettings(ctx_size=1024)) as model:
+        yield model
 
 
 def _session(path, *, exact: bool):
