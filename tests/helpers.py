@@ -1,8 +1,23 @@
-"""Assertions and doubles shared by several test modules."""
+"""Assertions, doubles and runners shared by several test modules."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
 import numpy as np
+
+from specli.decode.events import Finished, Stats, Token
+
+HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
+CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
 
 
 def dense(distribution, n_vocab: int) -> np.ndarray:
@@ -59,3 +74,74 @@ def assert_one_line_error(result, *fragments: int | str) -> None:
     assert err.startswith("specli: error: ") and err.endswith("\n") and err.count("\n") == 1, err
     for fragment in fragments:
         assert fragment in err, err
+
+
+# --- generating ------------------------------------------------------------------------
+
+
+def generation(engine, prompt: list[int]) -> tuple[list[Token], Finished]:
+    """One generation's committed tokens (held-back text, which has no id, left out) and the
+    Finished event that ends it."""
+    *events, finished = engine.generate(prompt)
+    assert isinstance(finished, Finished), finished
+    return [e for e in events if isinstance(e, Token) and e.id >= 0], finished
+
+
+def generated(engine, prompt: list[int]) -> tuple[list[int], Stats]:
+    """The token ids one generation wrote, and its stats."""
+    tokens, finished = generation(engine, prompt)
+    return [token.id for token in tokens], finished.stats
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen, url: str, log: list[str]) -> None:
+        self.process, self.url, self.log = process, url, log
+
+    def client(self, api_key: str = "none", **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=120, **kwargs)
+
+
+@contextmanager
+def serving(*args: object, env: dict | None = None):
+    """A `specli serve` process on a free port of 127.0.0.1, until the block ends."""
+    command = [sys.executable, "-m", "specli", "serve", "--port", "0", "-c", "1024", *map(str, args)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, **(env or {})})
+    log: list[str] = []
+    url = None
+    deadline = time.monotonic() + 120
+    while url is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        log.append(line)
+        found = re.search(r"serving .* at (http://\S+/v1)", line)
+        url = found.group(1) if found else None
+    if url is None:
+        process.kill()
+        raise AssertionError("the server did not start: " + "".join(log) + process.stderr.read())
+    reader = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        yield Server(process, url, log)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def specli_run(*args: object) -> str:
+    """`specli run -q` in a child process; its stdout (the run must succeed)."""
+    result = subprocess.run([sys.executable, "-m", "specli", "run", "-q", "-c", "1024", *map(str, args)],
+                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

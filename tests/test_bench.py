@@ -80,7 +80,7 @@ def test_configs_parse_with_plain_as_the_baseline():
 
 
 @pytest.mark.slow
-def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path):
+def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path, quiet_calibration):
     workloads = tmp_path / "workloads.toml"
     workloads.write_text(COPY_WORKLOAD)
     result = CliRunner().invoke(
@@ -132,7 +132,7 @@ def test_bench_measures_every_configuration_on_a_real_model(gemma_path, tmp_path
 
 
 @pytest.mark.slow
-def test_the_bench_table_in_a_pipe_keeps_every_value_whole(gemma_path, tmp_path, monkeypatch):
+def test_the_bench_table_in_a_pipe_keeps_every_value_whole(gemma_path, tmp_path, monkeypatch, quiet_calibration):
     """CliRunner's stdout is not a terminal: the table must not be squeezed into 80 columns,
     which cut headers and values short ("speed…", "1.80× (1.79…")."""
     monkeypatch.delenv("COLUMNS")

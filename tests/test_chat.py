@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from specli.commands.cli import app
@@ -35,4 +36,4 @@ def test_a_base_model_gets_completion_turns(gemma_path):
 
 def test_json_is_refused_in_a_chat():
     result = CliRunner().invoke(app, ["chat", "--json"])
-    assert result.exit_code == 2
+    assert_one_line_error(result, 2, "--json needs a prompt", "specli run --json")

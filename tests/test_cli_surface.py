@@ -6,6 +6,7 @@ import io
 import re
 
 import pytest
+from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from specli.commands.cli import app
@@ -69,4 +70,4 @@ def test_an_unknown_option_suggests_the_nearest(tmp_path):
 def test_bench_refuses_a_zero_draft_length_as_run_does():
     for command in (["run", "-k", "0", "hi"], ["bench", "-k", "auto,0"]):
         result = CliRunner().invoke(app, command)
-        assert result.exit_code == 2, (command, result.output)
+        assert_one_line_error(result, 2, "'-k' / '--draft-tokens'", "must be at least 1", "not 0")

@@ -72,12 +72,6 @@ def run(session, tokens, request: GenerationRequest):
     raise AssertionError("no Finished event")
 
 
-@pytest.fixture(scope="module")
-def gemma(gemma_path):
-    with open_session(SessionSpec(gemma_path, None, LOAD, LOAD)) as session:
-        yield session
-
-
 def tokens_of(session, prompt: str) -> list[int]:
     return prompt_tokens(session.target, prompt, chat=False)
 
@@ -135,15 +129,15 @@ def test_the_cli_refuses_a_bad_schema_with_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schema, prompt", [(PERSON, PERSON_PROMPT), (ORDER, ORDER_PROMPT)])
-def test_lookup_under_a_schema_writes_valid_json_in_fewer_steps(gemma, schema, prompt):
-    tokens = tokens_of(gemma, prompt)
+def test_lookup_under_a_schema_writes_valid_json_in_fewer_steps(gemma_session, schema, prompt):
+    tokens = tokens_of(gemma_session, prompt)
     request = GenerationRequest(max_tokens=160, constraint=Constraint.json_schema(schema))
-    plain = run(gemma, tokens, replace(request, draft=DraftKind.NONE))
+    plain = run(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
     assert plain[3] == "eog", plain[1]
     jsonschema.validate(json.loads(plain[1]), schema)
     assert set(plain[2]) == {"target"}, "plain decoding forces nothing: one token a step"
     for draft_tokens in (1, 4, 16):
-        ids, text, who, reason, stats = run(gemma, tokens, replace(request, draft=DraftKind.NGRAM,
+        ids, text, who, reason, stats = run(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM,
                                                                      draft_tokens=draft_tokens))
         assert reason == "eog"
         jsonschema.validate(json.loads(text), schema)
@@ -152,26 +146,26 @@ def test_lookup_under_a_schema_writes_valid_json_in_fewer_steps(gemma, schema, p
 
 
 @pytest.mark.slow
-def test_lookup_under_a_schema_writes_plain_decodings_text(gemma):
+def test_lookup_under_a_schema_writes_plain_decodings_text(gemma_session):
     """Greedy, at three draft lengths. The text, not the ids: where the schema forces a
     space, " false" and " " + "false" are both allowed, 0.02 apart in Gemma's logits, and a
     batch of another size may round either way. Gemma 3 270M's answers under a schema hold
     many such near-ties (ORDER_PROMPT has one of 0.07 at "A" against "1"): --exact, below,
     compares the ids on both prompts."""
-    tokens = tokens_of(gemma, PERSON_PROMPT)
+    tokens = tokens_of(gemma_session, PERSON_PROMPT)
     request = GenerationRequest(max_tokens=160, constraint=Constraint.json_schema(PERSON))
-    plain = run(gemma, tokens, replace(request, draft=DraftKind.NONE))
+    plain = run(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
     for draft_tokens in (1, 4, 16):
-        text = run(gemma, tokens, replace(request, draft=DraftKind.NGRAM, draft_tokens=draft_tokens))[1]
+        text = run(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM, draft_tokens=draft_tokens))[1]
         assert text == plain[1], draft_tokens
 
 
 @pytest.mark.slow
-def test_forced_tokens_are_the_keys_and_punctuation(gemma):
-    tokens = tokens_of(gemma, PERSON_PROMPT)
-    ids, text, who, reason, stats = run(gemma, tokens, GenerationRequest(
+def test_forced_tokens_are_the_keys_and_punctuation(gemma_session):
+    tokens = tokens_of(gemma_session, PERSON_PROMPT)
+    ids, text, who, reason, stats = run(gemma_session, tokens, GenerationRequest(
         max_tokens=160, constraint=Constraint.json_schema(PERSON), draft=DraftKind.NGRAM, draft_tokens=4))
-    forced = "".join(gemma.target.piece(token).decode() for token, w in zip(ids, who) if w == "grammar")
+    forced = "".join(gemma_session.target.piece(token).decode() for token, w in zip(ids, who) if w == "grammar")
     for key in PERSON["properties"]:
         assert key in forced, (key, forced)
     # The rest of an enum value once its first token is chosen: "New" is the target's, " York" is forced.
@@ -179,23 +173,23 @@ def test_forced_tokens_are_the_keys_and_punctuation(gemma):
 
 
 @pytest.mark.slow
-def test_a_token_limit_inside_the_structure_ends_with_length_and_the_partial_text(gemma):
-    tokens = tokens_of(gemma, PERSON_PROMPT)
+def test_a_token_limit_inside_the_structure_ends_with_length_and_the_partial_text(gemma_session):
+    tokens = tokens_of(gemma_session, PERSON_PROMPT)
     request = GenerationRequest(max_tokens=9, constraint=Constraint.json_schema(PERSON), draft=DraftKind.NGRAM)
-    ids, text, who, reason, stats = run(gemma, tokens, request)
+    ids, text, who, reason, stats = run(gemma_session, tokens, request)
     assert reason == "length" and len(ids) == 9
-    whole = run(gemma, tokens, replace(request, max_tokens=160))[1]
+    whole = run(gemma_session, tokens, replace(request, max_tokens=160))[1]
     assert whole.startswith(text) and text != whole
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
 
 
 @pytest.mark.slow
-def test_a_gbnf_grammar_constrains_and_ends_the_answer(gemma):
-    tokens = tokens_of(gemma, "Is the sky green? Answer yes or no:")
+def test_a_gbnf_grammar_constrains_and_ends_the_answer(gemma_session):
+    tokens = tokens_of(gemma_session, "Is the sky green? Answer yes or no:")
     request = GenerationRequest(max_tokens=20, constraint=Constraint.gbnf('root ::= " yes" | " no"'))
     for draft in (DraftKind.NONE, DraftKind.NGRAM):
-        ids, text, who, reason, stats = run(gemma, tokens, replace(request, draft=draft))
+        ids, text, who, reason, stats = run(gemma_session, tokens, replace(request, draft=draft))
         assert text in (" yes", " no") and reason == "eog"
 
 
@@ -299,23 +293,23 @@ SCHEMAS = _object(st.recursive(_leaf(), lambda inner: _object(inner), max_leaves
 @settings(max_examples=12, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=SCHEMAS)
-def test_every_generated_schema_gets_valid_json(gemma, schema):
+def test_every_generated_schema_gets_valid_json(gemma_session, schema):
     """Objects, arrays, enums, numbers, nesting, additionalProperties false: the answer
     parses and validates. (Shrinking is off: each example is a real generation.)"""
-    tokens = tokens_of(gemma, "Ticket 7781 opened by Dana Reyes (Berlin): the red build is failing again.\nJSON:\n")
+    tokens = tokens_of(gemma_session, "Ticket 7781 opened by Dana Reyes (Berlin): the red build is failing again.\nJSON:\n")
     request = GenerationRequest(max_tokens=200, constraint=Constraint.json_schema(schema), draft_tokens=6)
-    ids, text, who, reason, stats = run(gemma, tokens, request)
+    ids, text, who, reason, stats = run(gemma_session, tokens, request)
     assert reason == "eog", text
     jsonschema.validate(json.loads(text), schema)
 
 
 @pytest.mark.slow
-def test_where_bytes_are_forced_only_their_canonical_token_is_allowed(gemma):
+def test_where_bytes_are_forced_only_their_canonical_token_is_allowed(gemma_session):
     """After '{"' the schema forces "name": llguidance's grammar admits "n" or "na" as well, but
     its mask allows only the canonical token, and plain decoding's check (`allows`) must agree
     with the mask, or plain and speculative decoding would write different tokens."""
-    target = gemma.target
-    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(PERSON))
+    target = gemma_session.target
+    matcher = Matcher(gemma_session.vocabulary(), Constraint.json_schema(PERSON))
     matcher.consume(target.tokenize('{"', add_special=False)[0])
     forced = matcher.forced()
     assert target.piece(forced) == b"name"
@@ -328,16 +322,16 @@ def test_where_bytes_are_forced_only_their_canonical_token_is_allowed(gemma):
 
 
 @pytest.mark.slow
-def test_an_integer_without_bounds_ends_within_the_safe_range(gemma):
+def test_an_integer_without_bounds_ends_within_the_safe_range(gemma_session):
     """As llama.cpp's schema grammars hold an integer to 16 digits: without a bound, Gemma
     wrote "timeout_ms": 1000... until the token limit on the extraction workload."""
-    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(
+    matcher = Matcher(gemma_session.vocabulary(), Constraint.json_schema(
         {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
     for digits, allowed in ((16, True), (17, False)):
         matcher.reset()
-        tokens = gemma.target.tokenize('{"n": 1' + "0" * (digits - 1), add_special=False)
+        tokens = gemma_session.target.tokenize('{"n": 1' + "0" * (digits - 1), add_special=False)
         assert (matcher.valid_prefix(tokens) == len(tokens)) is allowed, digits
     bounded = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
-    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(bounded))
-    tokens = gemma.target.tokenize('{"n": 1' + "0" * 20, add_special=False)
+    matcher = Matcher(gemma_session.vocabulary(), Constraint.json_schema(bounded))
+    tokens = gemma_session.target.tokenize('{"n": 1' + "0" * 20, add_special=False)
     assert matcher.valid_prefix(tokens) == len(tokens), "a schema's own bound is left as it is"

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import FakeModel, plain_greedy
+from helpers import generated
 
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, EngineOptions
-from specli.decode.events import Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
@@ -30,11 +30,6 @@ from specli.decode.sampling import SamplingSettings, verify_greedy_tokens
 from specli.llama.backend import DEVICE_CANDIDATES, LoadSettings, Model
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-
-
-def tokens_of(engine: Engine, prompt: list[int]) -> tuple[list[int], object]:
-    events = list(engine.generate(prompt))
-    return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
 
 
 # --- the engine, on fakes -----------------------------------------------------------
@@ -67,7 +62,7 @@ def test_device_verification_writes_the_host_paths_tokens(proposer, k):
         drafting = NGramProposer() if proposer == "ngram" else DraftModelProposer(
             DraftModel(FakeModel(seed=3, order=1, noise_seed=1, noise=2.0)), SamplingSettings(), 0)
         engine = Engine(target, drafting, FixedDraftPolicy(k), GenerationRequest(60), options=EngineOptions(verify_on_device=on_device))
-        tokens, stats = tokens_of(engine, PROMPT)
+        tokens, stats = generated(engine, PROMPT)
         assert stats.drafted > stats.accepted > 0
         # Every target decode, the prompt's included, goes the one way.
         assert target.argmax_decodes == (stats.steps + 1 if on_device else 0)
@@ -80,10 +75,10 @@ def test_penalised_and_sampled_runs_keep_the_host_path(sampling):
     """A penalised row needs the draft tokens before it, and a sampled one the whole row."""
     target = FakeModel(seed=3, order=1)
     request = GenerationRequest(40, sampling, seed=5)
-    tokens, stats = tokens_of(Engine(target, NGramProposer(), FixedDraftPolicy(4), request, options=EngineOptions(verify_on_device=True)), PROMPT)
+    tokens, stats = generated(Engine(target, NGramProposer(), FixedDraftPolicy(4), request, options=EngineOptions(verify_on_device=True)), PROMPT)
     assert target.argmax_decodes == 0 and stats.steps > 0
     host = Engine(FakeModel(seed=3, order=1), NGramProposer(), FixedDraftPolicy(4), request)
-    assert tokens == tokens_of(host, PROMPT)[0]
+    assert tokens == generated(host, PROMPT)[0]
 
 
 def test_the_bench_option_reaches_the_session_spec():
@@ -126,14 +121,12 @@ MAX_TOKENS = 40
 
 def generate(target, proposer, k: int, on_device: bool, prompt: str):
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(MAX_TOKENS), options=EngineOptions(verify_on_device=on_device))
-    return tokens_of(engine, target.tokenize(prompt))
+    return generated(engine, target.tokenize(prompt))
 
 
 @pytest.fixture(scope="module", params=["gemma", "smollm"])
 def real_target(request):
-    path = request.getfixturevalue(f"{request.param}_path")
-    with Model(path, LoadSettings(ctx_size=1024)) as model:
-        yield model
+    return request.getfixturevalue(f"{request.param}_model")
 
 
 @pytest.mark.slow
@@ -178,29 +171,20 @@ def test_device_choices_are_refused_after_a_later_decode(gemma_path):
             choices[0]
 
 
-@pytest.fixture(scope="module")
-def exact_session(gemma_path):
-    from specli.session import SessionSpec, open_session
-
-    load = LoadSettings(ctx_size=1024)
-    with open_session(SessionSpec(gemma_path, None, load, load, exact=True)) as session:
-        yield session
-
-
 @pytest.mark.slow
-def test_exact_device_verification_writes_plain_decodings_text(exact_session):
+def test_exact_device_verification_writes_plain_decodings_text(gemma_exact_session):
     """--exact: plain decoding on the host path, and speculative runs verified on the device
     at every K the exact batch allows, write one text (a prompt with near-ties)."""
     from specli.comparison import load_workloads
     from specli.prompt import prompt_tokens
 
-    session = exact_session
+    session = gemma_exact_session
     workload = next(w for w in load_workloads() if w.name == "story")
     tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
 
     def run(proposer, k, on_device):
         engine = Engine(session.target, proposer, FixedDraftPolicy(k), GenerationRequest(40), options=EngineOptions(verify_on_device=on_device))
-        return tokens_of(engine, tokens)[0]
+        return generated(engine, tokens)[0]
 
     plain = run(NoProposer(), 0, False)
     assert run(NoProposer(), 0, True) == plain
@@ -305,5 +289,5 @@ def test_a_tie_wider_than_the_candidates_is_read_again_on_the_host(tmp_path):
         outputs = []
         for on_device in (False, True):
             engine = Engine(model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24), options=EngineOptions(verify_on_device=on_device))
-            outputs.append(tokens_of(engine, tokens)[0])
+            outputs.append(generated(engine, tokens)[0])
         assert len(outputs[0]) == 24 and outputs[0] == outputs[1]

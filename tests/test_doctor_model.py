@@ -12,7 +12,8 @@ from specli.commands.cli import app
 pytestmark = pytest.mark.slow
 
 
-def test_doctor_reports_the_prior_until_calibrate_stores_costs_and_exact_sizes(smollm_path, tmp_path, monkeypatch):
+def test_doctor_reports_the_prior_until_calibrate_stores_costs_and_exact_sizes(smollm_path, tmp_path, monkeypatch,
+                                                                              quiet_calibration):
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     args = ["doctor", "--json", "--target", str(smollm_path), "-c", "256"]
     before = json.loads(CliRunner().invoke(app, args).stdout)["model"]

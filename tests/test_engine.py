@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fakes import FakeModel, plain_greedy
+from helpers import generation
 
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
-from specli.decode.events import Finished, Token
+from specli.decode.events import Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
@@ -17,13 +18,6 @@ from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 
 PROMPTS = [[1, 2, 3], [5], [3, 3, 3, 3, 7, 1, 2, 3, 3, 3]]
-
-
-def run(engine: Engine, prompt: list[int]) -> tuple[list[Token], Finished]:
-    events = list(engine.generate(prompt))
-    *tokens, finished = events
-    assert isinstance(finished, Finished)
-    return [t for t in tokens if isinstance(t, Token) and t.id >= 0], finished
 
 
 def draft_proposer(noise: float, seed: int = 0) -> DraftModelProposer:
@@ -38,7 +32,7 @@ def test_greedy_with_draft_model_equals_plain_decoding(k, prompt, noise):
     target = FakeModel(seed=0)
     proposer = draft_proposer(noise)
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens=60))
-    tokens, finished = run(engine, prompt)
+    tokens, finished = generation(engine, prompt)
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), prompt, 60)
     assert finished.reason == "length"
     # The target's cache holds exactly the committed sequence but its last token.
@@ -51,7 +45,7 @@ def test_greedy_with_draft_model_equals_plain_decoding(k, prompt, noise):
 def test_rejections_happen_and_are_rewound():
     target = FakeModel(seed=0)
     engine = Engine(target, draft_proposer(noise=2.5), FixedDraftPolicy(4), GenerationRequest(max_tokens=80))
-    tokens, finished = run(engine, [1, 2, 3])
+    tokens, finished = generation(engine, [1, 2, 3])
     stats = finished.stats
     assert 0 < stats.accepted < stats.drafted, "the noisy draft must be partly rejected"
     # Each step reads its accepted rows and the one that writes the target's token, no more.
@@ -65,7 +59,7 @@ def test_rejections_happen_and_are_rewound():
 def test_perfect_draft_is_always_accepted_and_bonus_tokens_are_written():
     target = FakeModel(seed=0)
     engine = Engine(target, draft_proposer(noise=0.0), FixedDraftPolicy(4), GenerationRequest(max_tokens=50))
-    tokens, finished = run(engine, [1, 2])
+    tokens, finished = generation(engine, [1, 2])
     assert finished.stats.acceptance_rate == 1.0
     sources = [t.source for t in tokens]
     # The prompt's decode writes the first token; then each step keeps 4 draft tokens
@@ -79,7 +73,7 @@ def test_greedy_with_ngram_equals_plain_decoding(k):
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     target = FakeModel(seed=3, order=1)
     engine = Engine(target, NGramProposer(), FixedDraftPolicy(k), GenerationRequest(max_tokens=60))
-    tokens, finished = run(engine, prompt)
+    tokens, finished = generation(engine, prompt)
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=3, order=1), prompt, 60)
     assert finished.stats.drafted > 0
 
@@ -87,7 +81,7 @@ def test_greedy_with_ngram_equals_plain_decoding(k):
 def test_draft_none_is_plain_decoding_one_token_per_step():
     target = FakeModel(seed=0)
     engine = Engine(target, NoProposer(), FixedDraftPolicy(8), GenerationRequest(max_tokens=30))
-    tokens, finished = run(engine, [4, 5])
+    tokens, finished = generation(engine, [4, 5])
     assert [t.id for t in tokens] == plain_greedy(FakeModel(seed=0), [4, 5], 30)
     assert set(target.batch_sizes[1:]) == {1}
     assert all(t.source == "target" for t in tokens)
@@ -103,21 +97,21 @@ def test_end_of_generation_stops_even_inside_an_accepted_draft():
     draft = FakeModel(seed=0, eog=eog)
     proposer = DraftModelProposer(DraftModel(draft), SamplingSettings(), 0)
     engine = Engine(target, proposer, FixedDraftPolicy(16), GenerationRequest(max_tokens=40))
-    tokens, finished = run(engine, [1, 2, 3])
+    tokens, finished = generation(engine, [1, 2, 3])
     assert [t.id for t in tokens] == expected
     assert finished.reason == "eog"
 
 
 def test_max_tokens_is_exact_with_long_drafts():
     engine = Engine(FakeModel(), draft_proposer(0.0), FixedDraftPolicy(16), GenerationRequest(max_tokens=7))
-    tokens, finished = run(engine, [1])
+    tokens, finished = generation(engine, [1])
     assert len(tokens) == 7 and finished.stats.tokens == 7
 
 
 def test_context_full_stops_with_partial_output():
     target = FakeModel(n_ctx=20)
     engine = Engine(target, draft_proposer(0.0), FixedDraftPolicy(8), GenerationRequest(max_tokens=100))
-    tokens, finished = run(engine, [1, 2, 3])
+    tokens, finished = generation(engine, [1, 2, 3])
     assert finished.reason == "context"
     assert len(tokens) == 20 - 3 + 1  # every position filled, plus the last written token
     assert [t.id for t in tokens] == plain_greedy(FakeModel(), [1, 2, 3], len(tokens))
@@ -152,10 +146,10 @@ def test_a_second_generation_decodes_only_what_its_prompt_adds(make_proposer):
     what plain decoding writes for the whole conversation."""
     target = FakeModel(seed=0)
     engine = Engine(target, make_proposer(), FixedDraftPolicy(4), GenerationRequest(max_tokens=20))
-    first, _ = run(engine, [1, 2, 3])
+    first, _ = generation(engine, [1, 2, 3])
     conversation = [1, 2, 3] + [t.id for t in first] + [7, 8]
     before = len(target.batch_sizes)
-    second, _ = run(engine, conversation)
+    second, _ = generation(engine, conversation)
     assert [t.id for t in second] == plain_greedy(FakeModel(seed=0), conversation, 20)
     # The first turn's last token never entered the cache: it and the two new ones are decoded.
     assert target.batch_sizes[before] == 3
@@ -188,7 +182,7 @@ def test_the_repeat_penalty_sees_draft_tokens_kept_earlier_in_the_same_step(make
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     engine = Engine(FakeModel(seed=2, order=1, n_vocab=8), make_proposer(), FixedDraftPolicy(k),
                     GenerationRequest(max_tokens=50, sampling=settings))
-    tokens, _ = run(engine, prompt)
+    tokens, _ = generation(engine, prompt)
     expected = plain_greedy_penalised(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50, 1.8, 6)
     assert [t.id for t in tokens] == expected
     assert expected != plain_greedy(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50), "the penalty changed the text"

@@ -264,7 +264,7 @@ def test_drafts_of_a_hub_target_read_its_header_only(machine, tmp_path, smol_tok
 
 
 @pytest.mark.slow  # loads a synthetic pair and measures it
-def test_drafts_measure_stores_a_speedup_that_ranks_the_drafts(tmp_path):
+def test_drafts_measure_stores_a_speedup_that_ranks_the_drafts(tmp_path, quiet_calibration):
     """A synthetic prefix pair (the draft is the target's first layers, SmolLM2's vocabulary)
     in a fake LM Studio folder: --measure loads it, times it against plain decoding, stores the
     speed-up, and the list shows it, as a later listing does without measuring."""

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from fakes import FakeModel, plain_greedy
+from helpers import generated
 
 from specli.decode.adaptive import AdaptiveDraftPolicy
 from specli.decode.costs import StepCosts
@@ -116,7 +117,7 @@ def test_a_copying_prompt_needs_fewer_draft_model_decodes(gemma_path):
             model = DraftModelProposer(DraftModel(draft), SamplingSettings())
             proposer = model if name == "draft" else LookupThenModel(NGramProposer(), model)
             engine = Engine(target, proposer, FixedDraftPolicy(6), GenerationRequest(40))
-            outputs[name] = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
+            outputs[name] = generated(engine, prompt)[0]
             decoded[name] = len(calls)
             draft.decode = original
             target.rewind(0)

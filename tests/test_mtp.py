@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import generation
 
 from benchmarks.synthetic_mtp import (TINY_MTP, head_logits, output_logits, write_mtp_model, write_tiny_hybrid,
                                       write_tiny_mtp)
 from specli.decode.engine import Engine
-from specli.decode.events import Finished, Token
 from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
@@ -58,9 +58,8 @@ def loaded(request, files):
 
 def generate(target, proposer, k: int, prompt: list[int], request: GenerationRequest | None = None):
     engine = Engine(target, proposer, FixedDraftPolicy(k), request or GenerationRequest(max_tokens=MAX_TOKENS))
-    *events, finished = list(engine.generate(prompt))
-    assert isinstance(finished, Finished)
-    return [e for e in events if isinstance(e, Token) and e.id >= 0], finished.stats
+    tokens, finished = generation(engine, prompt)
+    return tokens, finished.stats
 
 
 # --- the build and the file ------------------------------------------------------------------

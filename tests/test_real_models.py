@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import generated
 
 from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
@@ -39,31 +40,18 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def target(gemma_path):
-    with Model(gemma_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def draft_model(gemma_path):
-    with Model(gemma_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def plain_runs(target):
+def plain_runs(gemma_model):
     """Per prompt: the one-token-at-a-time greedy output and the top-two margin at each step."""
     runs = {}
     for prompt in PROMPTS:
-        tokens = target.tokenize(prompt)
-        runs[prompt] = (tokens, *plain_greedy(target, tokens, MAX_TOKENS))
+        tokens = gemma_model.tokenize(prompt)
+        runs[prompt] = (tokens, *plain_greedy(gemma_model, tokens, MAX_TOKENS))
     return runs
 
 
 def speculative(target, proposer, prompt_tokens, k):
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens=MAX_TOKENS))
-    events = list(engine.generate(prompt_tokens))
-    return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
+    return generated(engine, prompt_tokens)
 
 
 def assert_lossless(plain, margins, output):
@@ -77,7 +65,7 @@ def assert_lossless(plain, margins, output):
 
 @pytest.mark.parametrize("k", [1, 4, 16])
 @pytest.mark.parametrize("kind", ["none", "ngram", "self"])
-def test_greedy_speculative_output_is_the_targets(target, draft_model, plain_runs, kind, k):
+def test_greedy_speculative_output_is_the_targets(gemma_model, gemma_draft_model, plain_runs, kind, k):
     identical = 0
     rejections = 0
     for prompt in PROMPTS:
@@ -87,8 +75,8 @@ def test_greedy_speculative_output_is_the_targets(target, draft_model, plain_run
         elif kind == "ngram":
             proposer = NGramProposer()
         else:
-            proposer = DraftModelProposer(DraftModel(draft_model), SamplingSettings(), 0)
-        output, stats = speculative(target, proposer, tokens, k)
+            proposer = DraftModelProposer(DraftModel(gemma_draft_model), SamplingSettings(), 0)
+        output, stats = speculative(gemma_model, proposer, tokens, k)
         assert_lossless(plain, margins, output)
         identical += output == plain
         rejections += stats.drafted - stats.accepted
@@ -107,20 +95,20 @@ def test_greedy_speculative_output_is_the_targets(target, draft_model, plain_run
         assert rejections > 0, "the n-gram runs must exercise KV rollback"
 
 
-def test_ngram_rejections_leave_the_kv_cache_consistent(target, plain_runs):
+def test_ngram_rejections_leave_the_kv_cache_consistent(gemma_model, plain_runs):
     """After a run full of rejections, the cache holds exactly the committed tokens."""
     tokens, plain, _ = plain_runs[PROMPTS[2]]
     proposer = NGramProposer()
-    engine = Engine(target, proposer, FixedDraftPolicy(8), GenerationRequest(max_tokens=MAX_TOKENS))
+    engine = Engine(gemma_model, proposer, FixedDraftPolicy(8), GenerationRequest(max_tokens=MAX_TOKENS))
     events = list(engine.generate(tokens))
     out = [e.id for e in events if isinstance(e, Token)]
     stats = events[-1].stats
     assert stats.drafted > stats.accepted
-    assert target.n_past == len(tokens) + len(out) - 1
+    assert gemma_model.n_past == len(tokens) + len(out) - 1
     # The next plain step from the cache equals a fresh prefill of the same sequence.
-    cached_next = int(np.argmax(target.decode([out[-1]])[-1]))
-    target.rewind(0)
-    fresh_next = int(np.argmax(target.decode(tokens + out)[-1]))
+    cached_next = int(np.argmax(gemma_model.decode([out[-1]])[-1]))
+    gemma_model.rewind(0)
+    fresh_next = int(np.argmax(gemma_model.decode(tokens + out)[-1]))
     assert cached_next == fresh_next
 
 
@@ -175,12 +163,12 @@ def test_chat_template_is_applied_for_smollm(smollm_path):
     assert len(raw) < len(chat)
 
 
-def test_sampling_on_a_real_model_is_reproducible_with_a_seed(target, plain_runs):
+def test_sampling_on_a_real_model_is_reproducible_with_a_seed(gemma_model, plain_runs):
     tokens, _, _ = plain_runs[PROMPTS[2]]
     settings = SamplingSettings(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05)
     outputs = []
     for _ in range(2):
-        engine = Engine(target, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24, settings, seed=1234))
+        engine = Engine(gemma_model, NGramProposer(), FixedDraftPolicy(4), GenerationRequest(24, settings, seed=1234))
         outputs.append([e.id for e in engine.generate(tokens) if isinstance(e, Token)])
     assert outputs[0] == outputs[1]
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import generated
 
 from specli.comparison import load_workloads
 from specli.decode.engine import Engine
-from specli.decode.events import Token
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import NoProposer
 from specli.decode.request import DraftKind, GenerationRequest
@@ -45,7 +45,7 @@ def generate(session, tokens: list[int], draft_tokens, max_tokens: int, plain: b
         engine = session.engine_for(replace(request, draft=DraftKind.NONE))
     else:
         engine = session.engine_for(replace(request, draft_tokens=draft_tokens))
-    return [e.id for e in engine.generate(tokens) if isinstance(e, Token) and e.id >= 0]
+    return generated(engine, tokens)[0]
 
 
 def auto_policy(session):
@@ -60,25 +60,18 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
     assert len(texts) == 1
 
 
-@pytest.fixture(scope="module")
-def exact_session(gemma_path):
-    spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
-    with open_session(spec) as session:
-        yield session
-
-
-def test_exact_finds_a_batch_size_and_stores_it(exact_session, gemma_path):
-    assert exact_session.exact_batch is not None and exact_session.exact_batch >= 1
+def test_exact_finds_a_batch_size_and_stores_it(gemma_exact_session, gemma_path):
+    assert gemma_exact_session.exact_batch is not None and gemma_exact_session.exact_batch >= 1
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     notices = []
     with open_session(spec, notices.append) as again:
-        assert again.exact_batch == exact_session.exact_batch
+        assert again.exact_batch == gemma_exact_session.exact_batch
     assert notices == [], "measured once, then read from the store"
 
 
 @pytest.mark.parametrize("name", NEAR_TIES)
-def test_exact_writes_plain_decodings_text_at_every_draft_length(exact_session, name):
-    session = exact_session
+def test_exact_writes_plain_decodings_text_at_every_draft_length(gemma_exact_session, name):
+    session = gemma_exact_session
     tokens = workload_tokens(session, name)
     plain = generate(session, tokens, 0, NEAR_TIES[name], plain=True)
     largest = session.exact_batch - 1
@@ -112,7 +105,7 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
         plain = generate(session, tokens, 0, 60, plain=True, request=request)
         assert generate(session, tokens, session.exact_batch - 1, 60, request=request) == plain
         unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(60))
-        assert [e.id for e in unpenalised.generate(tokens) if isinstance(e, Token) and e.id >= 0] != plain
+        assert generated(unpenalised, tokens)[0] != plain
 
 
 @pytest.mark.slow  # three real runs in child processes

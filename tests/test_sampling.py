@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fakes import FakeModel
-from helpers import RecordingRows, dense
+from helpers import RecordingRows, dense, generated
 
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
@@ -82,7 +82,7 @@ def test_engine_at_temperature_samples_the_targets_joint_distribution(proposer_k
         else:
             proposer = NGramProposer(lengths=(2, 1))
         engine = Engine(target, proposer, FixedDraftPolicy(3), GenerationRequest(max_tokens=2, sampling=settings, seed=seed))
-        ids = [e.id for e in engine.generate(prompt) if isinstance(e, Token) and e.id >= 0]
+        ids = generated(engine, prompt)[0]
         counts[ids[0] * n + ids[1]] += 1
     support = int((expected > 0).sum())
     critical = CHI2_999[support - 1] if support - 1 in CHI2_999 else support - 1 + 4 * np.sqrt(2 * (support - 1))

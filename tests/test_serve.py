@@ -8,92 +8,29 @@ fixture.
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 import httpx
 import pytest
-from openai import APIStatusError, OpenAI
+from helpers import CODE, Server, serving, specli_run
+from openai import APIStatusError
 
 pytestmark = pytest.mark.slow  # real models, real processes
 
 GEMMA_PROMPT = "The three primary colours are red, yellow and blue. The three primary colours are"
-CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
 EDIT = "Rewrite this Python code, renaming width to w:\n\n" + CODE + "\nThe rewritten code:\n\n"
 CHAT_PROMPT = "Name three colours."
 N = 24
 
 
-class Server:
-    def __init__(self, process: subprocess.Popen, url: str, log: list[str]) -> None:
-        self.process, self.url, self.log = process, url, log
-
-    def client(self, api_key: str = "none", **kwargs) -> OpenAI:
-        return OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=120, **kwargs)
-
-
-@contextmanager
-def serving(*args: object, env: dict | None = None):
-    """A `specli serve` process on a free port of 127.0.0.1, until the block ends."""
-    command = [sys.executable, "-m", "specli", "serve", "--port", "0", "-c", "1024", *map(str, args)]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, **(env or {})})
-    log: list[str] = []
-    url = None
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        log.append(line)
-        found = re.search(r"serving .* at (http://\S+/v1)", line)
-        url = found.group(1) if found else None
-    if url is None:
-        process.kill()
-        raise AssertionError("the server did not start: " + "".join(log) + process.stderr.read())
-    reader = threading.Thread(target=lambda: log.extend(iter(process.stderr.readline, "")), daemon=True)
-    reader.start()
-    try:
-        yield Server(process, url, log)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def specli_run(*args: object) -> str:
-    result = subprocess.run([sys.executable, "-m", "specli", "run", "-q", "-c", "1024", *map(str, args)],
-                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def same_text(served: str, run_stdout: str) -> bool:
     """`specli run` ends its text with exactly one newline (trailing newlines folded)."""
     return served.rstrip("\n") == run_stdout.rstrip("\n")
-
-
-@pytest.fixture(scope="module")
-def gemma_server(gemma_path):
-    with serving("--target", gemma_path, "--no-memory") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def smol_server(smollm_path):
-    with serving("--target", smollm_path) as server:
-        yield server
 
 
 # --- the same text ---------------------------------------------------------------

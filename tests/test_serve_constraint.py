@@ -3,7 +3,6 @@
 llama-server's `json_schema` and `grammar` fields, provenance that names the grammar's forced
 tokens, and bad schemas answered with a 400 that names the field and the place."""
 
-# ruff: noqa: F811
 from __future__ import annotations
 
 import json
@@ -11,12 +10,9 @@ import json
 import httpx
 import jsonschema
 import pytest
+from helpers import specli_run
 from openai import BadRequestError
 from pydantic import BaseModel, Field
-
-# test_serve's server fixtures (module-scoped: this module starts its own); tests naming them
-# as arguments redefine the imported names, as pytest means them to.
-from tests.test_serve import gemma_server, smol_server, specli_run  # noqa: F401
 
 pytestmark = pytest.mark.slow  # real models, real processes
 

@@ -24,13 +24,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.test_serve import serving
+from helpers import HERMES, serving
 
 pytestmark = pytest.mark.slow  # real models, real processes
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "serve"
-HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
 KEY = "golden-key"
 
 # (masked text, replacement): what differs between two runs of the same requests.

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.test_serve import CODE, serving
+from helpers import CODE, serving
 
 pytestmark = pytest.mark.slow  # real models, real processes, a real browser
 

@@ -20,13 +20,10 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
+from helpers import HERMES, serving
 from openai import BadRequestError
 
-from tests.test_serve import serving
-
 pytestmark = pytest.mark.slow  # real models, real processes
-
-HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
 
 READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 40}}, "required": ["path"],
         "additionalProperties": False}
@@ -51,12 +48,6 @@ def few_shot(path: str) -> list[dict]:
                      {"role": "assistant", "content": None, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": f"call_{i}", "content": body}]
     return messages + [{"role": "user", "content": f"Read the file {path}."}]
-
-
-@pytest.fixture(scope="module")
-def smol_tools(smollm_path):
-    with serving("--target", smollm_path, "--chat-template-file", HERMES) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

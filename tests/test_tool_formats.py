@@ -127,19 +127,12 @@ def test_the_grammar_of_each_format_compiles(name, format, lazy):
     tool_constraint(found, [("read_file", READ)], lazy=lazy, parallel=False, special=lambda text: None)
 
 
-@pytest.fixture(scope="module")
-def smollm(smollm_path):
-    model = Model(smollm_path, LoadSettings(ctx_size=512))
-    yield model, Vocabulary(model)
-    model.close()
-
-
 @pytest.mark.parametrize("name", ["Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder", "meta-llama-Llama-3.1-8B-Instruct"])
 @pytest.mark.parametrize("lazy", [False, True], ids=["required", "auto"])
-def test_the_constraint_admits_the_call_the_template_writes(smollm, name, lazy):
+def test_the_constraint_admits_the_call_the_template_writes(smollm_model, name, lazy):
     """The model was trained on its template's calls: the constraint must admit them token by
     token (on SmolLM2's vocabulary, for the formats written in text)."""
-    model, vocabulary = smollm
+    model, vocabulary = smollm_model, Vocabulary(smollm_model)
     format = detect(template(name))
     text = written_call(name)
     call = text[: text.index("}\n</tool_call>") + len("}\n</tool_call>")] if "<tool_call>\n{" in text else \

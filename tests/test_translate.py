@@ -15,19 +15,19 @@ import subprocess
 import sys
 
 import pytest
+from helpers import generated
 from test_real_models import assert_lossless
 
 from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine
-from specli.decode.events import Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel
 from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.decode.translate import Spelling, TranslatedDraft, complete_utf8
-from specli.llama.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings
 
 BOUNDARY_TEXTS = [
     "Order 1234567 shipped 2026-11-25 at 09:41; total 1,299.50 (3.14159).",
@@ -71,30 +71,18 @@ def test_complete_utf8_holds_back_only_an_unfinished_character():
     assert complete_utf8(b"") == 0
 
 
-@pytest.fixture(scope="module")
-def gemma(gemma_path):
-    with Model(gemma_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def smol(smollm_path):
-    with Model(smollm_path, LoadSettings(ctx_size=1024)) as model:
-        yield model
-
-
-def pairs(gemma, smol):
-    return [(gemma, smol), (smol, gemma)]
+def pairs(gemma_model, smollm_model):
+    return [(gemma_model, smollm_model), (smollm_model, gemma_model)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text", BOUNDARY_TEXTS)
-def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
+def test_the_draft_reads_the_committed_text_token_by_token(gemma_model, smollm_model, text):
     """Fed the target's tokens one at a time, the draft's own tokens always spell the
     committed text, up to a character not yet complete; its tokenizer is only given the text
     from its last token on, and the re-tokenizing keeps all its earlier tokens but the last
     two at most (its cache is rewound only that far)."""
-    for target, draft in pairs(gemma, smol):
+    for target, draft in pairs(gemma_model, smollm_model):
         bridge = TranslatedDraft(target, DraftModelProposer(DraftModel(draft), SamplingSettings(), keyed=False))
         tokenized: list[str] = []  # what the draft's tokenizer is given, call by call
         plain = bridge._read_spelling._plain
@@ -114,8 +102,8 @@ def test_the_draft_reads_the_committed_text_token_by_token(gemma, smol, text):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("text", BOUNDARY_TEXTS)
-def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma, smol, text):
-    for target, draft in pairs(gemma, smol):
+def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma_model, smollm_model, text):
+    for target, draft in pairs(gemma_model, smollm_model):
         bridge = TranslatedDraft(target, DraftModelProposer(DraftModel(draft), SamplingSettings(), keyed=False))
         data = text.encode()
         proposed = bridge._target_tokens(data)
@@ -130,12 +118,12 @@ def test_drafted_text_becomes_target_tokens_that_spell_it_but_the_last(gemma, sm
 
 
 @pytest.mark.slow
-def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma, smol):
+def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma_model, smollm_model):
     """SmolLM2 writes 😀 as two byte tokens; after the first, the text ends inside the
     character, and the draft (Gemma) cannot continue half of it: it abstains."""
-    bridge = TranslatedDraft(smol, DraftModelProposer(DraftModel(gemma), SamplingSettings(), keyed=False))
-    tokens = smol.tokenize("Party time 😀", add_special=False)
-    assert smol.piece(tokens[-1]) == b"\x80", "the emoji's last byte is a token of its own"
+    bridge = TranslatedDraft(smollm_model, DraftModelProposer(DraftModel(gemma_model), SamplingSettings(), keyed=False))
+    tokens = smollm_model.tokenize("Party time 😀", add_special=False)
+    assert smollm_model.piece(tokens[-1]) == b"\x80", "the emoji's last byte is a token of its own"
     bridge.prepare(tokens[:-1])
     assert bridge.propose(tokens[:-1], 4).tokens == []
     assert bridge.propose(tokens, 4).tokens, "once the character is whole it drafts again"
@@ -143,8 +131,7 @@ def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma, smol):
 
 def generate(target, proposer, prompt, *, sampling=SamplingSettings(), seed=0, k=4, max_tokens=40):
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens, sampling, seed=seed))
-    events = list(engine.generate(prompt))
-    return [e.id for e in events if isinstance(e, Token) and e.id >= 0], events[-1].stats
+    return generated(engine, prompt)
 
 
 GROUNDED = ("The three primary colours are red, yellow and blue. Mixing red and yellow gives orange; "
@@ -152,8 +139,8 @@ GROUNDED = ("The three primary colours are red, yellow and blue. Mixing red and 
 
 
 @pytest.mark.slow
-def test_greedy_output_is_the_targets_and_the_draft_is_kept_on_a_grounded_prompt(gemma, smol):
-    for target, draft in pairs(gemma, smol):
+def test_greedy_output_is_the_targets_and_the_draft_is_kept_on_a_grounded_prompt(gemma_model, smollm_model):
+    for target, draft in pairs(gemma_model, smollm_model):
         prompt = target.tokenize(GROUNDED)
         plain, margins = plain_greedy(target, prompt, 40)
         for k in (2, 6):
@@ -165,9 +152,9 @@ def test_greedy_output_is_the_targets_and_the_draft_is_kept_on_a_grounded_prompt
 
 
 @pytest.mark.slow
-def test_seeded_output_repeats_with_lookup_in_front(gemma, smol):
+def test_seeded_output_repeats_with_lookup_in_front(gemma_model, smollm_model):
     sampling = SamplingSettings(temperature=0.8, top_k=40)
-    for target, draft in pairs(gemma, smol):
+    for target, draft in pairs(gemma_model, smollm_model):
         prompt = target.tokenize(GROUNDED)
         runs = []
         for _ in range(2):
