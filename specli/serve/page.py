@@ -1,9 +1,10 @@
 """The page `specli serve` shows at `/`: a chat (or, for a base model, a completion box) whose
 answer streams in with every token's provenance in colour, beside live acceptance and speed.
 
-Three files shipped in the package (`static/`): HTML, CSS and plain JavaScript, with no build
-step and nothing fetched from another host. The page calls the same API as any client, with
-the key it asks for when the server has one. Model output is put in the page as text only,
+Four files shipped in the package (`static/`): HTML, CSS and plain JavaScript (the page, and
+the Markdown it shows a chat's answers in), with no build step and nothing fetched from
+another host. The page calls the same API as any client, with the key it asks for when the
+server has one. Model output is put in the page as text only,
 and the Content-Security-Policy allows scripts, styles and requests from this origin alone.
 """
 
@@ -25,6 +26,7 @@ HEADERS = {
 ASSETS = {  # route: (file in static/, media type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/page.css": ("page.css", "text/css; charset=utf-8"),
+    "/markdown.js": ("markdown.js", "text/javascript; charset=utf-8"),
     "/page.js": ("page.js", "text/javascript; charset=utf-8"),
 }
 
