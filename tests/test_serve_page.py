@@ -7,9 +7,10 @@ SPECLI_BROWSER_REQUIRED=1 (CI sets it) makes that a failure. Screenshots are kep
 `test-artifacts/` (or $SPECLI_TEST_ARTIFACTS) for a person to look at.
 
 Where the behaviour under test is the page's own (Markdown, following the answer, keys,
-layout), a scripted stream stands in for the server's: `Scripted` replaces the page's `fetch`
-before its scripts run and pushes chunks in the API's shape, so each step can be checked as
-it arrives. Real servers and models check the rest, and that both agree.
+layout), a scripted stream stands in for the server's: the page is served without a model,
+and `Scripted` replaces its `fetch` before its scripts run and pushes chunks in the API's
+shape, so each step can be checked as it arrives. Real servers and models check the rest,
+and that both agree.
 
 Every wait here is bounded in time.
 """
@@ -83,6 +84,32 @@ def embedded_server():
 def chat_server(smollm_path):
     with serving("--target", smollm_path, "--api-key", KEY) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def page_server():
+    """The page's own routes, as `specli serve` adds them, without a model: for the tests whose
+    stream is scripted. Its `url` is where the API would be."""
+    import threading
+    from types import SimpleNamespace
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from specli.serve.page import add_page
+
+    app = FastAPI()
+    add_page(app)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "the page's server")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/v1")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def page_url(server) -> str:
@@ -493,8 +520,8 @@ def test_a_lost_server_is_named_and_the_panel_does_not_stay_busy(browser):
 # --- the page's own behaviour, on a scripted stream --------------------------------------------
 
 
-def test_markdown_and_code_are_built_as_elements_span_by_span(browser, embedded_server):
-    page = Scripted(browser, embedded_server)
+def test_markdown_and_code_are_built_as_elements_span_by_span(browser, page_server):
+    page = Scripted(browser, page_server)
     page.send()
     pushed = [("target", "Here is **bold", 1), ("draft", "** text and `co", 3), ("target", "de` too.\n\n```py", 1),
               ("draft", "thon\ndef f(x):\n    return x", 6)]
@@ -529,11 +556,11 @@ def test_markdown_and_code_are_built_as_elements_span_by_span(browser, embedded_
     assert [stat(browser, name) for name in ("tokens", "accepted", "drafted", "rate")] == ["12", "9", "12", "75%"]
 
 
-def test_enter_sends_in_a_chat_and_shift_enter_adds_a_line(browser, embedded_server):
+def test_enter_sends_in_a_chat_and_shift_enter_adds_a_line(browser, page_server):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
-    page = Scripted(browser, embedded_server)
+    page = Scripted(browser, page_server)
     assert find(browser, "#hint")[0].text == "Enter sends, Shift+Enter adds a line"
     prompt = find(browser, "#prompt")[0]
     prompt.send_keys("first line")
@@ -556,11 +583,11 @@ def test_enter_sends_in_a_chat_and_shift_enter_adds_a_line(browser, embedded_ser
 
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
-def test_the_answer_is_followed_unless_the_reader_scrolls_up(browser, embedded_server, chat):
+def test_the_answer_is_followed_unless_the_reader_scrolls_up(browser, page_server, chat):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
 
-    page = Scripted(browser, embedded_server, chat=chat)
+    page = Scripted(browser, page_server, chat=chat)
     view = find(browser, "#conversation")[0]
     position = "const view = document.getElementById('conversation'); " \
                "return [view.scrollTop, view.scrollHeight - view.scrollTop - view.clientHeight];"
@@ -593,10 +620,10 @@ def test_the_answer_is_followed_unless_the_reader_scrolls_up(browser, embedded_s
     page.end(drafted=40)
 
 
-def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, embedded_server):
+def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, page_server):
     browser.set_window_size(420, 860)
     try:
-        page = Scripted(browser, embedded_server)
+        page = Scripted(browser, page_server)
         page.send()
         for line in range(80):
             page.push(f"Line {line} of a long answer.\n", "draft" if line % 3 else "target")
@@ -611,6 +638,7 @@ def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, embedded_
                     document.scrollingElement.scrollHeight <= window.innerHeight];""")
         assert seen[0] <= 420 and seen[1] == [] and seen[2], seen
         assert stat(browser, "rate") == "88%", "53 of the 60 drafted, kept"
+        assert stat(browser, "steps") == "28", "one line: the tokens per step are left out"
         screenshot(browser, "serve-page-420.png")
     finally:
         browser.set_window_size(1280, 860)

@@ -32,7 +32,7 @@ ASSETS = {  # route: (file in static/, media type)
 
 
 def add_page(app: FastAPI) -> None:
-    """GET /, /page.css and /page.js, read once from the package; no key needed to load them."""
+    """GET /, /page.css, /markdown.js and /page.js, read once from the package; no key needed to load them."""
     static = files("specli.serve").joinpath("static")
     for route, (name, media_type) in ASSETS.items():
         app.add_api_route(route, _serve(static.joinpath(name).read_bytes(), media_type), methods=["GET", "HEAD"],

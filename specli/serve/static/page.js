@@ -229,10 +229,22 @@ function showStats(answer) {
   setStat("share", tokens > 0 ? Math.round((100 * accepted) / tokens) + "%" : "–");
   setStat("drafted", t ? String(t.draft_n) : pending);
   setStat("rate", t ? (t.draft_n > 0 ? Math.round((100 * t.draft_n_accepted) / t.draft_n) + "%" : "–") : pending);
-  const steps = answer.steps.length + (answer.open ? 1 : 0);
-  setStat("steps", steps ? steps + " (" + (answer.tokens / steps).toFixed(1) + " per step)" : "–");
+  showSteps(answer.steps.length + (answer.open ? 1 : 0), answer.tokens);
   setStat("finish", answer.finish || pending);
   drawChart(answer.steps.concat(answer.open ? [answer.open] : []));
+}
+
+// The steps, and the tokens each wrote on average (left out where the panel is narrow).
+function showSteps(steps, tokens) {
+  const cell = $("stat-steps");
+  if (!steps) {
+    cell.textContent = "–";
+    return;
+  }
+  const each = document.createElement("span");
+  each.className = "per-step";
+  each.textContent = " (" + (tokens / steps).toFixed(1) + " per step)";
+  cell.replaceChildren(String(steps), each);
 }
 
 function clearStats() {
