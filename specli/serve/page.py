@@ -1,9 +1,10 @@
 """The page `specli serve` shows at `/`: a chat (or, for a base model, a completion box) whose
 answer streams in with every token's provenance in colour, beside live acceptance and speed.
 
-Three files shipped in the package (`static/`): HTML, CSS and plain JavaScript, with no build
-step and nothing fetched from another host. The page calls the same API as any client, with
-the key it asks for when the server has one. Model output is put in the page as text only,
+Four files shipped in the package (`static/`): HTML, CSS and plain JavaScript (the page, and
+the Markdown it shows a chat's answers in), with no build step and nothing fetched from
+another host. The page calls the same API as any client, with the key it asks for when the
+server has one. Model output is put in the page as text only,
 and the Content-Security-Policy allows scripts, styles and requests from this origin alone.
 """
 
@@ -25,12 +26,13 @@ HEADERS = {
 ASSETS = {  # route: (file in static/, media type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/page.css": ("page.css", "text/css; charset=utf-8"),
+    "/markdown.js": ("markdown.js", "text/javascript; charset=utf-8"),
     "/page.js": ("page.js", "text/javascript; charset=utf-8"),
 }
 
 
 def add_page(app: FastAPI) -> None:
-    """GET /, /page.css and /page.js, read once from the package; no key needed to load them."""
+    """GET /, /page.css, /markdown.js and /page.js, read once from the package; no key needed to load them."""
     static = files("specli.serve").joinpath("static")
     for route, (name, media_type) in ASSETS.items():
         app.add_api_route(route, _serve(static.joinpath(name).read_bytes(), media_type), methods=["GET", "HEAD"],

@@ -1,7 +1,9 @@
 // specli's page: a chat (or, for a base model, a completion box) over the server's own
 // streaming API. Each streamed chunk is a run of tokens from one source; its text goes into the
-// page as a text node in a span of that source's colour, never as HTML. The side panel counts
-// the chunks' tokens live, and takes the server's `timings` when the answer ends.
+// page as text nodes in spans of that source's colour, never as HTML. A chat's answer is shown
+// as Markdown (markdown.js), a completion's verbatim (it continues text the page did not
+// parse). The side panel counts the chunks' tokens live, and takes the server's `timings` when
+// the answer ends. The conversation follows the answer while the reader stays at its end.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -9,8 +11,10 @@ const $ = (id) => document.getElementById(id);
 const state = {
   key: null, // the API key, when the server asks for one: in this page's memory only
   chat: true, // the target has a chat template: /v1/chat/completions, else /v1/completions
-  messages: [], // the conversation so far (chat)
+  messages: [], // the conversation so far (chat), without the system prompt
   controller: null, // aborts the answer being streamed; closing the stream cancels it on the server
+  draftModel: "model", // what the `model` draft is called: the draft model's file, where the server names it
+  follow: true, // the conversation keeps its end in view: false once the reader scrolls up
 };
 
 // --- the API ---------------------------------------------------------------------------
@@ -40,15 +44,27 @@ async function errorMessage(response) {
 
 class ServerError extends Error {}
 
-// Server-sent events: `data: {...}` lines, a blank line after each, `data: [DONE]` last.
+// The server went away: before answering (cannot be reached), or during an answer.
+class ServerLost extends Error {}
+const LOST_MID_ANSWER = "lost the server mid-answer: the connection closed before the answer's end";
+const UNREACHABLE = "cannot reach the server: is specli serve still running?";
+
+// Server-sent events: `data: {...}` lines, a blank line after each, `data: [DONE]` last. A stream
+// that ends or breaks before [DONE] is a lost server.
 async function readEvents(response, onData) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
   for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += decoder.decode(value, { stream: true });
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      chunk = { done: true }; // the connection broke
+    }
+    if (chunk.done) throw new ServerLost(LOST_MID_ANSWER);
+    buffer += decoder.decode(chunk.value, { stream: true });
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
@@ -65,12 +81,21 @@ async function readEvents(response, onData) {
 
 // --- one answer --------------------------------------------------------------------------
 
+// One answer as it streams: its text, who wrote each run of it, and the counts the panel shows.
 // A step writes the draft tokens the target kept, then one token of the target's own: a
-// target chunk closes a step.
+// target chunk closes a step. The text goes into the page once a frame (and at the end).
 class Answer {
-  constructor(box) {
+  constructor(box, markdown) {
     this.box = box;
+    this.markdown = markdown; // a chat's answer: Markdown; a completion: verbatim
+    this.body = document.createElement(markdown ? "div" : "span");
+    this.body.className = markdown ? "body markdown" : "body";
+    box.append(this.body);
     this.text = "";
+    this.runs = []; // {start, end, source, proposer}: the text's [start, end) written by one source
+    this.shown = 0; // verbatim: the text in the page so far
+    this.blocks = []; // Markdown: [{key, element}], the blocks in the page so far
+    this.frame = null;
     this.tokens = 0;
     this.accepted = 0;
     this.steps = []; // [{draft, target}] tokens per step
@@ -80,34 +105,81 @@ class Answer {
     this.last = null;
     this.finish = null;
     this.timings = null;
+    this.ended = false;
   }
 
   add(text, source, proposer, tokens) {
     const now = performance.now();
     if (text) {
-      const span = document.createElement("span");
-      span.className = source === "draft" ? "draft" : "target";
-      if (source === "draft" && proposer) span.title = "drafted by " + proposer;
-      span.textContent = text;
-      const view = $("conversation");
-      const following = view.scrollHeight - view.scrollTop - view.clientHeight < 40; // the reader is at the end
-      this.box.append(span);
-      if (following) view.scrollTop = view.scrollHeight;
+      this.runs.push({ start: this.text.length, end: this.text.length + text.length, source, proposer });
       this.text += text;
       if (this.first === null) this.first = now;
     }
     this.last = now;
     this.tokens += tokens;
-    if (source !== "draft" && source !== "target") return;
-    this.open = this.open || { draft: 0, target: 0 };
-    this.open[source] += tokens;
-    if (source === "draft") this.accepted += tokens;
-    else this.close();
+    if (source === "draft" || source === "target") {
+      this.open = this.open || { draft: 0, target: 0 };
+      this.open[source] += tokens;
+      if (source === "draft") this.accepted += tokens;
+      else this.close();
+    }
+    if (this.frame === null) this.frame = requestAnimationFrame(() => this.show());
   }
 
   close() {
     if (this.open && this.open.draft + this.open.target > 0) this.steps.push(this.open);
     this.open = null;
+  }
+
+  end() {
+    this.close();
+    this.ended = true;
+    this.show();
+  }
+
+  // Puts what arrived into the page, with the panel, and keeps the end in view if followed.
+  show() {
+    if (this.frame !== null) cancelAnimationFrame(this.frame);
+    this.frame = null;
+    if (this.markdown) this.showBlocks();
+    else if (this.shown < this.text.length) {
+      this.write(this.body, this.shown, this.text.length);
+      this.shown = this.text.length;
+    }
+    showStats(this);
+    keepEndInView();
+  }
+
+  // The blocks whose key is unchanged stay as they are; the rest are built again.
+  showBlocks() {
+    const blocks = Markdown.blocks(this.text);
+    let kept = 0;
+    while (kept < blocks.length && kept < this.blocks.length && blocks[kept].key === this.blocks[kept].key) kept += 1;
+    for (const old of this.blocks.splice(kept)) old.element.remove();
+    for (const block of blocks.slice(kept)) {
+      const element = Markdown.element(block, this.text, (parent, start, end) => this.write(parent, start, end));
+      this.body.append(element);
+      this.blocks.push({ key: block.key, element });
+    }
+  }
+
+  // The text's [start, end) into `parent`: one span per run of one source, as text.
+  write(parent, start, end) {
+    let low = 0;
+    let high = this.runs.length;
+    while (low < high) {
+      const middle = (low + high) >> 1;
+      if (this.runs[middle].end <= start) low = middle + 1;
+      else high = middle;
+    }
+    for (let i = low; i < this.runs.length && this.runs[i].start < end; i += 1) {
+      const run = this.runs[i];
+      const span = document.createElement("span");
+      span.className = run.source === "draft" ? "draft" : "target";
+      if (run.source === "draft" && run.proposer) span.title = "drafted by " + run.proposer;
+      span.textContent = this.text.slice(Math.max(start, run.start), Math.min(end, run.end));
+      parent.append(span);
+    }
   }
 }
 
@@ -119,7 +191,17 @@ function handleChunk(data, answer) {
     answer.add(text || "", choice.source, choice.proposer, choice.tokens || 0);
     if (choice.finish_reason) answer.finish = choice.finish_reason;
   }
-  showStats(answer);
+}
+
+// --- following the answer --------------------------------------------------------------------
+
+function atEnd(view) {
+  return view.scrollHeight - view.scrollTop - view.clientHeight < 24;
+}
+
+function keepEndInView() {
+  const view = $("conversation");
+  if (state.follow) view.scrollTop = view.scrollHeight;
 }
 
 // --- the side panel ------------------------------------------------------------------------
@@ -128,27 +210,47 @@ function setStat(name, text) {
   $("stat-" + name).textContent = text;
 }
 
+// Live from the chunks: speed, first token, tokens, accepted, the draft's share and the steps.
+// What was drafted (kept or not) only the server counts: its `timings` give drafted and
+// acceptance at the end. After an end without them (stopped, lost), "–".
 function showStats(answer) {
   const t = answer.timings;
+  const pending = answer.ended ? "–" : "…";
   const generating = answer.first !== null && answer.last > answer.first;
   let speed = "–";
   if (t && t.predicted_ms > 0) speed = t.predicted_per_second.toFixed(1);
   else if (generating && answer.tokens > 1) speed = ((answer.tokens - 1) / ((answer.last - answer.first) / 1000)).toFixed(1);
   setStat("speed", speed);
   setStat("first", answer.first === null ? "–" : Math.round(answer.first - answer.sent) + " ms");
-  setStat("tokens", String(t ? t.predicted_n : answer.tokens));
+  const tokens = t ? t.predicted_n : answer.tokens;
   const accepted = t ? t.draft_n_accepted : answer.accepted;
+  setStat("tokens", String(tokens));
   setStat("accepted", String(accepted));
-  setStat("drafted", t ? String(t.draft_n) : "…");
-  setStat("rate", t && t.draft_n > 0 ? Math.round((100 * t.draft_n_accepted) / t.draft_n) + "%" : "–");
-  const steps = answer.steps.length + (answer.open ? 1 : 0);
-  setStat("steps", steps ? steps + " (" + (answer.tokens / steps).toFixed(1) + " per step)" : "–");
-  setStat("finish", answer.finish || (answer.timings ? "–" : "…"));
+  setStat("share", tokens > 0 ? Math.round((100 * accepted) / tokens) + "%" : "–");
+  setStat("drafted", t ? String(t.draft_n) : pending);
+  setStat("rate", t ? (t.draft_n > 0 ? Math.round((100 * t.draft_n_accepted) / t.draft_n) + "%" : "–") : pending);
+  showSteps(answer.steps.length + (answer.open ? 1 : 0), answer.tokens);
+  setStat("finish", answer.finish || pending);
   drawChart(answer.steps.concat(answer.open ? [answer.open] : []));
 }
 
+// The steps, and the tokens each wrote on average (left out where the panel is narrow).
+function showSteps(steps, tokens) {
+  const cell = $("stat-steps");
+  if (!steps) {
+    cell.textContent = "–";
+    return;
+  }
+  const each = document.createElement("span");
+  each.className = "per-step";
+  each.textContent = " (" + (tokens / steps).toFixed(1) + " per step)";
+  cell.replaceChildren(String(steps), each);
+}
+
 function clearStats() {
-  for (const name of ["speed", "first", "tokens", "drafted", "accepted", "rate", "steps", "finish"]) setStat(name, "–");
+  for (const name of ["speed", "first", "tokens", "accepted", "share", "drafted", "rate", "steps", "finish"]) {
+    setStat(name, "–");
+  }
   drawChart([]);
 }
 
@@ -213,19 +315,46 @@ function busy(running) {
   $("clear").disabled = running;
 }
 
+// The request's fields from the settings; throws naming a field that is not valid.
 function settings() {
-  for (const id of ["draft-tokens", "temperature", "max-tokens"]) {
+  for (const id of ["draft-tokens", "temperature", "seed", "max-tokens"]) {
     const input = $(id);
-    if (!input.checkValidity()) throw new ServerError($(id).labels[0].textContent + ": " + input.validationMessage);
+    if (!input.checkValidity()) throw new ServerError(input.labels[0].textContent + ": " + input.validationMessage);
   }
   const body = { model: "specli", stream: true, stream_options: { include_usage: true } };
   body.max_tokens = Number($("max-tokens").value);
   body.draft = $("draft").value;
-  const draftTokens = $("draft-tokens").value.trim();
-  if (body.draft !== "none") body.draft_tokens = draftTokens === "auto" ? "auto" : Number(draftTokens);
+  if (body.draft !== "none") body.draft_tokens = draftTokens() === "auto" ? "auto" : Number(draftTokens());
   const temperature = $("temperature").value.trim();
   if (temperature !== "") body.temperature = Number(temperature);
+  const seed = $("seed").value.trim();
+  if (seed !== "") body.seed = Number(seed);
   return body;
+}
+
+function draftTokens() {
+  return $("draft-tokens").value.trim() || "auto";
+}
+
+// The turn in the conversation: the reader's message (a chat) or the prompt (a completion),
+// and the box the answer streams into; the body gets the messages or the prompt.
+function newTurn(text, body) {
+  if (!state.chat) {
+    body.prompt = text;
+    const box = message("assistant", "completion");
+    const prompt = document.createElement("span");
+    prompt.className = "prompt";
+    prompt.textContent = text;
+    box.append(prompt);
+    return { asked: null, box };
+  }
+  const system = $("system").value;
+  body.messages = (system.trim() ? [{ role: "system", content: system }] : [])
+    .concat(state.messages, [{ role: "user", content: text }]);
+  const asked = message("user", "you");
+  asked.append(document.createTextNode(text));
+  $("prompt").value = "";
+  return { asked, box: message("assistant", "assistant") };
 }
 
 async function send(event) {
@@ -242,52 +371,58 @@ async function send(event) {
   }
   showError("");
   clearStats();
-  let asked = null;
-  let box;
-  if (state.chat) {
-    body.messages = state.messages.concat([{ role: "user", content: text }]);
-    asked = message("user", "you");
-    asked.append(document.createTextNode(text));
-    box = message("assistant", "assistant");
-    $("prompt").value = "";
-  } else {
-    body.prompt = text;
-    box = message("assistant", "completion");
-    const prompt = document.createElement("span");
-    prompt.className = "prompt";
-    prompt.textContent = text;
-    box.append(prompt);
-  }
-  const answer = new Answer(box);
+  const turn = newTurn(text, body);
+  const answer = new Answer(turn.box, state.chat);
+  state.follow = true; // a new turn is what the reader wants to see
+  keepEndInView();
   state.controller = new AbortController();
   busy(true);
   try {
-    const response = await call(state.chat ? "v1/chat/completions" : "v1/completions", body, state.controller.signal);
-    if (response.status === 401) {
-      state.key = null;
-      askKey("the server refused the key");
-      throw new ServerError("");
-    }
-    if (!response.ok) throw new ServerError(await errorMessage(response));
-    await readEvents(response, (data) => handleChunk(data, answer));
+    await stream(answer, body);
   } catch (error) {
     if (error.name === "AbortError") answer.finish = "stopped";
-    else if (error.message) showError(error.message);
+    else if (error instanceof ServerLost) answer.finish = answer.tokens > 0 ? "lost" : null;
+    else if (error.message) answer.finish = answer.finish || "error";
     else answer.finish = answer.finish || "refused";
+    if (error.name !== "AbortError" && error.message) showError(error.message);
   } finally {
-    answer.close();
-    showStats(answer);
-    if (answer.tokens === 0 && answer.finish !== "stopped") {
-      box.remove(); // nothing was written: the request failed
-      if (asked !== null) asked.remove();
-      if (state.chat) $("prompt").value = text;
-    } else {
-      if (answer.finish === "stopped") note(box, "stopped");
-      if (state.chat) state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer.text });
-    }
+    answer.end();
+    settle(answer, turn, text);
     state.controller = null;
     busy(false);
   }
+}
+
+async function stream(answer, body) {
+  let response;
+  try {
+    response = await call(state.chat ? "v1/chat/completions" : "v1/completions", body, state.controller.signal);
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new ServerLost(UNREACHABLE);
+  }
+  if (response.status === 401) {
+    state.key = null;
+    askKey("the server refused the key");
+    throw new ServerError("");
+  }
+  if (!response.ok) throw new ServerError(await errorMessage(response));
+  await readEvents(response, (data) => handleChunk(data, answer));
+}
+
+// After the answer: a turn with nothing written is taken back (the request failed); one cut
+// short says so, and a chat keeps what was written in its history.
+function settle(answer, turn, text) {
+  if (answer.tokens === 0 && answer.finish !== "stopped") {
+    turn.box.remove();
+    if (turn.asked !== null) turn.asked.remove();
+    if (state.chat) $("prompt").value = text;
+    return;
+  }
+  if (answer.finish === "stopped") note(turn.box, "stopped");
+  if (answer.finish === "lost") note(turn.box, "the server was lost here");
+  if (state.chat) state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer.text });
+  keepEndInView();
 }
 
 function askKey(why) {
@@ -302,7 +437,7 @@ async function connect() {
   try {
     response = await call("v1/models");
   } catch (error) {
-    showError("cannot reach the server: " + error.message);
+    showError(UNREACHABLE);
     return;
   }
   if (response.status === 401) {
@@ -322,18 +457,41 @@ function setup(card) {
   $("compose").hidden = false;
   showError("");
   state.chat = card.chat !== false;
-  $("model").textContent = card.id + (card.draft ? " · draft: " + card.draft : "");
+  const drafts = card.drafts || ["ngram", "none"];
+  state.draftModel = card.draft && !drafts.includes(card.draft) ? card.draft : "model";
+  $("model").textContent = card.id;
   const select = $("draft");
   select.replaceChildren();
-  for (const kind of card.drafts || ["ngram", "none"]) {
+  for (const kind of drafts) {
     const option = document.createElement("option");
     option.value = kind;
-    option.textContent = kind;
+    option.textContent = kind === "model" && state.draftModel !== "model" ? "model (" + state.draftModel + ")" : kind;
     select.append(option);
   }
+  showDrafting();
   $("prompt-label").textContent = state.chat ? "Message" : "Text to continue (a base model, without a chat template)";
+  $("hint").textContent = state.chat ? "Enter sends, Shift+Enter adds a line" : "Ctrl+Enter sends";
   $("clear").textContent = state.chat ? "New chat" : "Clear";
+  $("system-field").hidden = !state.chat;
   $("prompt").focus();
+}
+
+// The header says how the next answer will be drafted, as the settings now say.
+function showDrafting() {
+  const kind = $("draft").value;
+  $("draft-tokens").disabled = kind === "none";
+  const who = kind === "model" ? state.draftModel : kind;
+  $("drafting").textContent = "draft: " + who + (kind === "none" ? "" : " · draft tokens: " + draftTokens());
+}
+
+// Enter sends in a chat (Shift+Enter adds a line); a completion's text often spans lines, so
+// there Enter adds a line. Ctrl+Enter (Cmd+Enter) sends in both.
+function onPromptKey(event) {
+  if (event.key !== "Enter" || event.isComposing) return;
+  const sends = event.ctrlKey || event.metaKey || (state.chat && !event.shiftKey && !event.altKey);
+  if (!sends) return;
+  event.preventDefault();
+  $("compose").requestSubmit();
 }
 
 function start() {
@@ -347,15 +505,23 @@ function start() {
     clearStats();
     showError("");
   });
-  $("prompt").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("compose").requestSubmit();
-  });
+  $("prompt").addEventListener("keydown", onPromptKey);
+  $("draft").addEventListener("change", showDrafting);
+  $("draft-tokens").addEventListener("input", showDrafting);
+  const view = $("conversation");
+  view.addEventListener("scroll", () => {
+    state.follow = atEnd(view);
+  }, { passive: true });
+  view.addEventListener("wheel", (event) => {
+    if (event.deltaY < 0 && view.scrollTop > 0) state.follow = false; // scrolling up: at once, before the scroll lands
+  }, { passive: true });
   $("key").addEventListener("submit", (event) => {
     event.preventDefault();
     state.key = $("key-input").value;
     $("key-input").value = "";
     connect();
   });
+  if (window.matchMedia("(max-width: 720px)").matches) $("settings").open = false; // the conversation first
   clearStats();
   connect();
 }
