@@ -111,9 +111,10 @@ LOG = {
 
 @pytest.mark.slow
 def test_exact_past_256_tokens_under_a_schema_is_plain_decoding(gemma_path):
+    """As a served request is (the loaded repacking setting's cap, measured on first use)."""
     load = LoadSettings(ctx_size=1024)
     request = GenerationRequest(max_tokens=100, exact=True, constraint=Constraint.json_schema(LOG))
-    with open_session(SessionSpec(gemma_path, None, load, load, exact=True)) as session:
+    with open_session(SessionSpec(gemma_path, None, load, load)) as session:
         tokens = session.target.tokenize(LOG_PROMPT)
         assert len(tokens) > 256
         plain = run(session, tokens, replace(request, draft=DraftKind.NONE))[0]

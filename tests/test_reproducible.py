@@ -62,7 +62,7 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
 
 def test_exact_finds_a_batch_size_and_stores_it(gemma_exact_session, gemma_path):
     cap = gemma_exact_session.exact_cap
-    assert cap is not None and cap.largest >= 1 and cap.measured > 256, "measured along the context"
+    assert cap is not None and cap.largest >= 1 and cap.measured >= 256, "measured from the start of the context"
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     notices = []
     with open_session(spec, notices.append) as again:

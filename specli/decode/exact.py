@@ -181,18 +181,25 @@ def _largest_exact(model: Decoder, reference: _OneTokenRows, most: int, *, end: 
 
 def _exact_at(model: Decoder, reference: _OneTokenRows, position: int, size: int) -> bool:
     """Whether two batches of `size` rows from `position`, then one token, give one-token
-    decoding's rows bit for bit, with every count of rows asking for logits (the last ones of
-    each batch): the second batch reads the first's cache entries, the token both batches'."""
+    decoding's rows bit for bit (the second batch reads the first's cache entries, the token
+    both batches'), and whether a batch from `position` does with every smaller count of rows
+    asking for logits (the last ones: the rows before forced tokens ask for none). Which rows
+    ask changes only what follows the last layer's attention, never the cache entries, so one
+    batch covers each count."""
     reference.cover(position, position + 2 * size + 1)
     text = reference.text
-    for outputs in range(size, 0, -1):
+    model.rewind(position)
+    for start in (position, position + size):
+        rows = model.decode(text[start : start + size], all_logits=True)
+        if not all(np.array_equal(rows[i], reference.rows[start + i]) for i in range(size)):
+            return False
+    after = position + 2 * size
+    if not np.array_equal(model.decode([text[after]])[0], reference.rows[after]):
+        return False
+    for outputs in range(size - 1, 0, -1):
         model.rewind(position)
-        for start in (position, position + size):
-            rows = model.decode(text[start : start + size], outputs=[False] * (size - outputs) + [True] * outputs)
-            asked = range(start + size - outputs, start + size)
-            if not all(np.array_equal(rows[i], reference.rows[p]) for i, p in enumerate(asked)):
-                return False
-        after = position + 2 * size
-        if not np.array_equal(model.decode([text[after]])[0], reference.rows[after]):
+        rows = model.decode(text[position : position + size], outputs=[False] * (size - outputs) + [True] * outputs)
+        asked = range(position + size - outputs, position + size)
+        if not all(np.array_equal(rows[i], reference.rows[p]) for i, p in enumerate(asked)):
             return False
     return True
