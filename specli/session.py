@@ -100,7 +100,7 @@ class Session:
     def clear_cache(self) -> None:
         """Forget what the target's KV cache holds: the next generation decodes its whole
         prompt, as a fresh `specli run` does (a prompt decoded on top of a kept prefix is
-        batched otherwise, and rounds otherwise at a near-tie)."""
+        batched otherwise, and rounds otherwise at a near-tie, even under --exact)."""
         self._cache = TargetCache(shapes=self._cache.shapes)  # the graph the target replays stays
 
     def drafts_plainly(self, request: GenerationRequest) -> bool:

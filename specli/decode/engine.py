@@ -154,13 +154,14 @@ class Engine:
         What the cache already holds of the prompt (an earlier turn of a chat) stays; the
         prompt's last token is decoded again for its logits row, unless the same prompt came
         last time: then its row is the one kept from then (a one-row decode rounds otherwise,
-        and a near-tie could flip: the same request sent again writes the same text). --exact
-        decodes the whole prompt, as a fresh run does: batches of other sizes round differently.
-        The rest of the prompt goes in one decode, as in llama.cpp's own tools: its last row
-        writes the first token, so plain and speculative runs share it exactly."""
+        and a near-tie could flip: the same request sent again writes the same text). A caller
+        that wants the whole prompt decoded, as a fresh run decodes it, clears the cache
+        first (Session.clear_cache: a served exact request, bench). The rest of the prompt goes in
+        one decode, as in llama.cpp's own tools: its last row writes the first token, so plain
+        and speculative runs share it exactly."""
         target, cache, request = self.target, self.cache, self.request
         # (What the target holds past n_past is gone: a calibration, or another engine, rewound it.)
-        cached = 0 if request.exact else min(common_prefix_length(cache.tokens, prompt), target.n_past)
+        cached = min(common_prefix_length(cache.tokens, prompt), target.n_past)
         again = (request.max_tokens > 0 and cached == len(prompt) and cache.prompt == prompt
                  and cache.prompt_on_device == self._on_device)
         keep = len(prompt) if again else min(cached, len(prompt) - 1)
@@ -235,7 +236,10 @@ class Engine:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
         finally:
             stats.seconds = time.perf_counter() - started
-            self.cache.tokens = tokens[: target.n_past]
+            # What plain decoding holds: the committed tokens but the last (a verify batch may
+            # hold more), so plain and drafted runs keep one prefix for the next prompt and
+            # split a conversation at the same points.
+            self.cache.tokens = tokens[: min(target.n_past, len(tokens) - 1)]
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
