@@ -109,16 +109,51 @@ LOG = {
 }
 
 
+class RowLog:
+    """Every logits row the target returns, by the tokens its position read (a row of a
+    rejected draft has another context than plain decoding's rows, so it matches none)."""
+
+    def __init__(self, target) -> None:
+        self.target, self.decode = target, target.decode
+        self.kept: list[int] = []  # the KV cache's tokens, as this log saw them
+        self.rows: dict[tuple[int, ...], bytes] = {}
+
+    def __call__(self, tokens, *, all_logits=False, outputs=None):
+        first = self.target.n_past
+        rows = self.decode(tokens, all_logits=all_logits, outputs=outputs)
+        self.kept = self.kept[:first] + list(tokens)
+        asked = [True] * len(tokens) if all_logits else [False] * (len(tokens) - 1) + [True]
+        if outputs is not None:
+            asked = [bool(flag) for flag in outputs[:-1]] + [True]
+        positions = [first + i for i, flag in enumerate(asked) if flag]
+        for position, row in zip(positions, rows):
+            self.rows[tuple(self.kept[: position + 1])] = np.asarray(row).tobytes()
+        return rows
+
+
 @pytest.mark.slow
-def test_exact_past_256_tokens_under_a_schema_is_plain_decoding(gemma_path):
-    """As a served request is (the loaded repacking setting's cap, measured on first use)."""
+def test_exact_past_256_tokens_under_a_schema_reads_plain_decodings_rows(gemma_path):
+    """Every logits row a drafted --exact run reads is bit for bit the row plain decoding reads
+    after the same tokens (so no near-tie can part them), and the ids are the same. As a
+    served request is: the loaded repacking setting's cap, measured on first use."""
     load = LoadSettings(ctx_size=1024)
     request = GenerationRequest(max_tokens=100, exact=True, constraint=Constraint.json_schema(LOG))
     with open_session(SessionSpec(gemma_path, None, load, load)) as session:
         tokens = session.target.tokenize(LOG_PROMPT)
         assert len(tokens) > 256
-        plain = run(session, tokens, replace(request, draft=DraftKind.NONE))[0]
-        for draft_tokens in (1, 2, "auto"):
-            ids, text, who, reason, stats = run(session, tokens, replace(request, draft=DraftKind.NGRAM,
-                                                                           draft_tokens=draft_tokens))
-            assert ids == plain, (draft_tokens, text)
+        session.exact()  # measured before the target's decodes are logged
+        logs = {}
+        for draft, draft_tokens in ((DraftKind.NONE, "auto"), (DraftKind.NGRAM, 2), (DraftKind.NGRAM, "auto")):
+            log = logs[draft, draft_tokens] = RowLog(session.target)
+            session.target.decode = log
+            session.clear_cache()
+            try:
+                log.ids = run(session, tokens, replace(request, draft=draft, draft_tokens=draft_tokens))[0]
+            finally:
+                del session.target.decode  # the class's own again
+    plain = logs.pop((DraftKind.NONE, "auto"))
+    for name, log in logs.items():
+        assert log.ids == plain.ids, name
+        shared = log.rows.keys() & plain.rows.keys()
+        assert len(shared) > len(plain.ids) // 2, name
+        assert all(log.rows[key] == plain.rows[key] for key in shared), name
