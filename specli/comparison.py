@@ -29,7 +29,7 @@ from specli.decode.sampling import top_two_margin
 from specli.errors import ConfigError
 from specli.llama.backend import library_versions
 from specli.prompt import prompt_tokens
-from specli.pricing import exact_batch_sizes
+from specli.pricing import exact_caps
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
 
@@ -44,7 +44,7 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
     `configs`) on every workload; the report as a dict."""
     if max_tokens:
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
-    exact_sizes = exact_batch_sizes(spec, progress)
+    exact = exact_caps(spec, progress)
     with open_session(spec, progress) as session:
         if AUTO in configs and session.pricing.costs(measure=False).source != "calibrated":
             if progress:
@@ -54,7 +54,7 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
         # Where the verified rows' argmax was taken: the device only for greedy runs without a penalty.
         on_device = spec.verify_on_device and request.sampling.pure_greedy
         report.update(exact=request.exact, repack=session.spec.target_load.repack, verify_on_device=on_device,
-                      exact_batch={"repack": exact_sizes[True], "no_repack": exact_sizes[False]})
+                      exact_batch={"repack": exact[True].report(), "no_repack": exact[False].report()})
     draft = spec.draft_model.name if spec.draft_model is not None else request.draft.value
     report.update(target=spec.target.name, draft=draft, temperature=request.sampling.temperature, seed=request.seed,
                   llama_cpp=library_versions())

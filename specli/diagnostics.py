@@ -79,7 +79,9 @@ class ModelState:
     costs: str  # "prior" | "learned" | "first run" | "calibrated"
     verify_ms: dict[int, float] | None  # by batch size; None for the prior, which has no unit
     verify_relative: dict[int, float]  # by batch size, against one token
-    exact_batch: dict[str, int]  # "repack" / "no_repack": the largest exact verify batch, where measured
+    # "repack" / "no_repack": the exact verify batches where measured, by span of the context
+    # ({"start", "end", "rows"}: batches starting in [start, end) have at most `rows` rows)
+    exact_batch: dict[str, list[dict[str, int]]]
 
 
 @dataclass
@@ -219,10 +221,10 @@ SHOWN_BATCHES = (1, 2, 4, 8, 16, 32, 48)
 def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     """A model's stored costs and exact batch sizes; with `calibrate`, measured now and stored."""
     from specli.decode.costs import VerifyCurve
-    from specli.pricing import exact_batch_sizes
+    from specli.pricing import exact_caps
     from specli.session import open_session
 
-    exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
+    exact = exact_caps(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
         if calibrate:
             if notice is not None:
@@ -234,7 +236,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
-                      {name: size for name, size in named.items() if size is not None})
+                      {name: cap.report() for name, cap in named.items() if cap is not None})
 
 
 def check_backend() -> Backend:

@@ -9,7 +9,7 @@ its catch-up, its greedy agreement with the target, and (`drafts --measure`) its
 Everything is stored in one CostStore, keyed by the model file, its load settings, the
 llama.cpp build and its devices (`settings_key`), so no other machine's or build's timings
 steer a run. The cost maths itself (curves, timing, judging a calibration) is
-specli/decode/costs.py; this module times the models the session loaded (exact_batch_sizes
+specli/decode/costs.py; this module times the models the session loaded (exact_caps
 alone loads the target, once per repacking setting, before the session does).
 """
 
@@ -45,7 +45,7 @@ from specli.decode.costs import (
 from specli.decode.draft_model import DraftModel
 from specli.decode.engine import Engine
 from specli.decode.events import Stats
-from specli.decode.exact import exact_batch_size
+from specli.decode.exact import BatchCap, measure_cap
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.translate import cost_per_target_token
 from specli.errors import CalibrationError
@@ -322,29 +322,29 @@ def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | Non
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def exact_batch_sizes(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *, measure: bool = True,
-                      again: bool = False) -> dict[bool, int]:
-    """The exact verify batch size with repacking on (True) and off (False), measured once per
-    model, settings and build and stored with the costs. measure=False: only what is stored;
-    again=True: measured anew."""
+def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *, measure: bool = True,
+               again: bool = False, repacks: tuple[bool, ...] = (True, False)) -> dict[bool, BatchCap]:
+    """The exact verify batch sizes along the context (BatchCap) with repacking on (True) and
+    off (False) (or only those in `repacks`), measured once per model, settings and build and
+    stored with the costs. measure=False: only what is stored; again=True: measured anew."""
     store = cost_store()
-    sizes: dict[bool, int] = {}
-    for repack in (True, False):
+    caps: dict[bool, BatchCap] = {}
+    for repack in repacks:
         load = replace(spec.target_load, repack=repack)
         key = exact_key(spec.target, load, build_key())
-        stored = store.get(key)
-        if isinstance(stored, int) and stored >= 1 and not again:
-            sizes[repack] = stored
+        stored = BatchCap.from_json(store.get(key))
+        if stored is not None and not again:
+            caps[repack] = stored
             continue
         if not measure:
             continue
         if notice is not None:
-            notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'} "
-                   "(once per model and settings)")
+            notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'}, "
+                   "at several depths of the context (once per model and settings)")
         with Model(spec.target, load, verbose=spec.verbose) as model:
-            sizes[repack] = exact_batch_size(model, min(MAX_DRAFT + 1, model.batch_size))
-        store.put(key, sizes[repack])
-    return sizes
+            caps[repack] = measure_cap(model, min(MAX_DRAFT + 1, model.batch_size))
+        store.put(key, caps[repack].to_json())
+    return caps
 
 
 def usable_cpus() -> int:
@@ -366,6 +366,9 @@ def usable_cpus() -> int:
 # --- where costs are stored ---------------------------------------------------------
 
 COSTS_VERSION = 4  # part of every key: a change in how costs are measured measures again
+# Part of exact_key: a change in how exact batch sizes are measured or stored measures them
+# again (2: a BatchCap of spans of the context, rows with and without logits).
+EXACT_VERSION = 2
 
 
 def cost_store() -> CostStore:
@@ -418,8 +421,8 @@ def _servers_key(load: LoadSettings) -> str:
 
 
 def exact_key(path: Path, load: LoadSettings, build: str) -> str:
-    """Where the exact verify batch size of a model and its settings is stored."""
-    return settings_key(path, load, build) + "|exact"
+    """Where the exact verify batch sizes of a model and its settings are stored."""
+    return settings_key(path, load, build) + f"|exact|v{EXACT_VERSION}"
 
 
 def draft_key(target_key: str, draft: Path, load: LoadSettings) -> str:

@@ -1,7 +1,7 @@
 """A loaded pair, and `engine_for`, the one place a generation is built.
 
 The session holds load-time facts only: the target, a draft model (with its KV cache),
-whether it drafts through text, the exact verify batch, what the target's KV cache holds,
+whether it drafts through text, the exact verify batches, what the target's KV cache holds,
 and the pair's pricing (specli/pricing.py). A GenerationRequest says everything else;
 `engine_for` turns it into the proposer, the draft-length policy and the engine that run it.
 """
@@ -17,6 +17,7 @@ from specli.decode.constraint import Matcher, Vocabulary
 from specli.decode.costs import VerifyCurve
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, EngineOptions, TargetCache
+from specli.decode.exact import BatchCap
 from specli.decode.ngram import NGramProposer, TokenIndex
 from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
@@ -26,7 +27,7 @@ from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
 from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import check_vocab_compatible
-from specli.pricing import Pricing, exact_batch_sizes
+from specli.pricing import Pricing, exact_caps
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class SessionSpec:
     target_load: LoadSettings = LoadSettings()
     draft_load: LoadSettings = LoadSettings()
     # Load for exact decoding: measure (or read) which verify batches give one-token logits
-    # bit for bit, with repacking on and off, and load with the setting that allows more.
+    # bit for bit along the context, with repacking on and off, and load with the setting
+    # that allows more.
     exact: bool = False
     # Greedy runs without a repetition penalty verify on the device (Engine's verify_on_device).
     verify_on_device: bool = False
@@ -50,27 +52,28 @@ class Session:
     """A loaded target, and a draft model where one was asked for, reusable across generations."""
 
     def __init__(self, spec: SessionSpec, target: Model, draft: DraftModel | None = None, *, translated: bool = False,
-                 exact_batch: int | None = None, notice: Callable[[str], None] | None = None) -> None:
+                 exact_cap: BatchCap | None = None, notice: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.target = target
         self.draft = draft
         self.translated = translated  # the draft model's vocabulary is not the target's: it drafts through text
         self.pricing = Pricing(spec, target, draft, translated=translated, notice=notice)
-        self._exact_batch = exact_batch
+        self._exact_cap = exact_cap
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
 
     @property
-    def exact_batch(self) -> int | None:
-        """The largest verify batch that gives one-token logits bit for bit, if measured."""
-        return self._exact_batch
+    def exact_cap(self) -> BatchCap | None:
+        """The verify batches that give one-token logits bit for bit, by position, if measured."""
+        return self._exact_cap
 
-    def exact_batch_size(self) -> int:
-        """The exact verify batch for the loaded repacking setting: measured at load with
+    def exact(self) -> BatchCap:
+        """The exact verify batches for the loaded repacking setting: measured at load with
         spec.exact, else now (once per model and settings, then stored)."""
-        if self._exact_batch is None:
-            self._exact_batch = exact_batch_sizes(self.spec)[self.spec.target_load.repack]
-        return self._exact_batch
+        if self._exact_cap is None:
+            repack = self.spec.target_load.repack
+            self._exact_cap = exact_caps(self.spec, repacks=(repack,))[repack]
+        return self._exact_cap
 
     def engine_for(self, request: GenerationRequest, *, memory: TokenIndex | None = None) -> Engine:
         """The engine that runs `request` on the loaded models: its proposer and draft-length
@@ -82,9 +85,9 @@ class Session:
         proposer = self._proposer(request, memory, matcher)
         policy = self._policy(request, proposer)
         drafting = not isinstance(proposer, NoProposer)
-        max_batch = self.exact_batch_size() if request.exact and drafting else MAX_DRAFT + 1
+        cap = self.exact() if request.exact and drafting else BatchCap.anywhere(MAX_DRAFT + 1)
         by_model = drafting and self.draft is not None and request.draft is DraftKind.MODEL
-        options = EngineOptions(self.spec.verify_on_device, max_batch,
+        options = EngineOptions(self.spec.verify_on_device, cap,
                                 self.spec.draft_model.name if by_model and self.spec.draft_model else "")
         return Engine(self.target, proposer, policy, request, cache=self._cache, matcher=matcher, options=options)
 
@@ -97,12 +100,12 @@ class Session:
     def clear_cache(self) -> None:
         """Forget what the target's KV cache holds: the next generation decodes its whole
         prompt, as a fresh `specli run` does (a prompt decoded on top of a kept prefix is
-        batched otherwise, and rounds otherwise at a near-tie)."""
+        batched otherwise, and rounds otherwise at a near-tie, even under --exact)."""
         self._cache = TargetCache(shapes=self._cache.shapes)  # the graph the target replays stays
 
     def drafts_plainly(self, request: GenerationRequest) -> bool:
         """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
-        return request.exact and request.drafts and self.exact_batch_size() == 1
+        return request.exact and request.drafts and self.exact().largest == 1
 
     def _proposer(self, request: GenerationRequest, memory: TokenIndex | None, matcher: Matcher | None) -> Proposer:
         if not request.drafts or self.drafts_plainly(request):
@@ -123,10 +126,11 @@ class Session:
 
     def _policy(self, request: GenerationRequest, proposer: Proposer) -> DraftPolicy:
         """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
-        costs. Never longer than an --exact batch allows."""
+        costs. Never longer than the largest --exact batch allows (the engine caps each step
+        where it is)."""
         if isinstance(proposer, NoProposer):
             return FixedDraftPolicy(0)
-        max_draft = self.exact_batch_size() - 1 if request.exact else MAX_DRAFT
+        max_draft = self.exact().largest - 1 if request.exact else MAX_DRAFT
         auto = request.draft_tokens == AUTO
         costs = self.pricing.costs(measure=auto)
         if self.target.on_gpu:  # padding and changes of shape priced as the policy prices steps
@@ -165,20 +169,20 @@ class Session:
 
 def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None) -> Session:
     """Load the target and the draft model. With spec.exact, first find (or read) the exact
-    verify batch size with repacking on and off, and load with the setting that allows the
-    larger (where no batch above one row is exact, no draft model is loaded: nothing can be
-    drafted); `notice` hears of a measurement before it starts, and of a draft that drafts
-    through text."""
-    exact_batch = None
+    verify batches with repacking on and off, and load with the setting that allows more
+    drafting (where no batch above one row is exact anywhere, no draft model is loaded:
+    nothing can be drafted); `notice` hears of a measurement before it starts, and of a draft
+    that drafts through text."""
+    exact_cap = None
     if spec.exact:
-        spec, exact_batch = _exact_settings(spec, notice)
+        spec, exact_cap = _exact_settings(spec, notice)
     target = Model(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
     draft: DraftModel | None = None
     try:
         translated = False
-        if spec.draft_model is not None and exact_batch != 1:
+        if spec.draft_model is not None and (exact_cap is None or exact_cap.largest > 1):
             draft, translated = _open_draft(spec, target, notice)
-        session = Session(spec, target, draft, translated=translated, exact_batch=exact_batch, notice=notice)
+        session = Session(spec, target, draft, translated=translated, exact_cap=exact_cap, notice=notice)
         session.warm_up()
     except BaseException:
         if draft is not None:
@@ -188,12 +192,13 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     return session
 
 
-def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> tuple[SessionSpec, int]:
-    sizes = exact_batch_sizes(spec, notice)
-    repack = sizes[True] >= sizes[False]  # the faster kernels where they allow as much
+def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> tuple[SessionSpec, BatchCap]:
+    caps = exact_caps(spec, notice)
+    # The faster kernels where they allow as many draft tokens along the context.
+    repack = caps[True].drafted_positions() >= caps[False].drafted_positions()
     spec = replace(spec, target_load=replace(spec.target_load, repack=repack),
                    draft_load=replace(spec.draft_load, repack=repack))
-    return spec, sizes[repack]
+    return spec, caps[repack]
 
 
 def _open_draft(spec: SessionSpec, target: Model, notice: Callable[[str], None] | None) -> tuple[DraftModel, bool]:

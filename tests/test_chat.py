@@ -37,3 +37,25 @@ def test_a_base_model_gets_completion_turns(gemma_path):
 def test_json_is_refused_in_a_chat():
     result = CliRunner().invoke(app, ["chat", "--json"])
     assert_one_line_error(result, 2, "--json needs a prompt", "specli run --json")
+
+
+def test_an_exact_chat_keeps_its_cache_and_writes_plain_decodings_turns(smollm_path):
+    """`chat --exact` keeps the target's cache between turns, as plain chat does, and writes
+    what `chat --exact --draft none` writes turn by turn: both split the conversation at the
+    same points. The conversation passes 256 tokens, where this CPU's exact batch changes."""
+    system = "You are a careful assistant. Repeat the user's list exactly when asked. " * 6
+    turns = ("List the numbers from one to twelve in words.\nRepeat that list.\n"
+             "Repeat it again, then add thirteen.\n/bye\n")
+    outputs = []
+    for draft in ([], ["--draft", "none"]):
+        result = CliRunner().invoke(app, ["chat", "--target", str(smollm_path), "-n", "48", "-c", "1024", "--exact",
+                                          "--system", system, *draft], input=turns)
+        assert result.exit_code == 0, result.output
+        stats = re.findall(r"specli: \d+ tokens, .*", result.output)
+        assert len(stats) == 3, result.output
+        for line in stats[1:]:
+            decoded, total = map(int, re.search(r"prefill (\d+) new tokens \((\d+) in all\)", line).groups())
+            assert decoded < total / 2, "a turn decodes its own tokens, not the conversation again"
+        outputs.append((result.stdout, stats))
+    (drafted, _), (plain, _) = outputs
+    assert drafted == plain

@@ -224,11 +224,11 @@ def test_exact_under_a_schema_is_plain_decoding_at_every_draft_length(gemma_path
     with open_session(spec) as session:
         tokens = tokens_of(session, prompt)
         plain = run(session, tokens, replace(request, draft=DraftKind.NONE))[0]
-        for draft_tokens in (*range(1, session.exact_batch), "auto"):
+        for draft_tokens in (*range(1, session.exact_cap.largest), "auto"):
             ids, text, who, reason, stats = run(session, tokens, replace(request, draft=DraftKind.NGRAM,
                                                                            draft_tokens=draft_tokens))
             assert ids == plain, draft_tokens
-            assert stats.forced > 0 or session.exact_batch == 1
+            assert stats.forced > 0 or session.exact_cap.largest == 1
 
 
 @pytest.mark.slow

@@ -178,10 +178,18 @@ def test_a_prediction_backs_its_proposals_with_a_key_of_its_own():
     proposal = proposer.propose(tokens, 5)
     assert proposal.tokens == answer[PREDICTION_MATCH : PREDICTION_MATCH + 5] and proposal.key is PREDICTED
     assert proposal.extent >= PREDICTION_MATCH
-    # A match in the prediction shorter than PREDICTION_MATCH is as likely a coincidence as any.
-    short = NGramProposer(lengths=(3, 2, 1), prediction=[50, 5, 6, 7])
-    short.prepare([1, 2])
-    assert short.propose([1, 2, 40, 5], 3).key == 1
+    # Once the answer has left the prediction, a match in it shorter than PREDICTION_MATCH is
+    # a coincidence: it drafts nothing; the committed text's own matches still draft.
+    def proposal(tokens: list[int]):
+        proposer = NGramProposer(lengths=(3, 2, 1), prediction=[50, 5, 6, 7, 8, 9])
+        proposer.prepare([1, 2])
+        return proposer.propose(tokens, 3)
+
+    assert proposal([1, 2, 40, 5]).tokens == []
+    assert proposal([1, 2, 40, 5, 6]).tokens == []
+    assert proposal([1, 2, 40, 3, 40]).tokens[:2] == [3, 40], "the committed text still drafts"
+    again = proposal([1, 2, 40, 5, 6, 7])  # back on the prediction: 3 tokens match
+    assert again.tokens == [8, 9] and again.key is PREDICTED and again.extent >= PREDICTION_MATCH
 
 
 def test_a_predictions_prior_starts_high_and_lookups_does_not():

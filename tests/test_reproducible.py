@@ -61,11 +61,12 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
 
 
 def test_exact_finds_a_batch_size_and_stores_it(gemma_exact_session, gemma_path):
-    assert gemma_exact_session.exact_batch is not None and gemma_exact_session.exact_batch >= 1
+    cap = gemma_exact_session.exact_cap
+    assert cap is not None and cap.largest >= 1 and cap.measured >= 256, "measured from the start of the context"
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     notices = []
     with open_session(spec, notices.append) as again:
-        assert again.exact_batch == gemma_exact_session.exact_batch
+        assert again.exact_cap == gemma_exact_session.exact_cap
     assert notices == [], "measured once, then read from the store"
 
 
@@ -74,7 +75,7 @@ def test_exact_writes_plain_decodings_text_at_every_draft_length(gemma_exact_ses
     session = gemma_exact_session
     tokens = workload_tokens(session, name)
     plain = generate(session, tokens, 0, NEAR_TIES[name], plain=True)
-    largest = session.exact_batch - 1
+    largest = session.exact_cap.largest - 1
     for draft_tokens in [*range(1, largest + 1), "auto"]:
         assert generate(session, tokens, draft_tokens, NEAR_TIES[name]) == plain, draft_tokens
 
@@ -103,7 +104,7 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
         plain = generate(session, tokens, 0, 60, plain=True, request=request)
-        assert generate(session, tokens, session.exact_batch - 1, 60, request=request) == plain
+        assert generate(session, tokens, session.exact_cap.largest - 1, 60, request=request) == plain
         unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(60))
         assert generated(unpenalised, tokens)[0] != plain
 

@@ -169,6 +169,24 @@ def test_a_resent_conversation_prefills_only_its_new_tokens(smol_server):
     assert second.timings["prompt_n"] == second.usage.prompt_tokens - cached
 
 
+def test_a_served_exact_conversation_is_plain_decodings_turn_by_turn(smol_server):
+    """Three turns with `exact`, drafted and with draft "none": each answer is the same, the
+    conversation passing 256 tokens (where this CPU's exact batch changes)."""
+    client = smol_server.client()
+    asks = ["List the days of the week, one per line.", "Repeat that list exactly.", "Now list them backwards."]
+    conversations: dict[str, list[str]] = {}
+    for draft in ("ngram", "none"):
+        messages: list[dict] = [{"role": "system", "content": "Answer exactly what is asked. " * 12}]
+        for ask in asks:
+            messages.append({"role": "user", "content": ask})
+            response = client.chat.completions.create(model="x", messages=messages, max_tokens=64, temperature=0,
+                                                      extra_body={"exact": True, "draft": draft})
+            messages.append({"role": "assistant", "content": response.choices[0].message.content})
+        conversations[draft] = [m["content"] for m in messages if m["role"] == "assistant"]
+        assert response.usage.prompt_tokens > 256
+    assert conversations["ngram"] == conversations["none"]
+
+
 # --- faults ------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from fakes import FakeModel, plain_greedy
 from specli.decode.costs import VerifyCurve, calibrate
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, EngineOptions, TargetCache
+from specli.decode.exact import BatchCap
 from specli.decode.events import Finished, StepRecord, Token
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
@@ -79,7 +80,7 @@ def test_padded_verify_batches_write_plain_decodings_text_and_keep_the_cache_in_
     draft = DraftModelProposer(DraftModel(FakeModel(seed=0, noise_seed=1, noise=2.0)), SamplingSettings())
     shapes = gpu_shapes(change=10.0)  # every size is kept once used: most batches are padded
     engine = Engine(target, draft, FixedDraftPolicy(k), GenerationRequest(max_tokens=50),
-                    cache=TargetCache(shapes=shapes), options=EngineOptions(max_batch=49))
+                    cache=TargetCache(shapes=shapes), options=EngineOptions(cap=BatchCap.anywhere(49)))
     tokens, steps, _ = run(engine, prompt)
     assert tokens == plain_greedy(FakeModel(seed=0), prompt, 50)
     assert target.kv == prompt + tokens[:-1]  # padding rows were rewound with the rejected ones
@@ -102,7 +103,7 @@ def test_a_lookup_proposal_longer_than_its_draft_fills_the_padding_rows():
     shapes = gpu_shapes(change=10.0)
     shapes.used(17, 17)  # the last decode had 17 rows: kept, since a change costs more than padding
     engine = Engine(target, NGramProposer(), ChoosesThree(48), GenerationRequest(max_tokens=12),
-                    cache=TargetCache(shapes=shapes), options=EngineOptions(max_batch=49))
+                    cache=TargetCache(shapes=shapes), options=EngineOptions(cap=BatchCap.anywhere(49)))
     tokens, steps, _ = run(engine, prompt)
     assert tokens == plain_greedy(FakeModel(seed=0), prompt, 12)
     drafting = [step for step in steps if step.drafted]

@@ -13,6 +13,7 @@ import pytest
 
 from specli import pricing
 from specli.decode.costs import Calibration, CostStore, StepCosts
+from specli.decode.exact import BatchCap
 from specli.llama.backend import LoadSettings
 from specli.pricing import draft_key, exact_key, parse_settings_key, settings_key
 from specli.session import SessionSpec, open_session
@@ -25,6 +26,7 @@ LOADS = (LoadSettings(), LoadSettings(gpu_layers=0, ctx_size=512, threads=2, rep
 KEYED = ("gpu_layers", "threads", "repack", "ctx_size", "rpc")  # the load settings a key holds
 COSTS = StepCosts({1: 0.0125, 2: 0.02, 4: 0.03125, 16: 0.0875}, 0.0015, 0.00025, "calibrated", 0.625, 0.00075,
                   1_700_000_000.5, 1.75)
+EXACT = BatchCap(((0, 256, 3), (256, 1024, 1)))
 
 
 def _compare(name: str, text: str) -> None:
@@ -49,7 +51,7 @@ def test_the_keys_and_fields_of_stored_costs_are_unchanged(tmp_path):
     store = CostStore(tmp_path / "cache" / "costs.json")
     for key, drafted, load in zip(keys, drafts, LOADS):
         store.put_costs(key, COSTS)
-        store.put(exact_key(target, load, BUILD), 9)
+        store.put(exact_key(target, load, BUILD), EXACT.to_json())
         for suffix, value in (("", 0.0015), ("|catch_up", 0.00075), ("|acceptance", 0.625), ("|speedup", 1.25)):
             store.put(drafted + suffix, value)
     parsed = []

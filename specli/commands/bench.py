@@ -53,14 +53,17 @@ def render_report(report: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from specli.decode.exact import BatchCap
+
     build = report.get("llama_cpp")
     if build:
         console.print(Text(f"llama-cpp-python {build['llama_cpp_python']}: {build['system_info']}", style="dim"))
     exact = report.get("exact_batch")
     if exact:
         used = "repacking on" if report.get("repack") else "repacking off"
-        console.print(Text(f"exact-safe verify batch: {exact['repack']} rows with repacking, {exact['no_repack']} "
-                           f"without{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
+        on, off = (BatchCap.from_report(exact[name]).describe() for name in ("repack", "no_repack"))
+        console.print(Text(f"exact verify batches: with repacking {on}; without, {off}"
+                           f"{'; --exact, ' + used if report.get('exact') else ''}", style="dim"))
     if report.get("translated"):
         console.print(Text("the draft model has another vocabulary: it drafts through text, re-tokenized for the target",
                            style="dim"))

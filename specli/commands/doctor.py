@@ -128,6 +128,8 @@ def _pairs(report: Report):
 def print_model(model: ModelState, console) -> None:
     from rich.text import Text
 
+    from specli.decode.exact import BatchCap
+
     facts = facts_table()
     batches = ", ".join(f"{size}: {cost:.2f}x" for size, cost in model.verify_relative.items())
     if model.verify_ms is None:
@@ -136,7 +138,9 @@ def print_model(model: ModelState, console) -> None:
         costs = f"{model.costs}, {model.verify_ms[1]:.1f} ms for one token; a batch of b tokens costs {batches}"
     exact = model.exact_batch
     if exact:
-        found = "; ".join(f"{size} rows with repacking {'on' if name == 'repack' else 'off'}" for name, size in exact.items())
+        found = "; ".join(f"repacking {'on' if name == 'repack' else 'off'}: {BatchCap.from_report(spans).describe()}"
+                          for name, spans in exact.items())
+        found += " (each span measured at both ends; past the last span measured, 1 row)"
     else:
         found = "not measured (`specli doctor --calibrate`, `specli bench` or the first `--exact` run measures)"
     console.print()

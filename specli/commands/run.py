@@ -151,7 +151,7 @@ def metadata(session: Session, engine: Engine) -> dict:
         "draft": draft_model.name if draft_model is not None else request.draft.value,
         "lossless": True,
         "exact": request.exact,
-        "exact_batch": session.exact_batch,
+        "exact_batch": session.exact_cap.report() if session.exact_cap is not None else None,
         "repack": spec.target_load.repack,
     }
     if isinstance(engine.policy, AdaptiveDraftPolicy):

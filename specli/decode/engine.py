@@ -26,6 +26,7 @@ import numpy as np
 
 from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
+from specli.decode.exact import BatchCap
 from specli.decode.policy import DraftPolicy
 from specli.decode.proposers import NoProposer, Proposal, Proposer
 from specli.decode.request import GenerationRequest
@@ -82,12 +83,13 @@ class EngineOptions:
     """How an engine verifies, beside its request: `verify_on_device`: greedy runs without a
     repetition penalty have llama.cpp take each verified row's argmax on the device that
     computed the logits, and the host reads a few candidates per row instead of a vocabulary
-    row (the same tokens); `max_batch`: the most tokens one verify decodes ([last], forced,
-    drafted and padding; 0: the policy's longest draft and [last]); `draft_model`: the draft
-    model's name, where one drafts (the stats name it)."""
+    row (the same tokens); `cap`: the most rows one verify decodes ([last], forced, drafted
+    and padding), by the position of its first row (--exact: the sizes measured exact there;
+    None: the policy's longest draft and [last]); `draft_model`: the draft model's name, where
+    one drafts (the stats name it)."""
 
     verify_on_device: bool = False
-    max_batch: int = 0
+    cap: BatchCap | None = None
     draft_model: str = ""
 
 
@@ -127,7 +129,7 @@ class Engine:
         self.matcher = matcher
         # Forced tokens are drafted only where something drafts (--draft none: one token a step).
         self._forces = matcher is not None and not isinstance(proposer, NoProposer)
-        self.max_batch = options.max_batch or policy.max_draft + 1
+        self.cap = options.cap if options.cap is not None else BatchCap.anywhere(policy.max_draft + 1)
         self.shapes = self.cache.shapes  # shared with the policy that prices them
         # A penalised or masked row depends on the tokens before it, which the device does not see.
         self._on_device = options.verify_on_device and self.sampling.pure_greedy and matcher is None
@@ -152,13 +154,14 @@ class Engine:
         What the cache already holds of the prompt (an earlier turn of a chat) stays; the
         prompt's last token is decoded again for its logits row, unless the same prompt came
         last time: then its row is the one kept from then (a one-row decode rounds otherwise,
-        and a near-tie could flip: the same request sent again writes the same text). --exact
-        decodes the whole prompt, as a fresh run does: batches of other sizes round differently.
-        The rest of the prompt goes in one decode, as in llama.cpp's own tools: its last row
-        writes the first token, so plain and speculative runs share it exactly."""
+        and a near-tie could flip: the same request sent again writes the same text). A caller
+        that wants the whole prompt decoded, as a fresh run decodes it, clears the cache
+        first (Session.clear_cache: a served exact request, bench). The rest of the prompt goes in
+        one decode, as in llama.cpp's own tools: its last row writes the first token, so plain
+        and speculative runs share it exactly."""
         target, cache, request = self.target, self.cache, self.request
         # (What the target holds past n_past is gone: a calibration, or another engine, rewound it.)
-        cached = 0 if request.exact else min(common_prefix_length(cache.tokens, prompt), target.n_past)
+        cached = min(common_prefix_length(cache.tokens, prompt), target.n_past)
         again = (request.max_tokens > 0 and cached == len(prompt) and cache.prompt == prompt
                  and cache.prompt_on_device == self._on_device)
         keep = len(prompt) if again else min(cached, len(prompt) - 1)
@@ -233,7 +236,10 @@ class Engine:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
         finally:
             stats.seconds = time.perf_counter() - started
-            self.cache.tokens = tokens[: target.n_past]
+            # What plain decoding holds: the committed tokens but the last (a verify batch may
+            # hold more), so plain and drafted runs keep one prefix for the next prompt and
+            # split a conversation at the same points.
+            self.cache.tokens = tokens[: min(target.n_past, len(tokens) - 1)]
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
@@ -302,7 +308,7 @@ class Engine:
         target = self.target
         t0 = time.perf_counter()
         # `tokens` ends with `last`, which the matcher has consumed.
-        room = min(room, self.max_batch - 1)
+        room = min(room, self.cap.at(target.n_past) - 1)  # the batch's first row is at n_past
         forced = self._forced_run(room)
         proposal, draft, asked = self._propose(tokens + forced if forced else tokens, room - len(forced))
         t1 = time.perf_counter()
@@ -344,7 +350,7 @@ class Engine:
         (verified like the rest, at no extra cost), the rest is padding. Never past the
         largest batch (--exact) or the context."""
         needed = 1 + len(forced) + len(draft)
-        most = min(self.max_batch, self.target.n_ctx - self.target.n_past)
+        most = min(self.cap.at(self.target.n_past), self.target.n_ctx - self.target.n_past)
         rows = self.shapes.rows(needed, most)
         if rows <= needed:
             return draft, 0

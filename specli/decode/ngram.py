@@ -83,6 +83,11 @@ class NGramProposer:
             found: list[tuple[TokenIndex | None, int]] = [(None, start)
                                                           for start in reversed(self._index[n].get(tail) or [])]
             for reference in self._searched:
+                # Once the answer has left the prediction, it drafts again only from a match
+                # of PREDICTION_MATCH tokens: a shorter one is a coincidence, not the answer
+                # coming back to it.
+                if reference is self._predicted and n < PREDICTION_MATCH:
+                    continue
                 found += [(reference, start) for start in reversed(reference.find_all(tail))]
             if not found:
                 continue

@@ -69,8 +69,10 @@ class GenerationRequest:
     # A draft model: n-gram lookup in front of it (--no-ngram: off; a prediction turns it on).
     lookup: bool = True
     draft_min_p: float = 0.0  # a draft model stops drafting under this probability
-    # Write exactly what `--draft none --exact` writes: verify batches capped at the size that
-    # gives one-token logits bit for bit, and the whole prompt decoded as a fresh run does.
+    # Write exactly what `--draft none --exact` writes: each verify batch capped at the size
+    # measured to give one-token logits bit for bit where it starts in the context. (What the
+    # target's cache holds of the prompt is kept, as without it: plain and drafted runs split a
+    # prompt at the same point. `run`, bench and a served exact request start from an empty one.)
     exact: bool = False
     prediction: str | None = None  # a Predicted Output: text the answer is expected to repeat
     # A JSON schema or a grammar that every token must meet (None: free text).

@@ -6,7 +6,8 @@ waits for its turn and starts it on the engine `Session.engine_for` builds for i
 engine's events reach the request as they come (`Relay`), and the turn passes on when the
 generation has ended, whatever ended it. The session keeps what the target's KV cache
 holds, so a request decodes only what its prompt adds to the longest prefix it shares with
-the one before (an agent that resends its conversation prefills only the new turn).
+the one before (an agent that resends its conversation prefills only the new turn); an
+exact request decodes its whole prompt.
 Drafting is priced with the costs stored when the server started: it never changes midway.
 """
 
@@ -182,7 +183,11 @@ class Worker:
             raise
 
     def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
-        """In the worker thread: the request's engine, then stream."""
+        """In the worker thread: the request's engine, then stream. An exact request decodes
+        its whole prompt, as `specli run --exact` does (a prompt split at a kept prefix rounds
+        otherwise)."""
+        if job.request.exact:
+            self.session.clear_cache()
         engine = self.session.engine_for(job.request, memory=self.memory.index if self.memory is not None else None)
         outcome = stream(engine, job.tokens, sink, cancelled=lambda: cancel.is_set() or self.closing.is_set())
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
