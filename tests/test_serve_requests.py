@@ -188,10 +188,8 @@ def test_the_request_builder_writes_the_tools_constraint_and_checks_the_body_onc
 
 
 @pytest.mark.parametrize("fields, param, message", [
-    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools",
-     "give tools or a response format (json_schema, grammar), not both"),
-    ({"tools": TOOLS, "response_format": {"type": "text"}}, "tools", "not both"),
-    ({"tools": TOOLS, "grammar": 'root ::= "a"'}, "tools", "not both"),
+    ({"tools": TOOLS, "grammar": 'root ::= "a"'}, "grammar",
+     "tools do not combine with grammar (a grammar); a JSON schema or json_object response format does"),
     ({"response_format": {"type": "json_object"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "json_schema",
      "give one of response_format, json_schema, grammar, not several"),
     ({"response_format": {"type": "text"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "grammar",
@@ -203,6 +201,53 @@ def test_sources_that_do_not_combine_are_refused_in_one_message(monkeypatch, fie
     assert refused.value.name == param and message in refused.value.message
     answer = api_error(refused.value)
     assert (answer.status, answer.body.param) == (400, param)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize("fields, calls, answer", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}}, True, True),
+    ({"response_format": {"type": "json_object"}}, True, True),
+    ({"response_format": {"type": "json_object", "schema": WEATHER}}, True, True),  # llama-server's form
+    ({"json_schema": WEATHER}, True, True),
+    ({"response_format": {"type": "text"}}, True, False),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "none"}, False, True),
+    ({"response_format": {"type": "text"}, "tool_choice": "none"}, False, False),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, True, False),
+])
+def test_tools_combine_with_a_typed_answer(monkeypatch, fields, calls, answer):
+    """Tools beside a JSON response format: "auto" answers with calls or that JSON from the
+    first token; "none" with the JSON alone; "required" with calls only; "text" adds nothing."""
+    asked = generation.read(ChatRequest(messages=MESSAGES, tools=TOOLS, **fields), tool_session(monkeypatch),
+                            GenerationRequest())
+    constraint = asked.job.request.constraint
+    if not calls:
+        assert (constraint is not None) is answer and asked.plan is None
+        return
+    assert constraint.kind == "grammar" and "read_file" in constraint.source
+    assert ("%json" in constraint.source.split("start:")[1]) is answer, constraint.source
+    assert ("[lazy]" in constraint.source) is (fields.get("tool_choice") is None and not answer)
+    if "schema" in str(fields):
+        assert '"city"' in constraint.source, "the answer's schema, not any JSON"
+
+
+def test_a_json_object_response_format_honours_llama_servers_schema():
+    request = ChatRequest(messages=MESSAGES, response_format={"type": "json_object", "schema": WEATHER})
+    constraint = request.generation_request(GenerationRequest()).constraint
+    assert constraint.kind == "json_schema" and json.loads(constraint.source) == WEATHER
+
+
+def test_a_named_tool_choice_writes_exactly_one_call(monkeypatch):
+    """OpenAI's named tool_choice is one call; "required" keeps parallel calls unless told not to."""
+    def grammar(**fields):
+        body = ChatRequest(messages=MESSAGES, tools=TOOLS, **fields)
+        return generation.read(body, tool_session(monkeypatch), GenerationRequest()).job.request.constraint.source
+
+    name = TOOLS[0]["function"]["name"]
+    assert "call)*" not in grammar(tool_choice={"type": "function", "function": {"name": name}})
+    assert "call)*" in grammar(tool_choice="required")
+    assert "call)*" not in grammar(tool_choice="required", parallel_tool_calls=False)
 
 
 def test_a_text_response_format_combines_with_a_schema_or_a_grammar():

@@ -95,6 +95,11 @@ class Constraint:
         return cls("grammar", text, grammar)
 
 
+    def lark_part(self) -> str:
+        """A JSON schema constraint as part of a Lark grammar (what calls stand beside)."""
+        assert self.kind == "json_schema", "only a JSON schema is written into another grammar"
+        return json_lark(json.loads(self.source))
+
     @classmethod
     def lark(cls, text: str, where: str = "grammar") -> Constraint:
         """A grammar in llguidance's Lark (what tool calls are constrained by)."""

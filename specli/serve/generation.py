@@ -66,14 +66,15 @@ class _Tools:
             return None
         return ConstraintSource("tools", SourceKind.TOOLS, for_field("tools", self._constraint))
 
-    def _constraint(self) -> Constraint | None:
+    def _constraint(self, answer: Constraint | None) -> Constraint | None:
+        """The calls' constraint beside the `answer`'s (a response format's JSON schema, or None)."""
         if self.body.choice == "none":
-            return None
+            return answer
         target = self.session.target
         functions = self.body.functions_called()
         format = tool_format(target.chat_template(), target.path.name)
         self.plan = ToolPlan(format, functions, self.body.choice, parallel=self.body.parallel_tool_calls is not False)
-        return self.plan.constraint(target.special_token)
+        return self.plan.constraint(target.special_token, answer)
 
 
 def _prompt_tokens(body: CompletionRequest, session: Session) -> list[int]:

@@ -238,15 +238,20 @@ class _Generation(BaseModel):
                 raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
 
     def constraint_sources(self) -> list[ConstraintSource]:
-        """The constraint sources the body gives, in order: response_format (json_object, or
-        json_schema with its `schema`; "text" constrains nothing), then llama-server's
-        json_schema and grammar. Nothing is read until a source is made."""
+        """The constraint sources the body gives, in order: response_format (json_object, with
+        llama-server's `schema` or without; json_schema with its `schema`; "text" constrains
+        nothing), then llama-server's json_schema and grammar. Nothing is read until a source
+        is made."""
         sources = []
         if self.response_format:
             kind = self.response_format.get("type", "text")
             if kind == "json_schema":
                 sources.append(ConstraintSource(RESPONSE_SCHEMA, SourceKind.JSON,
                                                 for_field(RESPONSE_SCHEMA, self._response_schema)))
+            elif kind == "json_object" and "schema" in self.response_format:  # llama-server's form
+                sources.append(ConstraintSource("response_format.schema", SourceKind.JSON, for_field(
+                    "response_format.schema", lambda: Constraint.json_schema(
+                        (self.response_format or {})["schema"], "response_format.schema"))))
             elif kind == "json_object":
                 sources.append(ConstraintSource("response_format", SourceKind.JSON, Constraint.json_object))
             else:
@@ -411,12 +416,12 @@ def _text_format(kind: Any) -> None:
                            "response_format.type")
 
 
-def for_field(field: str, make: Callable[[], Constraint | None]) -> Callable[[], Constraint | None]:
+def for_field(field: str, make: Callable[..., Constraint | None]) -> Callable[..., Constraint | None]:
     """`make`, with a schema or grammar it cannot use answered as a RequestError naming the field."""
 
-    def made() -> Constraint | None:
+    def made(*answer: Constraint | None) -> Constraint | None:
         try:
-            return make()
+            return make(*answer)
         except ConstraintError as error:
             raise RequestError(error.message, field) from None
 
