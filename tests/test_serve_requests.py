@@ -276,3 +276,35 @@ def test_the_error_table_answers_the_workers_refusals_and_leaves_bugs_alone():
     assert (failed.status, failed.body.message) == (500, "internal error: RuntimeError: boom")
     with pytest.raises(KeyError):
         api_error(KeyError("a bug"))
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"tool_choice": {"type": "function"}, "tools": TOOLS}, "tool_choice.function", "tool_choice.function: Field required"),
+    ({"tool_choice": "any", "tools": TOOLS}, "tool_choice", "Input should be 'none', 'auto' or 'required'"),
+    ({"stop": 3}, "stop", "stop: Input should be a valid string"),
+    ({"audio": {"voice": "alloy"}}, "audio", "audio is not supported: specli serves text only"),
+    ({"functions": [{"name": "f"}]}, "functions", "functions are not supported (tools are)"),
+])
+def test_every_400_names_the_field_as_sent_and_logs_its_reason_in_one_line(body, param, message):
+    """No union member's name in a param, no plural for audio, and the reason on the server's
+    stderr, not only in the body."""
+    log = io.StringIO()
+    info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(), 0)
+    with TestClient(create_app(FailingOnceWorker(), info, log)) as client:
+        answer = client.post("/v1/chat/completions", json={"messages": MESSAGES, **body})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == param and message in error["message"], error
+    assert log.getvalue().splitlines() == [f"specli: POST /v1/chat/completions 400 | {error['message']}"]
+
+
+def test_template_errors_give_the_servers_remedies_not_the_clis():
+    from specli.errors import PromptError
+    from specli.llama.template import NO_CHAT_HINT
+    from specli.tools.plan import ToolsUnsupported, tool_format
+
+    answer = api_error(PromptError("m.gguf has no chat template", NO_CHAT_HINT))
+    assert "--no-chat" not in answer.body.message and "--chat-template-file" in answer.body.message
+    with pytest.raises(ToolsUnsupported) as refused:
+        tool_format(None, "m.gguf")
+    assert refused.value.message == "m.gguf has no chat template", "not a template that takes no tools"
+    assert "takes no tools" in str(pytest.raises(ToolsUnsupported, tool_format, "{{ messages }}", "m.gguf").value)

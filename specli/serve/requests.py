@@ -321,9 +321,10 @@ class ChatRequest(_Generation):
 
     def refused(self) -> None:
         super().refused()
-        for name in ("functions", "audio"):
-            if getattr(self, name):
-                raise RequestError(f"{name} are not supported (tools are)", name)
+        if self.functions:
+            raise RequestError("functions are not supported (tools are)", "functions")
+        if self.audio:
+            raise RequestError("audio is not supported: specli serves text only", "audio")
         if self.function_call not in (None, "none", "auto"):
             raise RequestError("function_call is not supported (tool_choice is)", "function_call")
         if self.modalities and set(self.modalities) != {"text"}:

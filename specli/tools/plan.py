@@ -25,10 +25,12 @@ class ToolsUnsupported(SpecliError):
 
 def tool_format(template: str | None, model_name: str) -> ToolFormat:
     """The format the template's model writes calls in, or ToolsUnsupported."""
-    format = detect(template or "")
+    hint = "start specli serve with --chat-template-file FILE, a template that takes tools"
+    if not template:
+        raise ToolsUnsupported(f"{model_name} has no chat template", hint)
+    format = detect(template)
     if format is None:
-        raise ToolsUnsupported(f"the chat template of {model_name} takes no tools",
-                               "start specli with --chat-template-file FILE, a template that does")
+        raise ToolsUnsupported(f"the chat template of {model_name} takes no tools", hint)
     return format
 
 
