@@ -308,3 +308,18 @@ def test_template_errors_give_the_servers_remedies_not_the_clis():
         tool_format(None, "m.gguf")
     assert refused.value.message == "m.gguf has no chat template", "not a template that takes no tools"
     assert "takes no tools" in str(pytest.raises(ToolsUnsupported, tool_format, "{{ messages }}", "m.gguf").value)
+
+
+def test_openais_penalties_and_logit_bias_reach_the_sampler(monkeypatch):
+    body = ChatRequest(messages=MESSAGES, frequency_penalty=0.5, presence_penalty=-1.0, logit_bias={"7": -100, "3": 2.5})
+    sampling = body.generation_request(GenerationRequest()).sampling
+    assert (sampling.frequency_penalty, sampling.presence_penalty) == (0.5, -1.0)
+    assert sampling.logit_bias == ((7, -100.0), (3, 2.5))
+    for bias, message in [({"x": 1}, "'x' is not a token id"), ({"1": 101}, "a bias runs from -100 to 100")]:
+        with pytest.raises(RequestError) as refused:
+            ChatRequest(messages=MESSAGES, logit_bias=bias).refused()
+        assert refused.value.param == "logit_bias" and message in refused.value.message
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1]), draft=None)
+    with pytest.raises(RequestError) as refused:
+        generation.read(CompletionRequest(prompt="hi", logit_bias={"100": 1}), session, GenerationRequest())
+    assert refused.value.message == "logit_bias: token ids run from 0 to 99"

@@ -43,6 +43,9 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     body.refused()
     tools = _Tools(body, session) if isinstance(body, ChatRequest) else None
     request = body.generation_request(defaults, tools.source() if tools is not None else None)
+    biased = [token for token, _ in request.sampling.logit_bias]
+    if biased and not 0 <= min(biased) <= max(biased) < session.target.n_vocab:
+        raise RequestError(f"logit_bias: token ids run from 0 to {session.target.n_vocab - 1}", "logit_bias")
     if request.draft is DraftKind.MODEL and session.draft is None:
         raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
     if isinstance(body, ChatRequest):

@@ -189,11 +189,11 @@ class _Generation(BaseModel):
     exact: Optional[bool] = None
     # Fields that change what is generated; `refused` says which specli cannot honour.
     n: Optional[int] = None
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id (as text) to a bias from -100 to 100
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     response_format: Optional[dict[str, Any]] = None
     # llama-server's constraints: a JSON schema, or a GBNF grammar.
     json_schema: Any = None  # an object (or its JSON text); Constraint.json_schema says what is wrong with it
@@ -227,15 +227,23 @@ class _Generation(BaseModel):
                 raise RequestError(f"{name} is not supported by specli serve", name)
         if self.n not in (None, 1):
             raise RequestError("n > 1 is not supported: one choice per request", "n")
-        if self.logit_bias:
-            raise RequestError("logit_bias is not supported", "logit_bias")
         if self.logprobs not in (None, False, 0):
             raise RequestError("logprobs are not supported", "logprobs")
         if self.top_logprobs:
             raise RequestError("top_logprobs are not supported", "top_logprobs")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
+        self.token_biases()
+
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, each checked (the ids' range against the
+        vocabulary is the generation's to check)."""
+        biases = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise RequestError(f"logit_bias: {key!r} is not a token id", "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise RequestError(f"logit_bias[{key}]: a bias runs from -100 to 100", "logit_bias")
+            biases.append((int(key), float(bias)))
+        return tuple(biases)
 
     def constraint_sources(self) -> list[ConstraintSource]:
         """The constraint sources the body gives, in order: response_format (json_object, with
@@ -294,8 +302,11 @@ class _Generation(BaseModel):
         """The generation this body asks for: its own fields over the server's defaults (its
         options), its constraint written from its sources (`tools` first: a chat's tools). No
         seed: a fresh one; no token limit: the server's (until the end)."""
-        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                                           "frequency_penalty", "presence_penalty")
                     if getattr(self, name) is not None}
+        if self.logit_bias:
+            sampling["logit_bias"] = self.token_biases()
         return replace(defaults,
                        max_tokens=self.token_limit or defaults.max_tokens,
                        sampling=replace(defaults.sampling, **sampling),
