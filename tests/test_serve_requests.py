@@ -40,7 +40,7 @@ def refused_param(request) -> str | None:
 @pytest.mark.parametrize("field, value", [
     ("reasoning_effort", "high"), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("ignore_eos", True), ("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
-    ("n_predict", 12), ("chat_template_kwargs", {"enable_thinking": False}),
+    ("n_predict", 12),
 ])
 def test_fields_other_servers_honour_are_refused_by_name(field, value):
     assert refused_param(ChatRequest(messages=MESSAGES, **{field: value})) == field
@@ -167,7 +167,7 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
 
 def tool_session(monkeypatch) -> SimpleNamespace:
     """A session whose target takes Hermes tool calls; its chat prompt is three tokens."""
-    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools: [1, 2, 3])
+    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: [1, 2, 3])
     target = SimpleNamespace(n_ctx=64, path=Path("m.gguf"), chat_template=lambda: HERMES.read_text(),
                              special_token=lambda name: None)
     return SimpleNamespace(target=target, draft=None)
@@ -323,3 +323,23 @@ def test_openais_penalties_and_logit_bias_reach_the_sampler(monkeypatch):
     with pytest.raises(RequestError) as refused:
         generation.read(CompletionRequest(prompt="hi", logit_bias={"100": 1}), session, GenerationRequest())
     assert refused.value.message == "logit_bias: token ids run from 0 to 99"
+
+
+def test_chat_template_kwargs_reach_the_template(monkeypatch):
+    """Qwen3's enable_thinking travels in chat_template_kwargs: false closes an empty think block."""
+    from specli.llama.template import render_jinja_template
+
+    qwen3 = (Path(__file__).parent / "data" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
+    seen = []
+    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: (
+        seen.append(variables) or [1, 2, 3]))
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64), draft=None)
+    generation.read(ChatRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}), session,
+                    GenerationRequest())
+    assert seen == [{"enable_thinking": False}]
+    thinking, not_thinking = (render_jinja_template(qwen3, MESSAGES, bos_token="", eos_token="", variables=variables)
+                              for variables in ({}, seen[0]))
+    assert not_thinking == thinking + "<think>\n\n</think>\n\n"
+    with pytest.raises(RequestError) as refused:
+        ChatRequest(messages=MESSAGES, chat_template_kwargs={"messages": []}).refused()
+    assert refused.value.param == "chat_template_kwargs" and "'messages' is the server's to set" in refused.value.message

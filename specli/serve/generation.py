@@ -49,7 +49,7 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     if request.draft is DraftKind.MODEL and session.draft is None:
         raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
     if isinstance(body, ChatRequest):
-        prompt = chat_tokens(session.target, body.conversation(), body.template_tools())
+        prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)
     else:
         prompt = _prompt_tokens(body, session)
     check_prompt_fits(len(prompt), session.target.n_ctx)

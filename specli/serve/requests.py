@@ -22,6 +22,7 @@ from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
+from specli.llama.template import TEMPLATE_VARIABLES
 
 
 class RequestError(ValueError):
@@ -131,7 +132,7 @@ class Prediction(BaseModel):
 # settings of a sampler that one of these switches on (mirostat_tau, dry_base, xtc_threshold...)
 # change nothing while it is off, so they are ignored like any other field.
 REFUSED_EXTRAS = {
-    "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options",
+    "reasoning_effort", "verbosity", "web_search_options",
     "ignore_eos", "n_predict", "n_probs", "mirostat", "typical_p", "top_n_sigma", "dynatemp_range",
     "dry_multiplier", "xtc_probability", "samplers", "penalty_last_n", "repeat_last_n", "logit_bias_eog",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
@@ -329,6 +330,7 @@ class ChatRequest(_Generation):
     function_call: Union[str, dict[str, Any], None] = None
     audio: Optional[dict[str, Any]] = None
     modalities: Optional[list[str]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # the template's own variables (enable_thinking)
 
     def refused(self) -> None:
         super().refused()
@@ -340,6 +342,9 @@ class ChatRequest(_Generation):
             raise RequestError("function_call is not supported (tool_choice is)", "function_call")
         if self.modalities and set(self.modalities) != {"text"}:
             raise RequestError("only the text modality is supported", "modalities")
+        taken = sorted(set(self.chat_template_kwargs or {}) & TEMPLATE_VARIABLES)
+        if taken:
+            raise RequestError(f"chat_template_kwargs: {taken[0]!r} is the server's to set", "chat_template_kwargs")
         self._check_tools()
 
     def _check_tools(self) -> None:
