@@ -6,21 +6,17 @@ Each test runs offline: openai-agents' tracing is off, and `loopback_only` fails
 connects anywhere but loopback (a client's telemetry, a tokenizer's download).
 """
 
-# ruff: noqa: F811
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
-from tests.test_serve import serving
+from helpers import HERMES, serving
 
 pytestmark = pytest.mark.slow  # real models, real processes
-
-HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
 
 
 class Weather(BaseModel):
