@@ -207,8 +207,8 @@ def test_openais_penalties_and_bias_keep_drafting_plain_decodings(settings, make
 
     def tokens(proposer, k: int, sampling: SamplingSettings) -> list[int]:
         request = GenerationRequest(max_tokens=50, sampling=sampling, seed=11)
-        return [t.id for t in run(Engine(FakeModel(seed=2, order=1, n_vocab=8), proposer, FixedDraftPolicy(k),
-                                         request), prompt)[0]]
+        return [t.id for t in generation(Engine(FakeModel(seed=2, order=1, n_vocab=8), proposer, FixedDraftPolicy(k),
+                                                request), prompt)[0]]
 
     plain = tokens(NoProposer(), 0, settings)
     assert plain != tokens(NoProposer(), 0, SamplingSettings(temperature=settings.temperature, top_k=settings.top_k))
