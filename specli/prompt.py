@@ -111,7 +111,8 @@ def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat:
     return chat_tokens(model, messages)
 
 
-def chat_tokens(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+def chat_tokens(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                variables: dict[str, Any] | None = None) -> list[int]:
     """A conversation through the model's chat template, ready for the assistant's turn
-    (`tools`: the functions it may call, in OpenAI's shape)."""
-    return model.tokenize(apply_chat_template(model, messages, tools), add_special=True, parse_special=True)
+    (`tools`: the functions it may call, in OpenAI's shape; `variables`: the template's own)."""
+    return model.tokenize(apply_chat_template(model, messages, tools, variables), add_special=True, parse_special=True)

@@ -135,3 +135,39 @@ def smol_tools(smollm_path):
     """SmolLM2 with the Hermes tool-calling template (tests/data/templates)."""
     with serving("--target", smollm_path, "--chat-template-file", HERMES) as server:
         yield server
+
+# --- the network ---------------------------------------------------------------
+
+
+@pytest.fixture
+def loopback_only(monkeypatch: pytest.MonkeyPatch):
+    """Fails the test if anything in this process connects outside loopback (a client's
+    telemetry, a tokenizer's download), even where the client swallows the error it gets."""
+    import ipaddress
+    import socket
+
+    attempts: list[object] = []
+    connect, connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def outside(address: object) -> bool:
+        if not isinstance(address, tuple):  # a Unix socket's path
+            return False
+        host = str(address[0])
+        try:
+            return not ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            return host != "localhost"
+
+    def guarded(method):
+        def call(self, address):
+            if outside(address):
+                attempts.append(address)
+                raise ConnectionRefusedError(f"the test connected outside loopback: {address}")
+            return method(self, address)
+
+        return call
+
+    monkeypatch.setattr(socket.socket, "connect", guarded(connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(connect_ex))
+    yield attempts
+    assert not attempts, f"connections outside loopback: {attempts}"

@@ -114,7 +114,7 @@ def serving(*args: object, env: dict | None = None):
                                text=True, env={**os.environ, **(env or {})})
     log: list[str] = []
     url = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a load at start: calibration shares the CPU
     while url is None and time.monotonic() < deadline:
         line = process.stderr.readline()
         if not line:

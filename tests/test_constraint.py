@@ -335,3 +335,32 @@ def test_an_integer_without_bounds_ends_within_the_safe_range(gemma_session):
     matcher = Matcher(gemma_session.vocabulary(), Constraint.json_schema(bounded))
     tokens = gemma_session.target.tokenize('{"n": 1' + "0" * 20, add_special=False)
     assert matcher.valid_prefix(tokens) == len(tokens), "a schema's own bound is left as it is"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schema, closed", [
+    ({"type": "object", "properties": {"name": {"type": "string"}}}, True),
+    ({"type": "object", "properties": {}}, True),  # a tool without parameters takes no argument
+    ({"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": True}, False),
+    ({"type": "object"}, False),  # JSON mode without a schema stays open
+    ({"type": "object", "properties": {"person": {"$ref": "#/$defs/P"}}, "required": ["person"],
+      "$defs": {"P": {"type": "object", "properties": {"name": {"type": "string"}}}}}, True),
+])
+def test_an_object_that_lists_properties_admits_no_other_key(gemma, schema, closed):
+    """As llama.cpp's schema grammars and OpenAI's strict mode read a schema: listed
+    `properties` without `additionalProperties` close the object, at every depth."""
+    listed = schema.get("properties") or {}
+    text = ('{"person": {"name": "A", "gender": "f"}}' if "person" in listed else
+            '{"name": "A", "gender": "f"}' if listed else '{"gender": "f"}')
+    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(schema))
+    tokens = gemma.target.tokenize(text, add_special=False)
+    assert (matcher.valid_prefix(tokens) == len(tokens)) is not closed, text
+
+
+def test_an_allof_member_does_not_close_its_object():
+    """allOf members list the properties their siblings do not: closing one would refuse the others' keys."""
+    from specli.decode.constraint import _prepared
+
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                        {"type": "object", "properties": {"b": {"type": "string"}}}]}
+    assert all("additionalProperties" not in member for member in _prepared(schema)["allOf"])

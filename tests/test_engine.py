@@ -187,3 +187,30 @@ def test_the_repeat_penalty_sees_draft_tokens_kept_earlier_in_the_same_step(make
     assert [t.id for t in tokens] == expected
     assert expected != plain_greedy(FakeModel(seed=2, order=1, n_vocab=8), prompt, 50), "the penalty changed the text"
     assert engine.stats.accepted > 0
+
+
+OPENAI_PENALTIES = [
+    SamplingSettings(frequency_penalty=1.5),
+    SamplingSettings(presence_penalty=2.0),
+    SamplingSettings(logit_bias=((3, 4.0), (5, -100.0))),
+    SamplingSettings(temperature=0.8, top_k=40, frequency_penalty=1.0, presence_penalty=0.5, logit_bias=((2, 1.5),)),
+]
+
+
+@pytest.mark.parametrize("settings", OPENAI_PENALTIES)
+@pytest.mark.parametrize("make_proposer", [NGramProposer, lambda: draft_proposer(0.3)])
+def test_openais_penalties_and_bias_keep_drafting_plain_decodings(settings, make_proposer):
+    """frequency_penalty, presence_penalty and logit_bias change every verified row for the
+    output before it (draft tokens of the same step included): greedy and seeded, drafting
+    writes plain decoding's text, which the settings changed."""
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+
+    def tokens(proposer, k: int, sampling: SamplingSettings) -> list[int]:
+        request = GenerationRequest(max_tokens=50, sampling=sampling, seed=11)
+        return [t.id for t in generation(Engine(FakeModel(seed=2, order=1, n_vocab=8), proposer, FixedDraftPolicy(k),
+                                                request), prompt)[0]]
+
+    plain = tokens(NoProposer(), 0, settings)
+    assert plain != tokens(NoProposer(), 0, SamplingSettings(temperature=settings.temperature, top_k=settings.top_k))
+    for k in (1, 4, 12):
+        assert tokens(make_proposer(), k, settings) == plain, k

@@ -67,3 +67,16 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits(
     assert out.tolist() == [4.0, -2.0, 1.5, 2.0, -4.0]
     assert row.tolist() == [4.0, -1.0, 3.0, 2.0, -2.0], "the row itself is untouched"
     assert SamplingSettings().penalise(row, [0, 1]) is row
+
+
+def test_openais_penalties_count_the_output_and_the_bias_adds():
+    """OpenAI's definitions: logit less frequency_penalty times the token's count in the
+    output, less presence_penalty once it is there; logit_bias added. The prompt (context
+    before the output) is not counted."""
+    settings = SamplingSettings(frequency_penalty=0.5, presence_penalty=1.0, logit_bias=((4, -100.0), (0, 2.0)))
+    row = np.array([4.0, -1.0, 3.0, 2.0, -2.0], dtype=np.float32)
+    out = settings.penalise(row, [3, 3, 1, 2, 2], output=[1, 2, 2])
+    assert out.tolist() == [6.0, -2.5, 1.0, 2.0, -102.0]
+    assert row.tolist() == [4.0, -1.0, 3.0, 2.0, -2.0], "the row itself is untouched"
+    assert SamplingSettings(presence_penalty=1.0).penalise(row, [1, 2]).tolist() == row.tolist(), "no output yet"
+    assert not SamplingSettings().penalises and SamplingSettings(logit_bias=((1, 1.0),)).penalises

@@ -138,7 +138,7 @@ SMOL_REQUESTS = {
         {"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}}}]}),
     "chat_bad_field": ("POST", "/v1/chat/completions", {"messages": ASK, "temperature": "0.5"}),
-    "chat_refused_field": ("POST", "/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": {}}),
+    "chat_refused_field": ("POST", "/v1/chat/completions", {"messages": ASK, "reasoning_effort": "high"}),
     "chat_no_key": ("POST", "/v1/chat/completions", {"messages": ASK, "max_tokens": 4}),
     "models_chat": ("GET", "/v1/models", None),
 }

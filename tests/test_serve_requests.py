@@ -40,7 +40,7 @@ def refused_param(request) -> str | None:
 @pytest.mark.parametrize("field, value", [
     ("reasoning_effort", "high"), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("ignore_eos", True), ("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
-    ("n_predict", 12), ("chat_template_kwargs", {"enable_thinking": False}),
+    ("n_predict", 12),
 ])
 def test_fields_other_servers_honour_are_refused_by_name(field, value):
     assert refused_param(ChatRequest(messages=MESSAGES, **{field: value})) == field
@@ -167,7 +167,7 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
 
 def tool_session(monkeypatch) -> SimpleNamespace:
     """A session whose target takes Hermes tool calls; its chat prompt is three tokens."""
-    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools: [1, 2, 3])
+    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: [1, 2, 3])
     target = SimpleNamespace(n_ctx=64, path=Path("m.gguf"), chat_template=lambda: HERMES.read_text(),
                              special_token=lambda name: None)
     return SimpleNamespace(target=target, draft=None)
@@ -188,10 +188,8 @@ def test_the_request_builder_writes_the_tools_constraint_and_checks_the_body_onc
 
 
 @pytest.mark.parametrize("fields, param, message", [
-    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools",
-     "give tools or a response format (json_schema, grammar), not both"),
-    ({"tools": TOOLS, "response_format": {"type": "text"}}, "tools", "not both"),
-    ({"tools": TOOLS, "grammar": 'root ::= "a"'}, "tools", "not both"),
+    ({"tools": TOOLS, "grammar": 'root ::= "a"'}, "grammar",
+     "tools do not combine with grammar (a grammar); a JSON schema or json_object response format does"),
     ({"response_format": {"type": "json_object"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "json_schema",
      "give one of response_format, json_schema, grammar, not several"),
     ({"response_format": {"type": "text"}, "json_schema": {}, "grammar": 'root ::= "a"'}, "grammar",
@@ -203,6 +201,53 @@ def test_sources_that_do_not_combine_are_refused_in_one_message(monkeypatch, fie
     assert refused.value.name == param and message in refused.value.message
     answer = api_error(refused.value)
     assert (answer.status, answer.body.param) == (400, param)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize("fields, calls, answer", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}}, True, True),
+    ({"response_format": {"type": "json_object"}}, True, True),
+    ({"response_format": {"type": "json_object", "schema": WEATHER}}, True, True),  # llama-server's form
+    ({"json_schema": WEATHER}, True, True),
+    ({"response_format": {"type": "text"}}, True, False),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "none"}, False, True),
+    ({"response_format": {"type": "text"}, "tool_choice": "none"}, False, False),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, True, False),
+])
+def test_tools_combine_with_a_typed_answer(monkeypatch, fields, calls, answer):
+    """Tools beside a JSON response format: "auto" answers with calls or that JSON from the
+    first token; "none" with the JSON alone; "required" with calls only; "text" adds nothing."""
+    asked = generation.read(ChatRequest(messages=MESSAGES, tools=TOOLS, **fields), tool_session(monkeypatch),
+                            GenerationRequest())
+    constraint = asked.job.request.constraint
+    if not calls:
+        assert (constraint is not None) is answer and asked.plan is None
+        return
+    assert constraint.kind == "grammar" and "read_file" in constraint.source
+    assert ("%json" in constraint.source.split("start:")[1]) is answer, constraint.source
+    assert ("[lazy]" in constraint.source) is (fields.get("tool_choice") is None and not answer)
+    if "schema" in str(fields):
+        assert '"city"' in constraint.source, "the answer's schema, not any JSON"
+
+
+def test_a_json_object_response_format_honours_llama_servers_schema():
+    request = ChatRequest(messages=MESSAGES, response_format={"type": "json_object", "schema": WEATHER})
+    constraint = request.generation_request(GenerationRequest()).constraint
+    assert constraint.kind == "json_schema" and json.loads(constraint.source) == WEATHER
+
+
+def test_a_named_tool_choice_writes_exactly_one_call(monkeypatch):
+    """OpenAI's named tool_choice is one call; "required" keeps parallel calls unless told not to."""
+    def grammar(**fields):
+        body = ChatRequest(messages=MESSAGES, tools=TOOLS, **fields)
+        return generation.read(body, tool_session(monkeypatch), GenerationRequest()).job.request.constraint.source
+
+    name = TOOLS[0]["function"]["name"]
+    assert "call)*" not in grammar(tool_choice={"type": "function", "function": {"name": name}})
+    assert "call)*" in grammar(tool_choice="required")
+    assert "call)*" not in grammar(tool_choice="required", parallel_tool_calls=False)
 
 
 def test_a_text_response_format_combines_with_a_schema_or_a_grammar():
@@ -231,3 +276,70 @@ def test_the_error_table_answers_the_workers_refusals_and_leaves_bugs_alone():
     assert (failed.status, failed.body.message) == (500, "internal error: RuntimeError: boom")
     with pytest.raises(KeyError):
         api_error(KeyError("a bug"))
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"tool_choice": {"type": "function"}, "tools": TOOLS}, "tool_choice.function", "tool_choice.function: Field required"),
+    ({"tool_choice": "any", "tools": TOOLS}, "tool_choice", "Input should be 'none', 'auto' or 'required'"),
+    ({"stop": 3}, "stop", "stop: Input should be a valid string"),
+    ({"audio": {"voice": "alloy"}}, "audio", "audio is not supported: specli serves text only"),
+    ({"functions": [{"name": "f"}]}, "functions", "functions are not supported (tools are)"),
+])
+def test_every_400_names_the_field_as_sent_and_logs_its_reason_in_one_line(body, param, message):
+    """No union member's name in a param, no plural for audio, and the reason on the server's
+    stderr, not only in the body."""
+    log = io.StringIO()
+    info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(), 0)
+    with TestClient(create_app(FailingOnceWorker(), info, log)) as client:
+        answer = client.post("/v1/chat/completions", json={"messages": MESSAGES, **body})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == param and message in error["message"], error
+    assert log.getvalue().splitlines() == [f"specli: POST /v1/chat/completions 400 | {error['message']}"]
+
+
+def test_template_errors_give_the_servers_remedies_not_the_clis():
+    from specli.errors import PromptError
+    from specli.llama.template import NO_CHAT_HINT
+    from specli.tools.plan import ToolsUnsupported, tool_format
+
+    answer = api_error(PromptError("m.gguf has no chat template", NO_CHAT_HINT))
+    assert "--no-chat" not in answer.body.message and "--chat-template-file" in answer.body.message
+    with pytest.raises(ToolsUnsupported) as refused:
+        tool_format(None, "m.gguf")
+    assert refused.value.message == "m.gguf has no chat template", "not a template that takes no tools"
+    assert "takes no tools" in str(pytest.raises(ToolsUnsupported, tool_format, "{{ messages }}", "m.gguf").value)
+
+
+def test_openais_penalties_and_logit_bias_reach_the_sampler(monkeypatch):
+    body = ChatRequest(messages=MESSAGES, frequency_penalty=0.5, presence_penalty=-1.0, logit_bias={"7": -100, "3": 2.5})
+    sampling = body.generation_request(GenerationRequest()).sampling
+    assert (sampling.frequency_penalty, sampling.presence_penalty) == (0.5, -1.0)
+    assert sampling.logit_bias == ((7, -100.0), (3, 2.5))
+    for bias, message in [({"x": 1}, "'x' is not a token id"), ({"1": 101}, "a bias runs from -100 to 100")]:
+        with pytest.raises(RequestError) as refused:
+            ChatRequest(messages=MESSAGES, logit_bias=bias).refused()
+        assert refused.value.param == "logit_bias" and message in refused.value.message
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1]), draft=None)
+    with pytest.raises(RequestError) as refused:
+        generation.read(CompletionRequest(prompt="hi", logit_bias={"100": 1}), session, GenerationRequest())
+    assert refused.value.message == "logit_bias: token ids run from 0 to 99"
+
+
+def test_chat_template_kwargs_reach_the_template(monkeypatch):
+    """Qwen3's enable_thinking travels in chat_template_kwargs: false closes an empty think block."""
+    from specli.llama.template import render_jinja_template
+
+    qwen3 = (Path(__file__).parent / "data" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
+    seen = []
+    monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: (
+        seen.append(variables) or [1, 2, 3]))
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64), draft=None)
+    generation.read(ChatRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}), session,
+                    GenerationRequest())
+    assert seen == [{"enable_thinking": False}]
+    thinking, not_thinking = (render_jinja_template(qwen3, MESSAGES, bos_token="", eos_token="", variables=variables)
+                              for variables in ({}, seen[0]))
+    assert not_thinking == thinking + "<think>\n\n</think>\n\n"
+    with pytest.raises(RequestError) as refused:
+        ChatRequest(messages=MESSAGES, chat_template_kwargs={"messages": []}).refused()
+    assert refused.value.param == "chat_template_kwargs" and "'messages' is the server's to set" in refused.value.message

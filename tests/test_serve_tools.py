@@ -221,7 +221,7 @@ def test_bad_tool_requests_are_400s_that_name_the_field(smol_tools):
     orphan = error({"messages": ASK + [{"role": "tool", "tool_call_id": "call_9", "content": "x"}], "tools": TOOLS})
     assert orphan["param"] == "messages[1].tool_call_id"
     assert error({"tool_choice": "required"})["param"] == "tool_choice"
-    assert error({"tools": TOOLS, "response_format": {"type": "json_object"}})["param"] == "tools"
+    assert error({"tools": TOOLS, "grammar": 'root ::= "a"'})["param"] == "grammar"
     history = [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "not json"}}]}]
     assert error({"messages": ASK + history, "tools": TOOLS})["param"] == "messages[1].tool_calls[0].function.arguments"

@@ -95,6 +95,11 @@ class Constraint:
         return cls("grammar", text, grammar)
 
 
+    def lark_part(self) -> str:
+        """A JSON schema constraint as part of a Lark grammar (what calls stand beside)."""
+        assert self.kind == "json_schema", "only a JSON schema is written into another grammar"
+        return json_lark(json.loads(self.source))
+
     @classmethod
     def lark(cls, text: str, where: str = "grammar") -> Constraint:
         """A grammar in llguidance's Lark (what tool calls are constrained by)."""
@@ -110,8 +115,8 @@ class Constraint:
 
 def json_lark(schema: dict) -> str:
     """A schema as part of a Lark grammar (`%json {...}`), written as a JSON schema constraint
-    writes it: JSON_OPTIONS' separators, and integers held to SAFE_INTEGER."""
-    return "%json " + json.dumps({**_bounded(schema), "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+    writes it: JSON_OPTIONS' separators, objects closed and integers bounded (`_prepared`)."""
+    return "%json " + json.dumps({**_prepared(schema), "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
 
 
 # An integer without bounds is held to JSON's safe range, the integers a double holds exactly
@@ -120,18 +125,41 @@ def json_lark(schema: dict) -> str:
 SAFE_INTEGER = 2**53 - 1
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
+# Where a schema holds subschemas (JSON Schema 2020-12 and draft 7): one under the key, a list
+# of them, or a map of names to them. Every other key's value (const, enum, default...) is data.
+_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
+        "contains", "propertyNames", "not", "if", "then", "else")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
 
 def _compile_schema(schema: dict) -> str:
-    return LLMatcher.grammar_from_json_schema(_bounded(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    return LLMatcher.grammar_from_json_schema(_prepared(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
 
 
-def _bounded(node: Any) -> Any:
-    """A copy of the schema with SAFE_INTEGER's bounds on every integer that has none."""
-    if isinstance(node, list):
-        return [_bounded(item) for item in node]
+def _prepared(schema: dict) -> dict:
+    """A copy of the schema as llama.cpp's schema grammars read it: an object that lists
+    `properties` without saying `additionalProperties` admits no other key (as OpenAI's
+    strict mode requires; `{"type": "object"}` alone stays open), and an integer without
+    bounds is held to SAFE_INTEGER's."""
+    return _subschemas(schema, closed=True)
+
+
+def _subschemas(node: Any, closed: bool) -> Any:
+    """_prepared's copy of one schema node; `closed`: whether its listed properties close it
+    (not for an allOf member, whose siblings may list the other keys)."""
     if not isinstance(node, dict):
         return node
-    copy = {key: _bounded(value) for key, value in node.items()}
+    copy = dict(node)
+    for key, value in node.items():
+        if key in _ONE and isinstance(value, dict):
+            copy[key] = _subschemas(value, True)
+        elif key in _LIST and isinstance(value, list):
+            copy[key] = [_subschemas(item, key != "allOf") for item in value]
+        elif key in _MAP and isinstance(value, dict):
+            copy[key] = {name: _subschemas(item, True) for name, item in value.items()}
+    if closed and isinstance(copy.get("properties"), dict) and "additionalProperties" not in copy:
+        copy["additionalProperties"] = False
     kind = copy.get("type")
     if (kind == "integer" or isinstance(kind, list) and "integer" in kind) and not any(b in copy for b in _BOUNDS):
         copy["minimum"], copy["maximum"] = -SAFE_INTEGER, SAFE_INTEGER

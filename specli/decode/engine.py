@@ -363,7 +363,7 @@ class Engine:
         logits rows (penalised for the text before them, warped when sampling)."""
         if self._on_device:
             return verify_greedy_tokens(draft, rows)
-        logits = _Rows(rows, self.sampling, tokens, draft)
+        logits = _Rows(rows, self.sampling, tokens, draft, self.stats.prompt_tokens)
         if self.matcher is not None:
             return self._verify_constrained(logits, len(tokens), draft)
         if self.sampling.greedy:
@@ -382,12 +382,14 @@ class Engine:
 
 
 class _Rows(Sequence[np.ndarray]):
-    """A verify batch's logits rows, row i with the repetition penalty for the text before
-    its position (the committed tokens, then draft[:i], kept if row i is read at all).
-    Rows after a rejection are never touched."""
+    """A verify batch's logits rows, row i with the penalties for the text before its position
+    (the committed tokens, then draft[:i], kept if row i is read at all; the output is that
+    text from `prompt_tokens` on). Rows after a rejection are never touched."""
 
-    def __init__(self, logits: np.ndarray, sampling: SamplingSettings, tokens: list[int], draft: list[int]) -> None:
+    def __init__(self, logits: np.ndarray, sampling: SamplingSettings, tokens: list[int], draft: list[int],
+                 prompt_tokens: int) -> None:
         self._logits, self._sampling, self._tokens, self._draft = logits, sampling, tokens, draft
+        self._prompt_tokens = prompt_tokens
 
     def __len__(self) -> int:
         return self._logits.shape[0]
@@ -396,7 +398,8 @@ class _Rows(Sequence[np.ndarray]):
         if not self._sampling.penalises:
             return self._logits[i]
         context = self._tokens[-self._sampling.repeat_last_n :] + self._draft[:i]
-        return self._sampling.penalise(self._logits[i], context)
+        output = self._tokens[self._prompt_tokens :] + self._draft[:i]
+        return self._sampling.penalise(self._logits[i], context, output)
 
 
 class _WarpedRows(Sequence[Distribution]):

@@ -46,6 +46,11 @@ class SamplingSettings:
     min_p: float = 0.0  # 0.0: off
     repeat_penalty: float = 1.0  # 1.0: off
     repeat_last_n: int = 64  # how many of the latest tokens the penalty looks at
+    # OpenAI's, over the output so far (not the prompt): a token's logit less frequency_penalty
+    # times its count, and presence_penalty once it is there; logit_bias adds to a token's logit.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     @property
     def greedy(self) -> bool:
@@ -53,25 +58,33 @@ class SamplingSettings:
 
     @property
     def penalises(self) -> bool:
-        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+        """Whether a row is changed before it is read (for the tokens before it, or by a bias)."""
+        return (self.repeat_penalty != 1.0 and self.repeat_last_n > 0) or bool(self.logit_bias) \
+            or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def pure_greedy(self) -> bool:
         """Greedy with no repetition penalty: a row's token is its argmax, whatever came before."""
         return self.greedy and not self.penalises
 
-    def penalise(self, row: np.ndarray, context: Sequence[int]) -> np.ndarray:
-        """The row with llama.cpp's repetition penalty applied for the tokens among the last
-        repeat_last_n of `context` (the sequence before the row's position): a positive
-        logit is divided by the penalty, a negative one multiplied. The row itself is untouched."""
+    def penalise(self, row: np.ndarray, context: Sequence[int], output: Sequence[int] = ()) -> np.ndarray:
+        """The row with the penalties applied for the sequence before its position: llama.cpp's
+        repetition penalty for the tokens among the last repeat_last_n of `context` (a positive
+        logit divided by it, a negative one multiplied), then OpenAI's logit_bias, frequency
+        and presence penalties for `output` (the generated part of it). The row itself is untouched."""
         if not self.penalises:
             return row
-        recent = np.unique(np.asarray(context[-self.repeat_last_n :], dtype=np.int64))
-        if recent.size == 0:
-            return row
         out = np.array(row, dtype=np.float32, copy=True)
-        values = out[recent]
-        out[recent] = np.where(values > 0, values / self.repeat_penalty, values * self.repeat_penalty)
+        recent = np.unique(np.asarray(context[-self.repeat_last_n :] if self.repeat_last_n > 0 else [], dtype=np.int64))
+        if self.repeat_penalty != 1.0 and recent.size:
+            values = out[recent]
+            out[recent] = np.where(values > 0, values / self.repeat_penalty, values * self.repeat_penalty)
+        if self.logit_bias:
+            ids, bias = zip(*self.logit_bias)
+            out[np.asarray(ids, dtype=np.int64)] += np.asarray(bias, dtype=np.float32)
+        if len(output) and (self.frequency_penalty or self.presence_penalty):
+            ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+            out[ids] -= (counts * self.frequency_penalty + self.presence_penalty).astype(np.float32)
         return out
 
     @classmethod

@@ -19,24 +19,32 @@ if TYPE_CHECKING:
 NO_CHAT_HINT = "use --no-chat to send the prompt as is"
 
 
-def apply_chat_template(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+# The variables a chat template is rendered with: a request's own template variables
+# (chat_template_kwargs) may not replace them.
+TEMPLATE_VARIABLES = frozenset({"messages", "eos_token", "bos_token", "raise_exception", "add_generation_prompt",
+                                "functions", "function_call", "tools", "tool_choice", "strftime_now"})
+
+
+def apply_chat_template(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                        variables: dict[str, Any] | None = None) -> str:
     """Format messages with the model's own template, ready for the assistant's turn.
 
     llama.cpp's built-in copy of the template is used where it recognises it, for text
-    messages without tools; any other conversation is rendered from the template's Jinja
-    source, with `tools` in its `tools` variable (as Transformers' apply_chat_template does).
+    messages without tools or other `variables`; any other conversation is rendered from the
+    template's Jinja source, with `tools` in its `tools` variable and `variables` beside
+    (Qwen3's `enable_thinking`), as Transformers' apply_chat_template does.
     """
     template = model.chat_template()
     if template is None:
         raise PromptError(f"{model.path.name} has no chat template", NO_CHAT_HINT)
-    plain = not tools and all(set(m) <= {"role", "content"} and isinstance(m["content"], str) for m in messages)
+    plain = not tools and not variables and all(set(m) <= {"role", "content"} and isinstance(m["content"], str) for m in messages)
     formatted = model.apply_builtin_chat_template(messages) if plain else None
     if formatted is not None:
         return formatted
     bos = _special_text(model, model.bos)
     try:
         prompt = render_jinja_template(template, messages, bos_token=bos, eos_token=_special_text(model, model.eos),
-                                       tools=tools)
+                                       tools=tools, variables=variables)
     except (jinja2.TemplateError, ValueError, TypeError) as error:
         raise PromptError(f"the chat template of {model.path.name} failed: {error}", NO_CHAT_HINT) from None
     # The BOS token is added by tokenization; a template that writes it would double it.
@@ -96,9 +104,12 @@ def check_jinja_template(template: str, what: str) -> None:
 
 
 def render_jinja_template(template: str, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str,
-                          tools: list[dict] | None = None) -> str:
-    """The template's text for `messages`, ending with the assistant's turn opened."""
+                          tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> str:
+    """The template's text for `messages`, ending with the assistant's turn opened; `variables`:
+    more of the template's own (none of TEMPLATE_VARIABLES)."""
+    assert not set(variables or {}) & TEMPLATE_VARIABLES, "the renderer's variables are its own"
     return _environment().from_string(template).render(
+        **(variables or {}),
         messages=messages,
         eos_token=eos_token,
         bos_token=bos_token,

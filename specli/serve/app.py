@@ -59,8 +59,7 @@ def _answer_errors(app: FastAPI, log: IO[str]) -> None:
 
     async def answer(request: Request, error: Exception) -> JSONResponse:
         answer = api_error(error, request.url.path)
-        RequestLog(log, request.method, request.url.path).line(
-            answer.status, note=answer.body.message if answer.status == CLIENT_LEFT else "")
+        RequestLog(log, request.method, request.url.path).line(answer.status, note=answer.body.message)
         return error_response(answer)
 
     for kind, _ in ERRORS:

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specli.decode.constraint_sources import SourceConflict
 from specli.decode.engine import ContextLengthError
 from specli.errors import PromptError, SpecliError
+from specli.llama.template import NO_CHAT_HINT
 from specli.serve.requests import RequestError
 from specli.serve.responses import ErrorBody, ErrorResponse
 from specli.serve.worker import Busy, Closing, Gone
@@ -41,13 +42,27 @@ class GenerationFailed(Exception):
         self.error = error
 
 
+# pydantic names a union's member in an error's place ("NamedToolChoice", "literal['none',...]",
+# "list[TextPart]", "str"): not a field of the body.
+_MEMBER_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
+
+
+def _field_path(location: tuple) -> str | None:
+    """An error's place in the body as the client wrote it: fields and indices, no union members."""
+    where = [str(part) for part in location[1:] if isinstance(part, int) or not (
+        part[:1].isupper() or "[" in part or part in _MEMBER_TAGS)]
+    return ".".join(where) or None
+
+
 def _invalid(error: RequestValidationError, path: str) -> ApiError:
-    """pydantic's first complaint about the body, naming the field."""
-    first = error.errors()[0] if error.errors() else {}
-    where = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(where) or None
-    if first.get("type") == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    """pydantic's complaint about the body, naming the field: of a union's members, the one
+    the body got furthest into (an object given for tool_choice: its missing `function`)."""
+    errors = error.errors()
+    unreadable = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if unreadable is not None:
+        return ApiError(400, f"the body is not valid JSON: {unreadable.get('ctx', {}).get('error', unreadable.get('msg'))}")
+    first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
+    param = _field_path(tuple(first.get("loc", ())))
     message = f"{param}: {first.get('msg', 'invalid')}" if param else str(first.get("msg", "invalid request"))
     return ApiError(400, message, param=param)
 
@@ -65,8 +80,12 @@ def _failed(error: GenerationFailed, path: str) -> ApiError:
 
 
 def _prompt(error: PromptError, path: str) -> ApiError:
-    """No chat template, or a template that fails."""
-    return ApiError(400, error.message + (f" ({error.hint})" if error.hint else ""), param="messages")
+    """No chat template, or a template that fails: the server's remedies, not the CLI's."""
+    hint = SERVE_TEMPLATE_HINT if error.hint == NO_CHAT_HINT else error.hint
+    return ApiError(400, error.message + (f" ({hint})" if hint else ""), param="messages")
+
+
+SERVE_TEMPLATE_HINT = "start specli serve with --chat-template-file FILE, or send the prompt as is to /v1/completions"
 
 
 # (exception type, its ApiError given the request's path), the first match wins. A type not

@@ -43,10 +43,13 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     body.refused()
     tools = _Tools(body, session) if isinstance(body, ChatRequest) else None
     request = body.generation_request(defaults, tools.source() if tools is not None else None)
+    biased = [token for token, _ in request.sampling.logit_bias]
+    if biased and not 0 <= min(biased) <= max(biased) < session.target.n_vocab:
+        raise RequestError(f"logit_bias: token ids run from 0 to {session.target.n_vocab - 1}", "logit_bias")
     if request.draft is DraftKind.MODEL and session.draft is None:
         raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
     if isinstance(body, ChatRequest):
-        prompt = chat_tokens(session.target, body.conversation(), body.template_tools())
+        prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)
     else:
         prompt = _prompt_tokens(body, session)
     check_prompt_fits(len(prompt), session.target.n_ctx)
@@ -66,14 +69,15 @@ class _Tools:
             return None
         return ConstraintSource("tools", SourceKind.TOOLS, for_field("tools", self._constraint))
 
-    def _constraint(self) -> Constraint | None:
+    def _constraint(self, answer: Constraint | None) -> Constraint | None:
+        """The calls' constraint beside the `answer`'s (a response format's JSON schema, or None)."""
         if self.body.choice == "none":
-            return None
+            return answer
         target = self.session.target
         functions = self.body.functions_called()
         format = tool_format(target.chat_template(), target.path.name)
         self.plan = ToolPlan(format, functions, self.body.choice, parallel=self.body.parallel_tool_calls is not False)
-        return self.plan.constraint(target.special_token)
+        return self.plan.constraint(target.special_token, answer)
 
 
 def _prompt_tokens(body: CompletionRequest, session: Session) -> list[int]:

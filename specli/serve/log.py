@@ -24,6 +24,6 @@ class RequestLog:
             if stats.drafted:
                 parts.append(f"accepted {stats.accepted}/{stats.drafted} ({100 * stats.acceptance_rate:.0f}%)")
         if note:
-            parts.append(note)
+            parts.append(" ".join(note.split()))  # one line, whatever the message held
         self.out.write(" | ".join(parts) + "\n")
         self.out.flush()

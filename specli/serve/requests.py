@@ -22,6 +22,7 @@ from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
+from specli.llama.template import TEMPLATE_VARIABLES
 
 
 class RequestError(ValueError):
@@ -131,7 +132,7 @@ class Prediction(BaseModel):
 # settings of a sampler that one of these switches on (mirostat_tau, dry_base, xtc_threshold...)
 # change nothing while it is off, so they are ignored like any other field.
 REFUSED_EXTRAS = {
-    "reasoning_effort", "verbosity", "chat_template_kwargs", "web_search_options",
+    "reasoning_effort", "verbosity", "web_search_options",
     "ignore_eos", "n_predict", "n_probs", "mirostat", "typical_p", "top_n_sigma", "dynatemp_range",
     "dry_multiplier", "xtc_probability", "samplers", "penalty_last_n", "repeat_last_n", "logit_bias_eog",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "min_tokens",
@@ -189,11 +190,11 @@ class _Generation(BaseModel):
     exact: Optional[bool] = None
     # Fields that change what is generated; `refused` says which specli cannot honour.
     n: Optional[int] = None
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id (as text) to a bias from -100 to 100
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     response_format: Optional[dict[str, Any]] = None
     # llama-server's constraints: a JSON schema, or a GBNF grammar.
     json_schema: Any = None  # an object (or its JSON text); Constraint.json_schema says what is wrong with it
@@ -227,26 +228,39 @@ class _Generation(BaseModel):
                 raise RequestError(f"{name} is not supported by specli serve", name)
         if self.n not in (None, 1):
             raise RequestError("n > 1 is not supported: one choice per request", "n")
-        if self.logit_bias:
-            raise RequestError("logit_bias is not supported", "logit_bias")
         if self.logprobs not in (None, False, 0):
             raise RequestError("logprobs are not supported", "logprobs")
         if self.top_logprobs:
             raise RequestError("top_logprobs are not supported", "top_logprobs")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise RequestError(f"{name} is not supported (repeat_penalty is)", name)
+        self.token_biases()
+
+    def token_biases(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, each checked (the ids' range against the
+        vocabulary is the generation's to check)."""
+        biases = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise RequestError(f"logit_bias: {key!r} is not a token id", "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise RequestError(f"logit_bias[{key}]: a bias runs from -100 to 100", "logit_bias")
+            biases.append((int(key), float(bias)))
+        return tuple(biases)
 
     def constraint_sources(self) -> list[ConstraintSource]:
-        """The constraint sources the body gives, in order: response_format (json_object, or
-        json_schema with its `schema`; "text" constrains nothing), then llama-server's
-        json_schema and grammar. Nothing is read until a source is made."""
+        """The constraint sources the body gives, in order: response_format (json_object, with
+        llama-server's `schema` or without; json_schema with its `schema`; "text" constrains
+        nothing), then llama-server's json_schema and grammar. Nothing is read until a source
+        is made."""
         sources = []
         if self.response_format:
             kind = self.response_format.get("type", "text")
             if kind == "json_schema":
                 sources.append(ConstraintSource(RESPONSE_SCHEMA, SourceKind.JSON,
                                                 for_field(RESPONSE_SCHEMA, self._response_schema)))
+            elif kind == "json_object" and "schema" in self.response_format:  # llama-server's form
+                sources.append(ConstraintSource("response_format.schema", SourceKind.JSON, for_field(
+                    "response_format.schema", lambda: Constraint.json_schema(
+                        (self.response_format or {})["schema"], "response_format.schema"))))
             elif kind == "json_object":
                 sources.append(ConstraintSource("response_format", SourceKind.JSON, Constraint.json_object))
             else:
@@ -289,8 +303,11 @@ class _Generation(BaseModel):
         """The generation this body asks for: its own fields over the server's defaults (its
         options), its constraint written from its sources (`tools` first: a chat's tools). No
         seed: a fresh one; no token limit: the server's (until the end)."""
-        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                                           "frequency_penalty", "presence_penalty")
                     if getattr(self, name) is not None}
+        if self.logit_bias:
+            sampling["logit_bias"] = self.token_biases()
         return replace(defaults,
                        max_tokens=self.token_limit or defaults.max_tokens,
                        sampling=replace(defaults.sampling, **sampling),
@@ -313,16 +330,21 @@ class ChatRequest(_Generation):
     function_call: Union[str, dict[str, Any], None] = None
     audio: Optional[dict[str, Any]] = None
     modalities: Optional[list[str]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # the template's own variables (enable_thinking)
 
     def refused(self) -> None:
         super().refused()
-        for name in ("functions", "audio"):
-            if getattr(self, name):
-                raise RequestError(f"{name} are not supported (tools are)", name)
+        if self.functions:
+            raise RequestError("functions are not supported (tools are)", "functions")
+        if self.audio:
+            raise RequestError("audio is not supported: specli serves text only", "audio")
         if self.function_call not in (None, "none", "auto"):
             raise RequestError("function_call is not supported (tool_choice is)", "function_call")
         if self.modalities and set(self.modalities) != {"text"}:
             raise RequestError("only the text modality is supported", "modalities")
+        taken = sorted(set(self.chat_template_kwargs or {}) & TEMPLATE_VARIABLES)
+        if taken:
+            raise RequestError(f"chat_template_kwargs: {taken[0]!r} is the server's to set", "chat_template_kwargs")
         self._check_tools()
 
     def _check_tools(self) -> None:
@@ -411,12 +433,12 @@ def _text_format(kind: Any) -> None:
                            "response_format.type")
 
 
-def for_field(field: str, make: Callable[[], Constraint | None]) -> Callable[[], Constraint | None]:
+def for_field(field: str, make: Callable[..., Constraint | None]) -> Callable[..., Constraint | None]:
     """`make`, with a schema or grammar it cannot use answered as a RequestError naming the field."""
 
-    def made() -> Constraint | None:
+    def made(*answer: Constraint | None) -> Constraint | None:
         try:
-            return make()
+            return make(*answer)
         except ConstraintError as error:
             raise RequestError(error.message, field) from None
 

@@ -175,7 +175,7 @@ class EventStream:
         error = self.started.future.exception()
         if error is not None:
             answer = api_error(GenerationFailed(error))
-            self.log.line(answer.status)
+            self.log.line(answer.status, note=answer.body.message)
             return [event(ErrorResponse(error=answer.body).model_dump()), DONE]
         stats = self.started.future.result().stats
         if stats.finish_reason == "cancelled":  # the server is shutting down (a client that left reads nothing)

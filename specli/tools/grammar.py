@@ -5,6 +5,8 @@
 - "auto": free text, until the text opens a call (the format's trigger); from there the call
   is constrained as above. This is llguidance's lazy lexeme, as llama.cpp's lazy grammars do:
   even a small model then writes calls that parse.
+- "auto" beside a typed answer (a response format's JSON schema): calls as above, or that
+  answer, from the first token.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def _without_trigger(pieces: list[Piece], trigger: str | Special) -> list[Piece]
 
 
 def tool_grammar(format: ToolFormat, tools: list[tuple[str, dict]], *, lazy: bool, parallel: bool,
-                 special: Callable[[str], int | None]) -> str:
+                 special: Callable[[str], int | None], answer: str | None = None) -> str:
     """The Lark grammar for calls to `tools` ((name, parameters schema) pairs) in `format`.
-    lazy: free text until the format's trigger (tool_choice "auto"); else calls only."""
+    lazy: free text until the format's trigger (tool_choice "auto"); else calls only, or
+    `answer` (a Lark expression) instead of them where one is given."""
     writer = _Writer(special)
     calls = [format.call(name, schema) for name, schema in tools]
     lines = ["%llguidance {}"]
@@ -70,7 +73,10 @@ def tool_grammar(format: ToolFormat, tools: list[tuple[str, dict]], *, lazy: boo
     more = f"({separator} call)*" if parallel else ""
     before, after = list(format.before), writer.pieces(format.after)
     if not lazy:
-        lines.append(f"start: {writer.pieces(before)} call {more} {after}")
+        lines.append(f"calls: {writer.pieces(before)} call {more} {after}")
+        lines.append("start: calls" + (" | answer" if answer else ""))
+        if answer:
+            lines.append(f"answer: {answer}")
     else:
         trigger = format.trigger
         assert trigger is not None, "a format without a trigger has no lazy grammar"
@@ -93,6 +99,8 @@ def tool_grammar(format: ToolFormat, tools: list[tuple[str, dict]], *, lazy: boo
 
 
 def tool_constraint(format: ToolFormat, tools: list[tuple[str, dict]], *, lazy: bool, parallel: bool,
-                    special: Callable[[str], int | None]) -> Constraint:
-    return Constraint.lark(tool_grammar(format, tools, lazy=lazy, parallel=parallel, special=special),
-                           "tool-call grammar")
+                    special: Callable[[str], int | None], answer: Constraint | None = None) -> Constraint:
+    """tool_grammar's constraint; `answer`: a JSON schema constraint the answer may meet instead of calls."""
+    grammar = tool_grammar(format, tools, lazy=lazy, parallel=parallel, special=special,
+                           answer=answer.lark_part() if answer is not None else None)
+    return Constraint.lark(grammar, "tool-call grammar")

@@ -25,10 +25,12 @@ class ToolsUnsupported(SpecliError):
 
 def tool_format(template: str | None, model_name: str) -> ToolFormat:
     """The format the template's model writes calls in, or ToolsUnsupported."""
-    format = detect(template or "")
+    hint = "start specli serve with --chat-template-file FILE, a template that takes tools"
+    if not template:
+        raise ToolsUnsupported(f"{model_name} has no chat template", hint)
+    format = detect(template)
     if format is None:
-        raise ToolsUnsupported(f"the chat template of {model_name} takes no tools",
-                               "start specli with --chat-template-file FILE, a template that does")
+        raise ToolsUnsupported(f"the chat template of {model_name} takes no tools", hint)
     return format
 
 
@@ -39,16 +41,19 @@ class ToolPlan:
     choice: str  # "none", "auto", "required", or the name of the function that must be called
     parallel: bool = True  # an answer may hold several calls
 
-    def constraint(self, special: Callable[[str], int | None]) -> Constraint | None:
-        """What the answer is written under: calls only ("required", a named function), free
-        text until a call opens ("auto"), or nothing ("none", or "auto" in a format whose
-        text before a call holds special tokens). `special`: a special token's id by name."""
-        if self.choice == "none" or (self.choice == "auto" and self.format.trigger is None):
-            return None
-        functions = self.functions if self.choice in ("auto", "required") else \
-            [(name, schema) for name, schema in self.functions if name == self.choice]
-        return tool_constraint(self.format, functions, lazy=self.choice == "auto", parallel=self.parallel,
-                               special=special)
+    def constraint(self, special: Callable[[str], int | None], answer: Constraint | None = None) -> Constraint | None:
+        """What the answer is written under: exactly one call (a named function), calls only
+        ("required"), free text until a call opens ("auto"), or nothing ("none", or "auto" in
+        a format whose text before a call holds special tokens). With a typed `answer` (a
+        response format's JSON schema), "auto" is calls or that answer, and "none" that answer.
+        `special`: a special token's id by name."""
+        if self.choice == "none" or (self.choice == "auto" and answer is None and self.format.trigger is None):
+            return answer
+        named = self.choice not in ("auto", "required")
+        functions = [(name, schema) for name, schema in self.functions if not named or name == self.choice]
+        lazy = self.choice == "auto" and answer is None
+        return tool_constraint(self.format, functions, lazy=lazy, parallel=self.parallel and not named,
+                               special=special, answer=answer if self.choice == "auto" else None)
 
     def read(self, text: str) -> Parsed:
         """The whole answer's content and calls (none where the choice was "none")."""
