@@ -242,17 +242,22 @@ def write_tiny_mtp(out_dir: str | os.PathLike[str], *, heads: int = 1, head_scal
 
 
 # ---------------------------------------------------------------------------
-# A hybrid target: Qwen3.5 (gated delta net layers and attention layers)
+# Hybrid targets: Qwen3.5 and Qwen3-Next (gated delta net layers and attention layers)
 # ---------------------------------------------------------------------------
 
 QWEN35 = "qwen35"
+QWEN3NEXT = "qwen3next"  # Qwen3.5's layers with a mixture of experts; this llama.cpp cannot roll it back
 
 
 @dataclasses.dataclass(frozen=True)
 class HybridSpec:
-    """A Qwen3.5 trunk of `n_layer` blocks, every `full_attention_interval`-th one attention
-    and the rest recurrent (gated delta net), and one NextN block after it."""
+    """A Qwen3.5 (or Qwen3-Next) trunk of `n_layer` blocks, every `full_attention_interval`-th
+    one attention and the rest recurrent (gated delta net), and `n_nextn` NextN blocks after
+    it. Qwen3-Next's feed-forward is `n_expert` experts (one used) beside a shared one."""
 
+    arch: str = QWEN35
+    n_nextn: int = 1
+    n_expert: int = 2
     n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
@@ -277,15 +282,16 @@ class HybridSpec:
     def tensors(self, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
         d, kv, inner = self.n_embd, self.n_head_kv * self.head_dim, self.ssm_heads * self.ssm_head_dim
         names = [("token_embd.weight", (n_vocab, d))]
-        for i in range(self.n_layer + 1):
+        for i in range(self.n_layer + self.n_nextn):
             names += [(f"blk.{i}.attn_norm.weight", (d,)), (f"blk.{i}.post_attention_norm.weight", (d,))]
             if self.recurrent(i):
+                gates = ([(f"blk.{i}.ssm_ba.weight", (2 * self.ssm_heads, d))] if self.arch == QWEN3NEXT else
+                         [(f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
+                          (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d))])
                 names += [
                     (f"blk.{i}.attn_qkv.weight", (3 * inner, d)), (f"blk.{i}.attn_gate.weight", (inner, d)),
                     (f"blk.{i}.ssm_conv1d.weight", (3 * inner, self.conv_kernel)),
-                    (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)),
-                    (f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
-                    (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d)),
+                    (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)), *gates,
                     (f"blk.{i}.ssm_norm.weight", (self.ssm_head_dim,)), (f"blk.{i}.ssm_out.weight", (d, inner)),
                 ]
             else:  # attention: the query projection writes a gate beside each head's query
@@ -295,12 +301,21 @@ class HybridSpec:
                     (f"blk.{i}.attn_q_norm.weight", (self.head_dim,)),
                     (f"blk.{i}.attn_k_norm.weight", (self.head_dim,)),
                 ]
-            names += [(f"blk.{i}.ffn_gate.weight", (self.n_ff, d)), (f"blk.{i}.ffn_up.weight", (self.n_ff, d)),
-                      (f"blk.{i}.ffn_down.weight", (d, self.n_ff))]
-            if i == self.n_layer:
+            names += self._feed_forward(i)
+            if i >= self.n_layer:
                 names += [(f"blk.{i}.nextn.eh_proj.weight", (d, 2 * d)), (f"blk.{i}.nextn.enorm.weight", (d,)),
                           (f"blk.{i}.nextn.hnorm.weight", (d,))]
         return names + [("output_norm.weight", (d,)), ("output.weight", (n_vocab, d))]
+
+    def _feed_forward(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
+        d, ff, experts = self.n_embd, self.n_ff, self.n_expert
+        if self.arch != QWEN3NEXT:
+            return [(f"blk.{i}.ffn_gate.weight", (ff, d)), (f"blk.{i}.ffn_up.weight", (ff, d)),
+                    (f"blk.{i}.ffn_down.weight", (d, ff))]
+        return [(f"blk.{i}.ffn_gate_inp.weight", (experts, d)), (f"blk.{i}.ffn_gate_exps.weight", (experts, ff, d)),
+                (f"blk.{i}.ffn_up_exps.weight", (experts, ff, d)), (f"blk.{i}.ffn_down_exps.weight", (experts, d, ff)),
+                (f"blk.{i}.ffn_gate_inp_shexp.weight", (d,)), (f"blk.{i}.ffn_gate_shexp.weight", (ff, d)),
+                (f"blk.{i}.ffn_up_shexp.weight", (ff, d)), (f"blk.{i}.ffn_down_shexp.weight", (d, ff))]
 
 
 def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: int) -> np.ndarray:
@@ -316,8 +331,9 @@ def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: in
     if name.endswith("nextn.eh_proj.weight"):
         eye = np.eye(spec.n_embd, dtype=np.float32)
         return np.hstack([eye, spec.hidden_weight * eye])
-    std = 1.0 / np.sqrt(shape[1])
-    if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+    std = 1.0 / np.sqrt(shape[-1])
+    if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight", "ffn_down_exps.weight",
+                      "ffn_down_shexp.weight")):
         std *= spec.trunk_scale * 2.0
     return _random(name, shape, seed, std)
 
@@ -326,17 +342,20 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
                       vocab: Vocabulary | str | os.PathLike[str] | None = None) -> Path:
     """A tiny Qwen3.5 (three gated-delta-net layers, one attention layer, one NextN block;
     n_embd 64, SmolLM2's vocabulary), weighted like `write_tiny_mtp`'s models: for the
-    question whether a hybrid target's recurrent state can be rewound after a rejected draft."""
+    question whether a hybrid target's recurrent state can be rewound after a rejected draft.
+    `spec.arch` QWEN3NEXT: a tiny Qwen3-Next instead, whose state this llama.cpp keeps no
+    snapshots of."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
-    path = Path(out_dir) / f"tiny-qwen35-mtp-s{seed}.gguf"
+    path = Path(out_dir) / f"tiny-{spec.arch}{'-mtp' if spec.n_nextn else ''}-s{seed}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(partial, QWEN35)
+    arch = spec.arch
+    writer = gguf.GGUFWriter(partial, arch)
     u32 = GGUFValueType.UINT32
     keys: dict[str, tuple[object, GGUFValueType]] = {
         "context_length": (spec.context_length, u32), "embedding_length": (spec.n_embd, u32),
-        "block_count": (spec.n_layer + 1, u32), "nextn_predict_layers": (1, u32),
+        "block_count": (spec.n_layer + spec.n_nextn, u32), "nextn_predict_layers": (spec.n_nextn, u32),
         "feed_forward_length": (spec.n_ff, u32), "attention.head_count": (spec.n_head, u32),
         "attention.head_count_kv": (spec.n_head_kv, u32),
         "attention.layer_norm_rms_epsilon": (1e-6, GGUFValueType.FLOAT32),
@@ -346,11 +365,16 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
         "ssm.time_step_rank": (spec.ssm_heads, u32), "ssm.inner_size": (spec.ssm_heads * spec.ssm_head_dim, u32),
         "vocab_size": (vocab.n_tokens, u32),
     }
-    writer.add_name("tiny-qwen35-mtp")
+    if arch == QWEN3NEXT:
+        keys.update({"expert_count": (spec.n_expert, u32), "expert_used_count": (1, u32),
+                     "expert_feed_forward_length": (spec.n_ff, u32),
+                     "expert_shared_feed_forward_length": (spec.n_ff, u32)})
+    writer.add_name(path.stem.rsplit("-s", 1)[0])  # "tiny-qwen35-mtp"
     for key, (value, kind) in keys.items():
-        writer.add_key_value(f"{QWEN35}.{key}", value, kind)
-    sections = [spec.head_dim // 8, spec.head_dim // 16, spec.head_dim // 16, 0]  # n_rot / 2 in all
-    writer.add_key_value(f"{QWEN35}.rope.dimension_sections", sections, GGUFValueType.ARRAY, GGUFValueType.INT32)
+        writer.add_key_value(f"{arch}.{key}", value, kind)
+    if arch == QWEN35:
+        sections = [spec.head_dim // 8, spec.head_dim // 16, spec.head_dim // 16, 0]  # n_rot / 2 in all
+        writer.add_key_value(f"{arch}.rope.dimension_sections", sections, GGUFValueType.ARRAY, GGUFValueType.INT32)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, field in vocab.fields.items():
         writer.add_key_value(key, field.value, field.type, field.sub_type)
