@@ -32,6 +32,8 @@ class Backend:
     unused_cpu_features: list[str] | None = None
     cpu_install: str | None = None
     rpc: bool | None = None  # built with ggml's RPC backend (`--rpc`)
+    # Why this build cannot draft with a target's NextN layers (`--draft mtp`); None: it can.
+    mtp_unsupported: str | None = None
 
 
 @dataclass
@@ -80,6 +82,9 @@ class ModelState:
     verify_ms: dict[int, float] | None  # by batch size; None for the prior, which has no unit
     verify_relative: dict[int, float]  # by batch size, against one token
     exact_batch: dict[str, int]  # "repack" / "no_repack": the largest exact verify batch, where measured
+    nextn_layers: int = 0  # NextN (MTP) layers the file holds, which `--draft mtp` drafts with
+    # Why drafts are not verified on this target (its recurrent state cannot be rolled back); None: they are.
+    rewind_problem: str | None = None
 
 
 @dataclass
@@ -127,6 +132,8 @@ def diagnose(rpc: tuple[str, ...] = ()) -> Report:
     if registry.error:
         problems.append(f"registry: {registry.error}")
     hints = []
+    if backend.mtp_unsupported:
+        hints.append(f"--draft mtp (a target's own NextN layers) needs llama.cpp's MTP API: {backend.mtp_unsupported}")
     if backend.unused_cpu_features and not backend.gpu_offload:  # with a GPU the CPU kernels matter little
         hints.append(f"this CPU has {', '.join(backend.unused_cpu_features)}, which this llama.cpp build does not use; "
                      f"its batched verify is faster with them: {backend.cpu_install}")
@@ -222,6 +229,8 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     from specli.pricing import exact_batch_sizes
     from specli.session import open_session
 
+    from specli.llama.mtp import nextn_layers
+
     exact = exact_batch_sizes(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
         if calibrate:
@@ -229,17 +238,19 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
                 notice("timing the target's verify batches")
             session.pricing.calibrate()
         costs = session.pricing.costs(measure=False)
+        problem = session.target.rewind_problem
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
-                      {name: size for name, size in named.items() if size is not None})
+                      {name: size for name, size in named.items() if size is not None}, nextn_layers(spec.target),
+                      problem)
 
 
 def check_backend() -> Backend:
     try:
-        from specli.llama import backend, devices
+        from specli.llama import backend, devices, mtp
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
@@ -250,6 +261,7 @@ def check_backend() -> Backend:
             gpu_offload=backend.supports_gpu_offload(),
             devices=devices.backend_devices(),
             rpc=devices.rpc_supported(),
+            mtp_unsupported=mtp.unsupported_reason(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,
         )

@@ -87,7 +87,7 @@ class Answer {
     if (text) {
       const span = document.createElement("span");
       span.className = source === "draft" ? "draft" : "target";
-      if (source === "draft" && proposer) span.title = "drafted by " + proposer;
+      if (source === "draft" && proposer) span.title = "drafted by " + ({ ngram: "n-gram lookup", draft: "the draft model", mtp: "the model's own MTP layers", grammar: "the grammar" }[proposer] || proposer);
       span.textContent = text;
       const view = $("conversation");
       const following = view.scrollHeight - view.scrollTop - view.clientHeight < 40; // the reader is at the end
