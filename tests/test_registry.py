@@ -326,7 +326,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
         (f'target = {{ repo = "a/b", file = "t.gguf", revision = "{COMMIT}", sha256 = "{SHA_A}", unpinned = "no source" }}\ndraft = "ngram"', "pairs.foo.target: 'unpinned' gives a reason, but the revision is a commit and every file has a sha256"),
         ('target = { repo = "a/b", file = "t.gguf", unpinned = " " }\ndraft = "ngram"', "pairs.foo.target.unpinned: give the reason the model is not pinned"),
         ('target = { path = "x.gguf", size = 9, unpinned = "local" }\ndraft = "ngram"', "pairs.foo.target: 'size', 'unpinned' apply to 'repo' + 'file' models only"),
-        (f'{GOOD_TARGET}\ndraft = "ngram"\ncross_vocabulary = true', "pairs.foo.cross_vocabulary: applies to a draft model only; n-gram lookup drafts the target's own tokens"),
+        (f'{GOOD_TARGET}\ndraft = "ngram"\ncross_vocabulary = true', "pairs.foo.cross_vocabulary: applies to a draft model only; n-gram lookup and MTP draft the target's own tokens"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocabulary = "yes"', "pairs.foo.cross_vocabulary: Input should be a valid boolean"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocab = true', "pairs.foo.cross_vocab: unknown key"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p", cross_vocabulary = true }}', "pairs.foo.draft.cross_vocabulary: unknown key"),
