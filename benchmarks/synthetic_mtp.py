@@ -25,6 +25,7 @@ against. Every tensor's values are a pure function of (seed, tensor name).
 Command line::
 
     python benchmarks/synthetic_mtp.py OUT_DIR [--heads 3] [--head-scale 0]
+    python benchmarks/synthetic_mtp.py OUT_DIR --shape 8b --vocab ggml-vocab-llama-bpe.gguf --workers 16
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import functools
 import os
 import sys
 import zlib
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
@@ -106,6 +109,11 @@ class MtpSpec:
 
 # Drafts mostly kept and sometimes rejected (figures: benchmarks/README.md, "Synthetic models").
 TINY_MTP = MtpSpec(n_layer=2, n_nextn=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, trunk_scale=0.55)
+# Llama 3 8B's trunk (with Llama 3's vocabulary: 8.0B parameters) and one NextN block, in F16:
+# a memory-bound target for a GPU, drafting at any depth with its one layer as llama.cpp does.
+MIMO_8B = MtpSpec(n_layer=32, n_nextn=1, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, sliding_window=128,
+                  trunk_scale=0.25, head_scale=0.1, context_length=4096, dtype="f16")
+SHAPES = {"tiny": TINY_MTP, "8b": MIMO_8B}
 
 
 def ordinary_tokens(vocab: Vocabulary) -> np.ndarray:
@@ -195,10 +203,12 @@ def write_mtp_model(
     seed: int = 0,
     name: str = "specli-synthetic-mtp",
     trunk_only: bool = False,
+    workers: int = 1,
 ) -> Path:
     """Write a MiMo-2 GGUF with `spec.n_nextn` NextN blocks and a real tokenizer; return its
     path. `trunk_only`: the blocks are declared but their tensors left out, as in a GGUF whose
-    NextN layers ship in a separate MTP file."""
+    NextN layers ship in a separate MTP file. `workers` > 1: that many threads make the next
+    tensors while earlier ones are written (the same file)."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
     if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
@@ -217,14 +227,25 @@ def write_mtp_model(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     embeddings = _embeddings(vocab.n_tokens, spec, seed)
-    for tensor_name, shape in tensors:
+
+    def values(tensor: tuple[str, tuple[int, ...]]) -> np.ndarray:
+        tensor_name, shape = tensor
         if tensor_name == "token_embd.weight":
-            values = embeddings
+            made = embeddings
         elif tensor_name == "output.weight":
-            values = _output_head(embeddings, vocab, spec.logit_scale, seed)
+            made = _output_head(embeddings, vocab, spec.logit_scale, seed)
         else:
-            values = _block_values(tensor_name, shape, spec, seed)
-        writer.write_tensor_data(values.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False))
+            made = _block_values(tensor_name, shape, spec, seed)
+        return made.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        pending: deque = deque()
+        for tensor in tensors:
+            pending.append(pool.submit(values, tensor))
+            if len(pending) >= 2 * max(1, workers):  # file order; a bounded look-ahead
+                writer.write_tensor_data(pending.popleft().result())
+        while pending:
+            writer.write_tensor_data(pending.popleft().result())
     writer.close()
     partial.replace(path)
     return path
@@ -432,11 +453,22 @@ def head_logits(path: str | os.PathLike[str], token: int, hidden: np.ndarray, la
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="tiny (the tests' model) or 8b (Llama 3 8B's trunk, F16; give --vocab).")
     parser.add_argument("--heads", type=int, default=1, help="NextN blocks (default: 1).")
-    parser.add_argument("--head-scale", type=float, help="What each NextN block adds (0: nothing; default: 0.1).")
+    parser.add_argument("--head-scale", type=float, help="What each NextN block adds (0: nothing; default: the shape's).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+    parser.add_argument("--vocab", type=Path, help="A GGUF whose tokenizer to copy (default: SmolLM2's).")
+    parser.add_argument("--workers", type=int, default=1, help="Threads making tensors (default: 1).")
     args = parser.parse_args(argv)
-    path = write_tiny_mtp(args.out_dir, heads=args.heads, head_scale=args.head_scale, seed=args.seed)
+    if args.shape == "tiny" and args.vocab is None:
+        path = write_tiny_mtp(args.out_dir, heads=args.heads, head_scale=args.head_scale, seed=args.seed)
+    else:
+        spec = dataclasses.replace(SHAPES[args.shape], n_nextn=args.heads,
+                                   **({} if args.head_scale is None else {"head_scale": args.head_scale}))
+        path = write_mtp_model(args.out_dir / f"mtp-{args.shape}-n{args.heads}-s{args.seed}.gguf", spec,
+                               vocab=args.vocab, seed=args.seed, name=f"specli-synthetic-mtp-{args.shape}",
+                               workers=args.workers)
     print(f"{path}\t{path.stat().st_size / 1e6:.1f} MB")
     return 0
 
