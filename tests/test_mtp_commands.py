@@ -154,3 +154,9 @@ def test_serve_drafts_with_mtp_on_request_and_lists_it(files):
                                           extra_body={"draft": "mtp", "draft_tokens": 2})
         assert whole.choices[0].text.rstrip("\n") == plain.rstrip("\n")
         assert "mtp" in {span.get("proposer") for span in whole.choices[0].spans}
+
+
+def test_drafts_lists_the_target_s_own_layers(files, smollm_path):
+    listing = json.loads(invoke("drafts", files["mtp"], "--json").stdout)
+    assert listing["mtp"] == {"nextn_layers": 3, "speedup": None}
+    assert "mtp" not in json.loads(invoke("drafts", smollm_path, "--json").stdout)
