@@ -117,6 +117,7 @@ class Workload:
     ctx_size: int
     specli_k: str | None = None  # specli's -k when it differs from llama.cpp's (e.g. "auto")
     gpu_layers: int | None = None  # layers of each model on the GPU (None: each tool's default)
+    mtp: bool = False  # the target's own NextN layers draft (llama.cpp: draft-mtp; specli: --draft mtp)
 
 
 # ---------------------------------------------------------------------------
@@ -127,7 +128,10 @@ class Workload:
 def llama_speculative_command(binary: str, work: Workload, extra: Sequence[str] = ()) -> list[str]:
     """The llama-speculative-simple command line for `work`, greedy."""
     command = [binary, *_llama_common_arguments(work)]
-    if work.draft is not None:
+    if work.mtp:
+        command += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(work.k), "--spec-draft-n-min", "0",
+                    "--spec-draft-p-min", "0"]
+    elif work.draft is not None:
         command += [
             "-md", str(work.draft), "--spec-type", "draft-simple",
             "--spec-draft-n-max", str(work.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
@@ -238,7 +242,7 @@ def specli_command(
 
     `plain`: no proposer (`--draft none`), plain decoding for reference.
     """
-    draft = "none" if plain else str(work.draft) if work.draft else "ngram"
+    draft = "none" if plain else "mtp" if work.mtp else str(work.draft) if work.draft else "ngram"
     command = [
         *specli, "run", "--json", "--temp", "0", "-n", str(work.n), "-k", work.specli_k or str(work.k),
         "-c", str(work.ctx_size), "--target", str(work.model), "--draft", draft, "--no-chat",
@@ -408,6 +412,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     proposer = parser.add_mutually_exclusive_group(required=True)
     proposer.add_argument("--draft", type=Path, help="Draft GGUF (llama.cpp: --spec-type draft-simple).")
     proposer.add_argument("--ngram", action="store_true", help="N-gram lookup in the context (llama.cpp: ngram-simple).")
+    proposer.add_argument("--mtp", action="store_true",
+                          help="The target's own NextN layers (llama.cpp: draft-mtp; specli: --draft mtp, with "
+                               "lookup in front unless --specli-arg --no-ngram).")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompts", type=Path, action="append",
                         help="With --native-modes: a workloads TOML whose every prompt is compared (repeatable).")
@@ -705,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Workload(
         model=args.model, draft=args.draft, prompt=prompt, k=args.draft_tokens, n=max_tokens or 128,
         ngram_n=args.ngram_n, threads=args.threads, ctx_size=args.ctx_size, specli_k=args.specli_k,
-        gpu_layers=args.gpu_layers,
+        gpu_layers=args.gpu_layers, mtp=args.mtp,
     )
     commands = tool_commands(args, work)
     for name, (_, command) in commands.items():
@@ -746,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps({
             "workload": {
-                "model": str(work.model), "draft": str(work.draft) if work.draft else "ngram",
+                "model": str(work.model), "draft": "mtp" if work.mtp else str(work.draft) if work.draft else "ngram",
                 "k": work.k, "n": work.n, "ngram_n": work.ngram_n if work.draft is None else None,
                 "threads": work.threads, "gpu_layers": work.gpu_layers, "runs": args.runs,
                 "prompt_chars": len(prompt),

@@ -209,6 +209,10 @@ class SimulatedModel:
     proposers, DraftModel and Session, with one sequence. `draft`: it writes the script's draft
     tokens (Script.draft_agrees) instead of the target's."""
 
+    recurrent = False  # an attention-only cache: any rewind
+    max_rewind = None
+    rewind_problem = None
+
     def __init__(self, script: Script, costs: DeviceCosts, *, draft: bool = False, n_ctx: int = 4096,
                  batch_size: int = 64, path: Path | str | None = None) -> None:
         self.script = script

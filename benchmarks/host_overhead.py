@@ -94,7 +94,7 @@ class SteadyPricing(Pricing):
         super().__init__(session.spec, session.target, session.draft, translated=session.translated)
         self._steady = costs
 
-    def costs(self, *, measure: bool = True) -> StepCosts:
+    def costs(self, *, measure: bool = True, mtp: bool = False) -> StepCosts:
         return self._steady
 
 

@@ -25,6 +25,7 @@ against. Every tensor's values are a pure function of (seed, tensor name).
 Command line::
 
     python benchmarks/synthetic_mtp.py OUT_DIR [--heads 3] [--head-scale 0]
+    python benchmarks/synthetic_mtp.py OUT_DIR --shape 8b --vocab ggml-vocab-llama-bpe.gguf --workers 16
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import functools
 import os
 import sys
 import zlib
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
@@ -106,6 +109,11 @@ class MtpSpec:
 
 # Drafts mostly kept and sometimes rejected (figures: benchmarks/README.md, "Synthetic models").
 TINY_MTP = MtpSpec(n_layer=2, n_nextn=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, trunk_scale=0.55)
+# Llama 3 8B's trunk (with Llama 3's vocabulary: 8.0B parameters) and one NextN block, in F16:
+# a memory-bound target for a GPU, drafting at any depth with its one layer as llama.cpp does.
+MIMO_8B = MtpSpec(n_layer=32, n_nextn=1, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, sliding_window=128,
+                  trunk_scale=0.25, head_scale=0.1, context_length=4096, dtype="f16")
+SHAPES = {"tiny": TINY_MTP, "8b": MIMO_8B}
 
 
 def ordinary_tokens(vocab: Vocabulary) -> np.ndarray:
@@ -195,10 +203,12 @@ def write_mtp_model(
     seed: int = 0,
     name: str = "specli-synthetic-mtp",
     trunk_only: bool = False,
+    workers: int = 1,
 ) -> Path:
     """Write a MiMo-2 GGUF with `spec.n_nextn` NextN blocks and a real tokenizer; return its
     path. `trunk_only`: the blocks are declared but their tensors left out, as in a GGUF whose
-    NextN layers ship in a separate MTP file."""
+    NextN layers ship in a separate MTP file. `workers` > 1: that many threads make the next
+    tensors while earlier ones are written (the same file)."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
     if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
@@ -217,14 +227,25 @@ def write_mtp_model(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     embeddings = _embeddings(vocab.n_tokens, spec, seed)
-    for tensor_name, shape in tensors:
+
+    def values(tensor: tuple[str, tuple[int, ...]]) -> np.ndarray:
+        tensor_name, shape = tensor
         if tensor_name == "token_embd.weight":
-            values = embeddings
+            made = embeddings
         elif tensor_name == "output.weight":
-            values = _output_head(embeddings, vocab, spec.logit_scale, seed)
+            made = _output_head(embeddings, vocab, spec.logit_scale, seed)
         else:
-            values = _block_values(tensor_name, shape, spec, seed)
-        writer.write_tensor_data(values.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False))
+            made = _block_values(tensor_name, shape, spec, seed)
+        return made.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        pending: deque = deque()
+        for tensor in tensors:
+            pending.append(pool.submit(values, tensor))
+            if len(pending) >= 2 * max(1, workers):  # file order; a bounded look-ahead
+                writer.write_tensor_data(pending.popleft().result())
+        while pending:
+            writer.write_tensor_data(pending.popleft().result())
     writer.close()
     partial.replace(path)
     return path
@@ -242,17 +263,22 @@ def write_tiny_mtp(out_dir: str | os.PathLike[str], *, heads: int = 1, head_scal
 
 
 # ---------------------------------------------------------------------------
-# A hybrid target: Qwen3.5 (gated delta net layers and attention layers)
+# Hybrid targets: Qwen3.5 and Qwen3-Next (gated delta net layers and attention layers)
 # ---------------------------------------------------------------------------
 
 QWEN35 = "qwen35"
+QWEN3NEXT = "qwen3next"  # Qwen3.5's layers with a mixture of experts; this llama.cpp cannot roll it back
 
 
 @dataclasses.dataclass(frozen=True)
 class HybridSpec:
-    """A Qwen3.5 trunk of `n_layer` blocks, every `full_attention_interval`-th one attention
-    and the rest recurrent (gated delta net), and one NextN block after it."""
+    """A Qwen3.5 (or Qwen3-Next) trunk of `n_layer` blocks, every `full_attention_interval`-th
+    one attention and the rest recurrent (gated delta net), and `n_nextn` NextN blocks after
+    it. Qwen3-Next's feed-forward is `n_expert` experts (one used) beside a shared one."""
 
+    arch: str = QWEN35
+    n_nextn: int = 1
+    n_expert: int = 2
     n_layer: int = 4
     n_embd: int = 64
     n_head: int = 4
@@ -277,15 +303,16 @@ class HybridSpec:
     def tensors(self, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
         d, kv, inner = self.n_embd, self.n_head_kv * self.head_dim, self.ssm_heads * self.ssm_head_dim
         names = [("token_embd.weight", (n_vocab, d))]
-        for i in range(self.n_layer + 1):
+        for i in range(self.n_layer + self.n_nextn):
             names += [(f"blk.{i}.attn_norm.weight", (d,)), (f"blk.{i}.post_attention_norm.weight", (d,))]
             if self.recurrent(i):
+                gates = ([(f"blk.{i}.ssm_ba.weight", (2 * self.ssm_heads, d))] if self.arch == QWEN3NEXT else
+                         [(f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
+                          (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d))])
                 names += [
                     (f"blk.{i}.attn_qkv.weight", (3 * inner, d)), (f"blk.{i}.attn_gate.weight", (inner, d)),
                     (f"blk.{i}.ssm_conv1d.weight", (3 * inner, self.conv_kernel)),
-                    (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)),
-                    (f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
-                    (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d)),
+                    (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)), *gates,
                     (f"blk.{i}.ssm_norm.weight", (self.ssm_head_dim,)), (f"blk.{i}.ssm_out.weight", (d, inner)),
                 ]
             else:  # attention: the query projection writes a gate beside each head's query
@@ -295,12 +322,21 @@ class HybridSpec:
                     (f"blk.{i}.attn_q_norm.weight", (self.head_dim,)),
                     (f"blk.{i}.attn_k_norm.weight", (self.head_dim,)),
                 ]
-            names += [(f"blk.{i}.ffn_gate.weight", (self.n_ff, d)), (f"blk.{i}.ffn_up.weight", (self.n_ff, d)),
-                      (f"blk.{i}.ffn_down.weight", (d, self.n_ff))]
-            if i == self.n_layer:
+            names += self._feed_forward(i)
+            if i >= self.n_layer:
                 names += [(f"blk.{i}.nextn.eh_proj.weight", (d, 2 * d)), (f"blk.{i}.nextn.enorm.weight", (d,)),
                           (f"blk.{i}.nextn.hnorm.weight", (d,))]
         return names + [("output_norm.weight", (d,)), ("output.weight", (n_vocab, d))]
+
+    def _feed_forward(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
+        d, ff, experts = self.n_embd, self.n_ff, self.n_expert
+        if self.arch != QWEN3NEXT:
+            return [(f"blk.{i}.ffn_gate.weight", (ff, d)), (f"blk.{i}.ffn_up.weight", (ff, d)),
+                    (f"blk.{i}.ffn_down.weight", (d, ff))]
+        return [(f"blk.{i}.ffn_gate_inp.weight", (experts, d)), (f"blk.{i}.ffn_gate_exps.weight", (experts, ff, d)),
+                (f"blk.{i}.ffn_up_exps.weight", (experts, ff, d)), (f"blk.{i}.ffn_down_exps.weight", (experts, d, ff)),
+                (f"blk.{i}.ffn_gate_inp_shexp.weight", (d,)), (f"blk.{i}.ffn_gate_shexp.weight", (ff, d)),
+                (f"blk.{i}.ffn_up_shexp.weight", (ff, d)), (f"blk.{i}.ffn_down_shexp.weight", (d, ff))]
 
 
 def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: int) -> np.ndarray:
@@ -316,8 +352,9 @@ def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: in
     if name.endswith("nextn.eh_proj.weight"):
         eye = np.eye(spec.n_embd, dtype=np.float32)
         return np.hstack([eye, spec.hidden_weight * eye])
-    std = 1.0 / np.sqrt(shape[1])
-    if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+    std = 1.0 / np.sqrt(shape[-1])
+    if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight", "ffn_down_exps.weight",
+                      "ffn_down_shexp.weight")):
         std *= spec.trunk_scale * 2.0
     return _random(name, shape, seed, std)
 
@@ -326,17 +363,20 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
                       vocab: Vocabulary | str | os.PathLike[str] | None = None) -> Path:
     """A tiny Qwen3.5 (three gated-delta-net layers, one attention layer, one NextN block;
     n_embd 64, SmolLM2's vocabulary), weighted like `write_tiny_mtp`'s models: for the
-    question whether a hybrid target's recurrent state can be rewound after a rejected draft."""
+    question whether a hybrid target's recurrent state can be rewound after a rejected draft.
+    `spec.arch` QWEN3NEXT: a tiny Qwen3-Next instead, whose state this llama.cpp keeps no
+    snapshots of."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
-    path = Path(out_dir) / f"tiny-qwen35-mtp-s{seed}.gguf"
+    path = Path(out_dir) / f"tiny-{spec.arch}{'-mtp' if spec.n_nextn else ''}-s{seed}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(partial, QWEN35)
+    arch = spec.arch
+    writer = gguf.GGUFWriter(partial, arch)
     u32 = GGUFValueType.UINT32
     keys: dict[str, tuple[object, GGUFValueType]] = {
         "context_length": (spec.context_length, u32), "embedding_length": (spec.n_embd, u32),
-        "block_count": (spec.n_layer + 1, u32), "nextn_predict_layers": (1, u32),
+        "block_count": (spec.n_layer + spec.n_nextn, u32), "nextn_predict_layers": (spec.n_nextn, u32),
         "feed_forward_length": (spec.n_ff, u32), "attention.head_count": (spec.n_head, u32),
         "attention.head_count_kv": (spec.n_head_kv, u32),
         "attention.layer_norm_rms_epsilon": (1e-6, GGUFValueType.FLOAT32),
@@ -346,11 +386,16 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
         "ssm.time_step_rank": (spec.ssm_heads, u32), "ssm.inner_size": (spec.ssm_heads * spec.ssm_head_dim, u32),
         "vocab_size": (vocab.n_tokens, u32),
     }
-    writer.add_name("tiny-qwen35-mtp")
+    if arch == QWEN3NEXT:
+        keys.update({"expert_count": (spec.n_expert, u32), "expert_used_count": (1, u32),
+                     "expert_feed_forward_length": (spec.n_ff, u32),
+                     "expert_shared_feed_forward_length": (spec.n_ff, u32)})
+    writer.add_name(path.stem.rsplit("-s", 1)[0])  # "tiny-qwen35-mtp"
     for key, (value, kind) in keys.items():
-        writer.add_key_value(f"{QWEN35}.{key}", value, kind)
-    sections = [spec.head_dim // 8, spec.head_dim // 16, spec.head_dim // 16, 0]  # n_rot / 2 in all
-    writer.add_key_value(f"{QWEN35}.rope.dimension_sections", sections, GGUFValueType.ARRAY, GGUFValueType.INT32)
+        writer.add_key_value(f"{arch}.{key}", value, kind)
+    if arch == QWEN35:
+        sections = [spec.head_dim // 8, spec.head_dim // 16, spec.head_dim // 16, 0]  # n_rot / 2 in all
+        writer.add_key_value(f"{arch}.rope.dimension_sections", sections, GGUFValueType.ARRAY, GGUFValueType.INT32)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, field in vocab.fields.items():
         writer.add_key_value(key, field.value, field.type, field.sub_type)
@@ -408,11 +453,22 @@ def head_logits(path: str | os.PathLike[str], token: int, hidden: np.ndarray, la
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="tiny (the tests' model) or 8b (Llama 3 8B's trunk, F16; give --vocab).")
     parser.add_argument("--heads", type=int, default=1, help="NextN blocks (default: 1).")
-    parser.add_argument("--head-scale", type=float, help="What each NextN block adds (0: nothing; default: 0.1).")
+    parser.add_argument("--head-scale", type=float, help="What each NextN block adds (0: nothing; default: the shape's).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+    parser.add_argument("--vocab", type=Path, help="A GGUF whose tokenizer to copy (default: SmolLM2's).")
+    parser.add_argument("--workers", type=int, default=1, help="Threads making tensors (default: 1).")
     args = parser.parse_args(argv)
-    path = write_tiny_mtp(args.out_dir, heads=args.heads, head_scale=args.head_scale, seed=args.seed)
+    if args.shape == "tiny" and args.vocab is None:
+        path = write_tiny_mtp(args.out_dir, heads=args.heads, head_scale=args.head_scale, seed=args.seed)
+    else:
+        spec = dataclasses.replace(SHAPES[args.shape], n_nextn=args.heads,
+                                   **({} if args.head_scale is None else {"head_scale": args.head_scale}))
+        path = write_mtp_model(args.out_dir / f"mtp-{args.shape}-n{args.heads}-s{args.seed}.gguf", spec,
+                               vocab=args.vocab, seed=args.seed, name=f"specli-synthetic-mtp-{args.shape}",
+                               workers=args.workers)
     print(f"{path}\t{path.stat().st_size / 1e6:.1f} MB")
     return 0
 

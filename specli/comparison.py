@@ -46,6 +46,9 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
         workloads = [replace(w, max_tokens=max_tokens) for w in workloads]
     exact = exact_caps(spec, progress)
     with open_session(spec, progress) as session:
+        reason = session.plain_reason(request)
+        if reason is not None and progress:
+            progress(reason)
         if AUTO in configs and session.pricing.costs(measure=False).source != "calibrated":
             if progress:
                 progress("timing the target's verify batches for -k auto (stored for later runs)")

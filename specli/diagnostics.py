@@ -32,6 +32,8 @@ class Backend:
     unused_cpu_features: list[str] | None = None
     cpu_install: str | None = None
     rpc: bool | None = None  # built with ggml's RPC backend (`--rpc`)
+    # Why this build cannot draft with a target's NextN layers (`--draft mtp`); None: it can.
+    mtp_unsupported: str | None = None
 
 
 @dataclass
@@ -82,6 +84,9 @@ class ModelState:
     # "repack" / "no_repack": the exact verify batches where measured, by span of the context
     # ({"start", "end", "rows"}: batches starting in [start, end) have at most `rows` rows)
     exact_batch: dict[str, list[dict[str, int]]]
+    nextn_layers: int = 0  # NextN (MTP) layers the file holds, which `--draft mtp` drafts with
+    # Why drafts are not verified on this target (its recurrent state cannot be rolled back); None: they are.
+    rewind_problem: str | None = None
 
 
 @dataclass
@@ -129,6 +134,8 @@ def diagnose(rpc: tuple[str, ...] = ()) -> Report:
     if registry.error:
         problems.append(f"registry: {registry.error}")
     hints = []
+    if backend.mtp_unsupported:
+        hints.append(f"--draft mtp (a target's own NextN layers) needs llama.cpp's MTP API: {backend.mtp_unsupported}")
     if backend.unused_cpu_features and not backend.gpu_offload:  # with a GPU the CPU kernels matter little
         hints.append(f"this CPU has {', '.join(backend.unused_cpu_features)}, which this llama.cpp build does not use; "
                      f"its batched verify is faster with them: {backend.cpu_install}")
@@ -224,6 +231,8 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     from specli.pricing import exact_caps
     from specli.session import open_session
 
+    from specli.llama.mtp import nextn_layers
+
     exact = exact_caps(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
         if calibrate:
@@ -231,17 +240,19 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
                 notice("timing the target's verify batches")
             session.pricing.calibrate()
         costs = session.pricing.costs(measure=False)
+        problem = session.target.rewind_problem
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
-                      {name: cap.report() for name, cap in named.items() if cap is not None})
+                      {name: cap.report() for name, cap in named.items() if cap is not None},
+                      nextn_layers(spec.target), problem)
 
 
 def check_backend() -> Backend:
     try:
-        from specli.llama import backend, devices
+        from specli.llama import backend, devices, mtp
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
@@ -252,6 +263,7 @@ def check_backend() -> Backend:
             gpu_offload=backend.supports_gpu_offload(),
             devices=devices.backend_devices(),
             rpc=devices.rpc_supported(),
+            mtp_unsupported=mtp.unsupported_reason(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,
         )

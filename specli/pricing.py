@@ -3,8 +3,9 @@
 `Pricing` gives `-k auto` the costs a session's generations are priced with: the stored ones,
 or a quick calibration on a model's first run, or a full one on demand (`specli bench`,
 `doctor --calibrate`); and after a generation it marks a stored curve stale where the run's
-verify steps were far from its price. It also measures a draft model: its cost per token,
-its catch-up, its greedy agreement with the target, and (`drafts --measure`) its speed-up.
+verify steps were far from its price. It also measures a draft model, and the target's NextN
+layers as one: its cost per token, its catch-up, its greedy agreement with the target, and
+(`drafts --measure`) its speed-up.
 
 Everything is stored in one CostStore, keyed by the model file, its load settings, the
 llama.cpp build and its devices (`settings_key`), so no other machine's or build's timings
@@ -46,13 +47,17 @@ from specli.decode.draft_model import DraftModel
 from specli.decode.engine import Engine
 from specli.decode.events import Stats
 from specli.decode.exact import BatchCap, measure_cap
+from specli.decode.mtp import NextnDraft
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.translate import cost_per_target_token
 from specli.errors import CalibrationError
+from specli.llama import mtp
 from specli.llama.backend import LoadSettings, Model, library_versions, supports_gpu_offload
 from specli.llama.devices import compute_fingerprint
 
 CATCH_UP_BATCH = 16  # a draft model's catch-up is priced per token of a batch this long
+MTP_SUFFIX = "|mtp"  # the NextN layers' measurements: their target's key, then this
+MTP_SHARE_FLOOR = 0.02  # a NextN layer's decode is never priced below this share of a plain one
 MEASURE_TOKENS = 96  # a timed generation of `specli drafts --measure`
 MEASURE_ROUNDS = 3
 
@@ -83,19 +88,24 @@ class LoadedFiles(Protocol):
 
 
 class Pricing:
-    """The costs of a loaded target, and of its draft model where there is one. The costs a
-    session's generations are priced with are fixed once read (`costs`); what a run's steps
-    take never prices them, so a model's first run drafts as every later one does."""
+    """The costs of a loaded target, and of its draft model or its NextN layers where they
+    draft. The costs a session's generations are priced with are fixed once read (`costs`);
+    what a run's steps take never prices them, so a model's first run drafts as every later
+    one does."""
 
     def __init__(self, spec: LoadedFiles, target: Model, draft: DraftModel | None = None, *,
-                 translated: bool = False, notice: Callable[[str], None] | None = None) -> None:
+                 translated: bool = False, notice: Callable[[str], None] | None = None,
+                 nextn: NextnDraft | None = None) -> None:
         self.spec = spec
         self.target = target
         self.draft = draft
+        self.nextn = nextn  # the target's NextN layers, where MTP drafting was asked for
         self.translated = translated  # the draft drafts through text: its agreement is not measured
         self._notice = notice  # hears of a calibration the machine was too busy for, or of stale costs
         self._store: CostStore | None = None
-        self._costs: StepCosts | None = None  # the costs generations are priced with, once read
+        # The costs generations are priced with, once read: with the draft model's, and with the NextN layers'.
+        self._costs: StepCosts | None = None
+        self._mtp_costs: StepCosts | None = None
 
     @property
     def store(self) -> CostStore:
@@ -114,22 +124,31 @@ class Pricing:
         assert self.spec.draft_model is not None
         return draft_key(self.key, self.spec.draft_model, self.spec.draft_load)
 
-    def costs(self, *, measure: bool = True) -> StepCosts:
+    @property
+    def mtp_key(self) -> str:
+        """Where the NextN layers' measurements are stored, beside their target's key."""
+        return self.key + MTP_SUFFIX
+
+    def costs(self, *, measure: bool = True, mtp: bool = False) -> StepCosts:
         """The costs -k auto prices this session's generations with, fixed once read: the
         stored ones; where none can be used (none stored, or the stored curve is implausible
         or stale), a quick calibration made now and stored (measure=False: the prior instead);
         where the machine is too busy to measure, a conservative curve for this session only,
-        and nothing stored. With a draft model, its stored cost per token; where none is
-        stored, its decode timed now and stored (measure=False: priced by its file size)."""
-        if measure and self._costs is not None:
-            return self._costs
+        and nothing stored. With a draft model (`mtp`: the target's NextN layers), its stored
+        cost per token; where none is stored, its decode timed now and stored (measure=False:
+        priced by the share of the weights a drafted token reads)."""
+        kept = self._mtp_costs if mtp else self._costs
+        if measure and kept is not None:
+            return kept
         target = self._stored_costs(say=measure)
         if target is None and not measure:
-            return self._prior()
+            return self._prior(mtp=mtp)
         if target is None:
-            target = self._first_run_costs()
-        costs = self._with_draft(target, measure)
-        if measure:
+            target = self._first_run_costs(mtp)
+        costs = self._with_mtp(target, measure) if mtp else self._with_draft(target, measure)
+        if measure and mtp:
+            self._mtp_costs = costs
+        elif measure:
             self._costs = costs
         return costs
 
@@ -144,7 +163,9 @@ class Pricing:
         self._store_target(outcome, "calibrated")
         if self.draft is not None:
             self.calibrate_draft()
-        self._costs = None
+        if self.nextn is not None:
+            self.calibrate_mtp()
+        self._costs = self._mtp_costs = None
         return self.costs()
 
     def review(self, stats: Stats) -> bool:
@@ -153,7 +174,7 @@ class Pricing:
         STALE_STEPS steps), mark the stored curve stale, so the next run measures it again, and
         say so. This generation's choices are made already, and so are this session's: only
         the next run's costs change."""
-        ratio, costs = stats.costs_ratio, self._costs
+        ratio, costs = stats.costs_ratio, self._costs if self._costs is not None else self._mtp_costs
         if ratio is None or stats.priced_steps < STALE_STEPS or costs is None or costs.source in ("prior", "conservative"):
             return False
         if STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
@@ -190,18 +211,48 @@ class Pricing:
         self.store.put(self.draft_key, seconds)
         return seconds
 
-    def measure_speedup(self, engine_for: Callable[[GenerationRequest], Engine]) -> float | None:
+    def calibrate_mtp(self) -> float:
+        """Time the first NextN layer's one-entry decode and a catch-up's, and measure its
+        greedy agreement with the trunk (`mtp_agreement`), as `calibrate_draft` does a draft
+        model's; store them (where the machine is too busy, nothing: 0.0). Both caches are
+        left empty."""
+        assert self.nextn is not None
+        heads, filled = self.nextn.heads, [0]
+        zeros = np.zeros((CATCH_UP_BATCH, heads.n_embd), dtype=np.float32)
+
+        def decode(tokens: list[int]) -> None:
+            heads.decode(0, tokens, filled[0], zeros[: len(tokens)])
+            filled[0] += len(tokens)
+
+        def rewind(n_keep: int) -> None:
+            heads.rewind(0, n_keep)
+            filled[0] = min(filled[0], n_keep)
+
+        self.nextn.forget()
+        token = self.target.bos if self.target.bos >= 0 else 0
+        timed = calibrate(decode, rewind, token, (1, CATCH_UP_BATCH), passes=4)
+        self.nextn.forget()
+        if timed.problem is not None:
+            return 0.0
+        seconds, catch_up = timed.verify[1], timed.verify[CATCH_UP_BATCH] / CATCH_UP_BATCH
+        self.store.put(self.mtp_key + "|acceptance", mtp_agreement(self.target, self.nextn))
+        self.store.put(self.mtp_key + "|catch_up", catch_up)
+        self.store.put(self.mtp_key, seconds)
+        return seconds
+
+    def measure_speedup(self, engine_for: Callable[[GenerationRequest], Engine], *, mtp: bool = False) -> float | None:
         """Measure (or read) the costs and the draft's agreement as a first run with this draft
-        does, then time greedy generations of MEASURE_TOKENS from a sample text, drafted by the
-        model alone at the length its costs favour and plain, in MEASURE_ROUNDS alternating
-        rounds (`engine_for`: the session's): the ratio of the median rates is stored as the
-        draft's measured speed-up (None where the costs favour no length: a draft through text)."""
-        best = expected_speedup(self.costs())
-        if best is None or self.draft is None:
+        (`mtp`: the target's NextN layers) does, then time greedy generations of MEASURE_TOKENS
+        from a sample text, drafted by it alone at the length its costs favour and plain, in
+        MEASURE_ROUNDS alternating rounds (`engine_for`: the session's): the ratio of the
+        median rates is stored as its measured speed-up (None where the costs favour no
+        length: a draft through text)."""
+        best = expected_speedup(self.costs(mtp=mtp))
+        if best is None or (self.nextn if mtp else self.draft) is None:
             return None
         prompt = self.target.tokenize(AGREEMENT_SAMPLE)[:64]
-        requests = (GenerationRequest(max_tokens=MEASURE_TOKENS, draft=DraftKind.MODEL, lookup=False,
-                                      draft_tokens=best[1]),
+        requests = (GenerationRequest(max_tokens=MEASURE_TOKENS, draft=DraftKind.MTP if mtp else DraftKind.MODEL,
+                                      lookup=False, draft_tokens=best[1]),
                     GenerationRequest(max_tokens=MEASURE_TOKENS, draft=DraftKind.NONE))
         rates: tuple[list[float], list[float]] = ([], [])
         for _ in range(MEASURE_ROUNDS):
@@ -211,7 +262,7 @@ class Pricing:
                     pass
                 kept.append(engine.stats.tokens_per_second)
         ratio = float(np.median(rates[0]) / max(np.median(rates[1]), 1e-9))
-        self.store.put(self.draft_key + "|speedup", ratio)
+        self.store.put((self.mtp_key if mtp else self.draft_key) + "|speedup", ratio)
         return ratio
 
     def _stored_costs(self, *, say: bool) -> StepCosts | None:
@@ -228,15 +279,39 @@ class Pricing:
             self._notice(f"the stored verify costs of {self.target.path.name} no longer hold ({why}): measuring them again")
         return None
 
-    def _first_run_costs(self) -> StepCosts:
+    def _first_run_costs(self, mtp: bool = False) -> StepCosts:
         """A quick calibration, stored; or, where the machine is too busy, the conservative curve."""
         outcome = self._time_target(FIRST_RUN_SIZES, PASSES)
         if outcome.problem is not None:
             if self._notice is not None:
                 self._notice(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
                              f"({outcome.problem}): drafting cautiously this run, measuring again on the next")
-            return self._prior(conservative=True)
+            return self._prior(conservative=True, mtp=mtp)
         return self._store_target(outcome, "first run")
+
+    def _with_mtp(self, target: StepCosts, measure: bool) -> StepCosts:
+        """The target's costs with its NextN layers' (measured, or priced by the share of the
+        weights a drafted token reads)."""
+        if self.nextn is None or target.source in ("prior", "conservative"):  # relative units: priced so already
+            return target
+        measured = self._mtp_measurements()
+        if measured is None and measure:
+            self.calibrate_mtp()
+            measured = self._mtp_measurements()
+        if measured is not None:
+            seconds, catch_up, acceptance = measured
+            return replace(target, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
+        seconds = mtp_share(self.target.path) * VerifyCurve(target.verify).cost(1)
+        return replace(target, draft_per_token=seconds, draft_catch_up=seconds)
+
+    def _mtp_measurements(self) -> tuple[float, float, float] | None:
+        """The NextN layers' stored cost per token, catch-up cost per token and agreement, or
+        None if they are not all stored."""
+        values = [self.store.get(self.mtp_key + suffix) for suffix in ("", "|catch_up", "|acceptance")]
+        if not all(isinstance(value, (int, float)) for value in values):
+            return None
+        seconds, catch_up, acceptance = (float(value) for value in values)  # type: ignore[arg-type]
+        return seconds, catch_up, acceptance
 
     def _with_draft(self, target: StepCosts, measure: bool) -> StepCosts:
         """The target's costs with the draft model's (measured, or priced by its file size)."""
@@ -268,9 +343,10 @@ class Pricing:
             acceptance = None
         return float(seconds), float(catch_up), None if acceptance is None else float(acceptance)
 
-    def _prior(self, *, conservative: bool = False) -> StepCosts:
+    def _prior(self, *, conservative: bool = False, mtp: bool = False) -> StepCosts:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
-        return prior_costs(gpu, self._draft_size_ratio(), conservative=conservative)
+        share = mtp_share(self.target.path) if mtp and self.nextn is not None else self._draft_size_ratio()
+        return prior_costs(gpu, share, conservative=conservative)
 
     def _time_target(self, sizes: tuple[int, ...], passes: int) -> Calibration:
         target = self.target
@@ -312,10 +388,36 @@ def greedy_agreement(target: Model, draft: Model, sample: str = AGREEMENT_SAMPLE
     return float(np.mean(choices[0] == choices[1]))
 
 
-def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
-    """The draft's speed-up that `specli drafts --measure` timed and stored (None: not measured)."""
+def mtp_agreement(target: Model, nextn: NextnDraft, sample: str = AGREEMENT_SAMPLE) -> float:
+    """The share of the sample's positions where the first NextN layer's greedy choice is the
+    trunk's, each reading the sample itself (teacher-forced): entry q (token q, the trunk's
+    hidden state at q - 1) against the trunk's row q, both predicting token q + 1. The
+    first drafted token's agreement: later ones, drafted from the layer's own states, agree
+    less, which the run's record learns. Both caches are left empty."""
+    heads = nextn.heads
+    tokens = target.tokenize(sample)[: min(target.n_ctx, target.batch_size, heads.n_ctx)]
+    nextn.forget()
+    target.rewind(0)
+    trunk = np.argmax(target.decode(tokens, all_logits=True), axis=1)
+    hidden = heads.target_hidden(-1, len(tokens))  # row q: the state entry q reads
+    choices = [int(np.argmax(heads.decode(0, [token], q, hidden[q : q + 1])[0])) for q, token in enumerate(tokens[:-1])]
+    target.rewind(0)
+    nextn.forget()
+    return float(np.mean(np.asarray(choices) == trunk[: len(choices)]))
+
+
+def mtp_share(path: Path) -> float:
+    """A NextN layer's decode against a plain one, before it is timed: the share of the weights
+    it reads (at least MTP_SHARE_FLOOR: its own launches and the logits it hands back)."""
+    return max(mtp.nextn_share(path), MTP_SHARE_FLOOR)
+
+
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
+    """The draft's speed-up that `specli drafts --measure` timed and stored (None: not
+    measured); `draft` None: the target's NextN layers' (MTP drafting)."""
     try:
-        key = draft_key(settings_key(target, load, build_key()), draft, load) + "|speedup"
+        key = settings_key(target, load, build_key())
+        key = (key + MTP_SUFFIX if draft is None else draft_key(key, draft, load)) + "|speedup"
     except OSError:
         return None
     value = cost_store().get(key)

@@ -1,9 +1,10 @@
 """A loaded pair, and `engine_for`, the one place a generation is built.
 
 The session holds load-time facts only: the target, a draft model (with its KV cache),
-whether it drafts through text, the exact verify batches, what the target's KV cache holds,
-and the pair's pricing (specli/pricing.py). A GenerationRequest says everything else;
-`engine_for` turns it into the proposer, the draft-length policy and the engine that run it.
+whether it drafts through text, the target's NextN layers (with their caches) where MTP
+drafting was asked for, the exact verify batches, what the target's KV cache holds, and the
+pair's pricing (specli/pricing.py). A GenerationRequest says everything else; `engine_for`
+turns it into the proposer, the draft-length policy and the engine that run it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from specli.decode.costs import VerifyCurve
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.engine import Engine, EngineOptions, TargetCache
 from specli.decode.exact import BatchCap
+from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.ngram import NGramProposer, TokenIndex
 from specli.decode.policy import DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
 from specli.decode.shapes import GPU_SIZES
 from specli.decode.translate import TranslatedDraft
-from specli.errors import UsageError, VocabMismatchError
+from specli.errors import MtpUnavailableError, UsageError, VocabMismatchError
+from specli.llama import mtp
 from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import check_vocab_compatible
 from specli.pricing import Pricing, exact_caps
@@ -46,18 +49,23 @@ class SessionSpec:
     verify_on_device: bool = False
     verbose: bool = False
     chat_template: str | None = None  # --chat-template-file: the template's text, in place of the GGUF's
+    # Open the target's NextN layers to draft with (--draft mtp, or a server whose requests may ask).
+    mtp: bool = False
 
 
 class Session:
-    """A loaded target, and a draft model where one was asked for, reusable across generations."""
+    """A loaded target, and a draft model or the target's NextN layers where they were asked
+    for, reusable across generations."""
 
     def __init__(self, spec: SessionSpec, target: Model, draft: DraftModel | None = None, *, translated: bool = False,
-                 exact_cap: BatchCap | None = None, notice: Callable[[str], None] | None = None) -> None:
+                 exact_cap: BatchCap | None = None, notice: Callable[[str], None] | None = None,
+                 nextn: NextnDraft | None = None) -> None:
         self.spec = spec
         self.target = target
         self.draft = draft
+        self.nextn = nextn  # the target's NextN layers and their caches (MTP drafting)
         self.translated = translated  # the draft model's vocabulary is not the target's: it drafts through text
-        self.pricing = Pricing(spec, target, draft, translated=translated, notice=notice)
+        self.pricing = Pricing(spec, target, draft, translated=translated, notice=notice, nextn=nextn)
         self._exact_cap = exact_cap
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
@@ -86,6 +94,9 @@ class Session:
         policy = self._policy(request, proposer)
         drafting = not isinstance(proposer, NoProposer)
         cap = self.exact() if request.exact and drafting else BatchCap.anywhere(MAX_DRAFT + 1)
+        reach = self.target.max_rewind  # a recurrent target takes back no more than its snapshots
+        if drafting and reach is not None:
+            cap = cap.within(reach + 1)
         by_model = drafting and self.draft is not None and request.draft is DraftKind.MODEL
         options = EngineOptions(self.spec.verify_on_device, cap,
                                 self.spec.draft_model.name if by_model and self.spec.draft_model else "")
@@ -103,9 +114,27 @@ class Session:
         batched otherwise, and rounds otherwise at a near-tie, even under --exact)."""
         self._cache = TargetCache(shapes=self._cache.shapes)  # the graph the target replays stays
 
+    def plain_reason(self, request: GenerationRequest) -> str | None:
+        """Why a request that drafts decodes plainly on this session (None: it drafts): the
+        target cannot take a rejected draft back, or --exact finds no verify batch above one
+        row exact."""
+        if not request.drafts:
+            return None
+        if self.target.rewind_problem is not None:
+            return f"{self.target.rewind_problem}: a rejected draft could not be taken back; decoding plainly"
+        if request.exact and self.exact().largest == 1:
+            return "--exact: no verify batch above one row gives one-token logits on this build; decoding plainly"
+        return None
+
     def drafts_plainly(self, request: GenerationRequest) -> bool:
-        """Whether --exact leaves nothing to draft: no verify batch above one row is exact."""
-        return request.exact and request.drafts and self.exact().largest == 1
+        return self.plain_reason(request) is not None
+
+    def _max_draft(self, request: GenerationRequest) -> int:
+        """The longest draft a step may verify: MAX_DRAFT, held to the largest --exact batch and
+        to what a recurrent target's snapshots can take back (a rejected draft and padding rows)."""
+        most = self.exact().largest - 1 if request.exact else MAX_DRAFT
+        reach = self.target.max_rewind
+        return most if reach is None else min(most, reach)
 
     def _proposer(self, request: GenerationRequest, memory: TokenIndex | None, matcher: Matcher | None) -> Proposer:
         if not request.drafts or self.drafts_plainly(request):
@@ -114,25 +143,34 @@ class Session:
         lookup = NGramProposer(references=[memory] if memory is not None else [], prediction=prediction)
         if request.draft is DraftKind.NGRAM:
             return lookup
-        if self.draft is None:
-            raise UsageError("draft 'model': no draft model is loaded", "load one with --draft MODEL")
-        # Through text its tokens are not the target's: the engine checks what it brings instead.
-        model: Proposer = DraftModelProposer(self.draft, request.sampling, request.seed or 0, request.draft_min_p,
-                                             keyed=not self.translated, constraint=None if self.translated else matcher)
-        if self.translated:
-            model = TranslatedDraft(self.target, model)  # type: ignore[arg-type]
+        model = self._model_proposer(request, matcher)
         # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
         return LookupThenModel(lookup, model) if request.lookup or prediction else model
 
+    def _model_proposer(self, request: GenerationRequest, matcher: Matcher | None) -> Proposer:
+        """The target's NextN layers (draft 'mtp'), or the draft model, for this request."""
+        seed = request.seed or 0
+        if request.draft is DraftKind.MTP:
+            if self.nextn is None:
+                raise MtpUnavailableError(f"draft 'mtp': {self.target.path.name}'s NextN layers were not opened",
+                                          "load it with --draft mtp")
+            return MtpProposer(self.nextn, request.sampling, seed, request.draft_min_p, constraint=matcher)
+        if self.draft is None:
+            raise UsageError("draft 'model': no draft model is loaded", "load one with --draft MODEL")
+        # Through text its tokens are not the target's: the engine checks what it brings instead.
+        model: Proposer = DraftModelProposer(self.draft, request.sampling, seed, request.draft_min_p,
+                                             keyed=not self.translated, constraint=None if self.translated else matcher)
+        return TranslatedDraft(self.target, model) if self.translated else model  # type: ignore[arg-type]
+
     def _policy(self, request: GenerationRequest, proposer: Proposer) -> DraftPolicy:
         """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
-        costs. Never longer than the largest --exact batch allows (the engine caps each step
-        where it is)."""
+        costs (the NextN layers' for draft 'mtp'). Never longer than the largest --exact batch
+        (the engine caps each step where it is), or a recurrent target's snapshots, allow."""
         if isinstance(proposer, NoProposer):
             return FixedDraftPolicy(0)
-        max_draft = self.exact().largest - 1 if request.exact else MAX_DRAFT
+        max_draft = self._max_draft(request)
         auto = request.draft_tokens == AUTO
-        costs = self.pricing.costs(measure=auto)
+        costs = self.pricing.costs(measure=auto, mtp=request.draft is DraftKind.MTP)
         if self.target.on_gpu:  # padding and changes of shape priced as the policy prices steps
             self._cache.shapes.priced(VerifyCurve(costs.verify), costs.change)
         if auto:
@@ -158,6 +196,8 @@ class Session:
     def close(self) -> None:
         if self.draft is not None:
             self.draft.close()
+        if self.nextn is not None:
+            self.nextn.close()  # before the target they read
         self.target.close()
 
     def __enter__(self) -> Session:
@@ -176,17 +216,23 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     exact_cap = None
     if spec.exact:
         spec, exact_cap = _exact_settings(spec, notice)
-    target = Model(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
+    load = mtp.load_target if spec.mtp else mtp.load_model  # with NextN layers where the file holds them
+    target = load(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
     draft: DraftModel | None = None
+    heads: mtp.MtpHeads | None = None
     try:
         translated = False
         if spec.draft_model is not None and (exact_cap is None or exact_cap.largest > 1):
             draft, translated = _open_draft(spec, target, notice)
-        session = Session(spec, target, draft, translated=translated, exact_cap=exact_cap, notice=notice)
+        heads = mtp.MtpHeads(target) if spec.mtp else None
+        session = Session(spec, target, draft, translated=translated, exact_cap=exact_cap, notice=notice,
+                          nextn=NextnDraft(heads) if heads is not None else None)
         session.warm_up()
     except BaseException:
         if draft is not None:
             draft.close()
+        if heads is not None:
+            heads.close()
         target.close()
         raise
     return session
@@ -206,6 +252,9 @@ def _open_draft(spec: SessionSpec, target: Model, notice: Callable[[str], None] 
     assert spec.draft_model is not None
     draft = Model(spec.draft_model, spec.draft_load, verbose=spec.verbose)
     try:
+        if draft.recurrent:  # its drafting decodes are one token each: no snapshot reaches back a draft
+            raise UsageError(f"{spec.draft_model.name} has recurrent layers: this llama.cpp cannot take its "
+                             "rejected draft tokens back", "draft with an attention-only model, --draft ngram or mtp")
         check_vocab_compatible(target, draft)
         return DraftModel(draft, on_gpu=draft.on_gpu), False
     except VocabMismatchError as refused:

@@ -140,7 +140,7 @@ def test_the_decoding_algorithm_does_not_import_pricing():
 
 
 # Constructors of proposers and draft-length policies: Session.engine_for builds them, once.
-ASSEMBLY = {"NGramProposer", "DraftModelProposer", "LookupThenModel", "TranslatedDraft", "NoProposer",
+ASSEMBLY = {"NGramProposer", "DraftModelProposer", "MtpProposer", "LookupThenModel", "TranslatedDraft", "NoProposer",
             "AdaptiveDraftPolicy", "FixedDraftPolicy"}
 
 

@@ -82,7 +82,7 @@ def commands_for(*argv: str) -> dict[str, list[str]]:
     args = parse_args(["-m", "target.gguf", "-p", "Hello", "--llama-bin", "/bin/llama-speculative-simple",
                        "--specli", "specli", *argv])
     work = Workload(model=args.model, draft=args.draft, prompt="Hello", k=args.draft_tokens, n=16, ngram_n=3,
-                    threads=None, ctx_size=512, gpu_layers=args.gpu_layers)
+                    threads=None, ctx_size=512, gpu_layers=args.gpu_layers, mtp=args.mtp)
     return {name: command for name, (_, command) in tool_commands(args, work).items()}
 
 
@@ -105,4 +105,14 @@ def test_plain_only_runs_the_two_plain_rows():
     commands = commands_for("--ngram", "--plain-only")
     assert list(commands) == ["llama.cpp plain", "specli plain"]
     assert commands["llama.cpp plain"][0] == "/bin/llama-completion"
+    assert commands["specli plain"][commands["specli plain"].index("--draft") + 1] == "none"
+
+
+def test_mtp_drafts_with_the_target_s_own_layers_in_both_tools():
+    commands = commands_for("--mtp", "--plain", "--specli-arg=--no-ngram")
+    spec = commands["llama.cpp"]
+    assert spec[spec.index("--spec-type") + 1] == "draft-mtp" and spec[spec.index("--spec-draft-n-max") + 1] == "4"
+    assert "-md" not in spec
+    specli = commands["specli"]
+    assert specli[specli.index("--draft") + 1] == "mtp" and "--no-ngram" in specli
     assert commands["specli plain"][commands["specli plain"].index("--draft") + 1] == "none"

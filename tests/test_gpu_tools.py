@@ -118,3 +118,15 @@ def test_the_summary_has_a_section_per_result_and_survives_a_malformed_one(tmp_p
     assert "| gemma | 400.0 | 250.0 | 2.500 | 4.000 | 1.500 | 37.5% |" in text
     assert "could not read the results" in text
     assert json.loads((tmp_path / "out" / "results.json").read_text())["steps"]["build"]["seconds"] == 300
+
+
+def test_the_summary_compares_mtp_at_the_same_depth_and_at_each_side_s_best(tmp_path):
+    found = tmp_path / "results"
+    found.mkdir()
+    tools = {"llama.cpp": {"median_tokens_per_second": 80.0}, "specli": {"median_tokens_per_second": 100.0}}
+    for name, k in (("mtp-same-k2", 2), ("mtp-compare", 3)):
+        (found / f"{name}.json").write_text(json.dumps({"workload": {"k": k, "draft": "mtp"}, "tools": tools}))
+    results.summary(found, tmp_path / "out")
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "## (e) MTP" in text and "| same depth, MTP alone | K=2 | 80.0 | 100.0 |" in text
+    assert "| each at its best (specli -k auto) | K=3 |" in text

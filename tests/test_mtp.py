@@ -23,7 +23,7 @@ from specli.decode.request import GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.errors import MtpUnavailableError
 from specli.llama import mtp
-from specli.llama.backend import DecodeError, LoadSettings
+from specli.llama.backend import LoadSettings
 
 pytestmark = pytest.mark.slow  # loads models
 
@@ -192,13 +192,19 @@ def test_seeded_sampling_with_mtp_drafts_writes_plain_sampling_s_tokens(loaded):
 # --- a hybrid target (Qwen3.5: gated delta net layers beside attention layers) ---------------------
 
 
-def test_a_hybrid_target_cannot_remove_a_rejected_draft_without_state_snapshots(files):
+def test_a_hybrid_target_without_state_snapshots_decodes_again_to_rewind(files):
     """A recurrent layer's state holds every token it read: without snapshots llama.cpp cannot
-    take the last tokens back, so the first rejected draft ends the generation."""
+    take the last tokens back, so a rewind empties the cache and decodes the kept tokens again
+    (greedy still equals plain), and the target says why drafting on it does not pay."""
     target, heads = load(files["hybrid"])
     try:
-        with pytest.raises(DecodeError, match="could not remove positions"):
-            generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 2, target.tokenize(PROMPT))
+        assert target.recurrent and target.max_rewind == 0
+        assert "without snapshots" in target.rewind_problem
+        prompt = target.tokenize(PROMPT)
+        plain, _ = generate(target, NoProposer(), 0, prompt)
+        tokens, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 2, prompt)
+        assert [t.id for t in tokens] == [t.id for t in plain]
+        assert stats.accepted < stats.drafted, "a draft was rejected, and taken back by decoding again"
     finally:
         heads.close()
         target.close()

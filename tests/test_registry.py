@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from specli.decode.request import DraftKind
 from specli.errors import ConfigError, UnknownPairError
 from specli.models.registry import (
     ModelRef,
@@ -27,6 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = {
     "qwen2.5": r"/qwen2\.5-",  # Qwen2.5 and Qwen2.5-Coder
     "qwen3": r"/qwen3-",  # Qwen3 and Qwen3-Coder
+    "qwen3.5": r"/qwen3\.[56]-",  # Qwen3.5 and Qwen3.6 (MTP pairs: the target drafts itself)
     "llama3": r"/(meta-)?llama-3\.[123]-",  # Llama 3.1, 3.2, 3.3
     "gemma3": r"/gemma-3-",
     "deepseek-r1-qwen": r"/deepseek-r1-(distill|draft)-qwen",  # R1's Qwen2.5 tokenizer, its own special tokens
@@ -76,8 +78,13 @@ def test_shipped_pairs_validate_and_include_the_embedded_demo():
     assert len(hub_pairs) >= 8
 
 
+def model_pairs():
+    """The shipped Hub pairs with a draft model (MTP pairs draft with the target's own layers)."""
+    return [pair for pair in load_registry().pairs.values() if pair.target.repo and pair.draft_kind is DraftKind.MODEL]
+
+
 def test_every_shipped_pair_drafts_within_its_family_or_says_it_drafts_through_text():
-    pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
+    pairs = model_pairs()
     draft_families = {family(pair.draft) for pair in pairs}
     crossing = []
     for pair in pairs:
@@ -103,7 +110,7 @@ def test_cross_vocabulary_drafts_are_copies_of_shipped_same_vocabulary_drafts():
 
 
 def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
-    pairs = [pair for pair in load_registry().pairs.values() if pair.target.repo]
+    pairs = model_pairs()
     targets = [parameters_in_billions(pair.target) for pair in pairs]
     assert min(targets) == 7 and max(targets) >= 70
     for pair in pairs:
@@ -138,8 +145,16 @@ def test_every_shipped_hub_model_is_pinned_or_says_why_not():
             assert len(ref.unpinned.split()) >= 3, f"{where}: 'unpinned' should give a reason"
 
 
+def test_shipped_mtp_pairs_are_a_laptop_sized_one_and_a_30b_class_one():
+    pairs = [pair for pair in load_registry().pairs.values() if pair.draft_kind is DraftKind.MTP]
+    assert sorted(parameters_in_billions(pair.target) for pair in pairs) == [4, 27]
+    for pair in pairs:
+        assert pair.models() == [("target", pair.target)] and "MTP" in pair.description, pair.name
+
+
 def test_most_shipped_hub_models_are_fully_pinned_with_sizes():
-    models = shipped_hub_models()
+    # MTP pairs aside: their files are newer than any public pin found (each says so in `unpinned`).
+    models = [(name, role, ref) for name, role, ref in shipped_hub_models() if name in {p.name for p in model_pairs()}]
     pinned = [ref for _, _, ref in models if ref.pinned]
     assert len(pinned) >= len(models) - 4
     for ref in pinned:
@@ -326,7 +341,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
         (f'target = {{ repo = "a/b", file = "t.gguf", revision = "{COMMIT}", sha256 = "{SHA_A}", unpinned = "no source" }}\ndraft = "ngram"', "pairs.foo.target: 'unpinned' gives a reason, but the revision is a commit and every file has a sha256"),
         ('target = { repo = "a/b", file = "t.gguf", unpinned = " " }\ndraft = "ngram"', "pairs.foo.target.unpinned: give the reason the model is not pinned"),
         ('target = { path = "x.gguf", size = 9, unpinned = "local" }\ndraft = "ngram"', "pairs.foo.target: 'size', 'unpinned' apply to 'repo' + 'file' models only"),
-        (f'{GOOD_TARGET}\ndraft = "ngram"\ncross_vocabulary = true', "pairs.foo.cross_vocabulary: applies to a draft model only; n-gram lookup drafts the target's own tokens"),
+        (f'{GOOD_TARGET}\ndraft = "ngram"\ncross_vocabulary = true', "pairs.foo.cross_vocabulary: applies to a draft model only; n-gram lookup and MTP draft the target's own tokens"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocabulary = "yes"', "pairs.foo.cross_vocabulary: Input should be a valid boolean"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p" }}\ncross_vocab = true', "pairs.foo.cross_vocab: unknown key"),
         (f'{GOOD_TARGET}\ndraft = {{ package = "p", cross_vocabulary = true }}', "pairs.foo.draft.cross_vocabulary: unknown key"),

@@ -405,6 +405,25 @@ def _fresh_and_warm(compares: dict, warm: dict | None) -> list[str]:
          "batch changes a step", "CUDA graphs (reused, captured, reset)"], rows)
 
 
+def _mtp_section(results: dict) -> list[str]:
+    model, same, sweep, compare = (results.get(f"mtp-{name}") for name in ("model", "same-k2", "best", "compare"))
+    if not (same or compare):
+        return []
+    lines = ["## (e) MTP: the target's own NextN layer drafts (`--draft mtp` / `--spec-type draft-mtp`)", ""]
+    if model:
+        lines += [f"Target: {model.get('shape')} MiMo-2 with one NextN layer, {model.get('target_mib')} MiB, "
+                  f"written in {model.get('seconds')} s.", ""]
+    if sweep:
+        lines += _table(["llama.cpp draft-mtp depth", "t/s", "acceptance"],
+                        [[c["workload"]["k"], _f(c["median_tokens_per_second"], 1), _f(c["acceptance_rate"])]
+                         for c in sweep["candidates"]])
+    header = ["comparison", *COMPARE_HEADER[1:]]
+    header[3] = "specli t/s"
+    rows = ([_compare_row("same depth, MTP alone", same)] if same else []) + \
+        ([_compare_row("each at its best (specli -k auto)", compare)] if compare else [])
+    return lines + _table(header, rows)
+
+
 def _plain_section(results: dict) -> list[str]:
     plains = {name[len("plain-"):]: data for name, data in results.items() if name.startswith("plain-")}
     if not plains:
@@ -449,7 +468,7 @@ def summary(results_dir: Path, out_dir: Path) -> None:
         lines += _table(["step", "state", "seconds"], [[name, s.get("state"), s.get("seconds")]
                                                        for name, s in steps.items()])
     for section in (_environment_section, _tests_section, _bench_section, _synthetic_section, _plain_section,
-                    _replay_section):
+                    _mtp_section, _replay_section):
         try:
             lines += section(results)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:  # a result of another shape

@@ -16,6 +16,9 @@
 #              draft-simple K=8 (and both plain decoders), specli -k auto against draft-simple at
 #              its best K; the same two warm, in `specli bench`
 #   plain      (d) plain decoding, specli's and llama.cpp's
+#   mtp        (e) an 8B-shaped F16 MiMo-2 with one NextN layer: specli --draft mtp against
+#              `llama-speculative-simple --spec-type draft-mtp` at the same depth (2, MTP alone),
+#              then each at its best (llama.cpp's best depth of 1-3; specli -k auto), with plain
 #   replay     benchmarks/replay.py: record the embedded model on the GPU, replay -k auto on
 #              measured verify costs and on the paper model's
 #   all        every step above, in that order
@@ -47,7 +50,7 @@
 #   SWEEP_RUNS     timed runs per llama.cpp setting while looking for its best (default: 3)
 #   FORCE=1        redo the named steps (not the steps they need) even if stamped
 #   TESTS, COMPARE_WORKLOADS, NGRAM_GRID, DRAFT_K_GRID, BENCH_K, BENCH_TOKENS, SYNTHETIC_TOKENS,
-#   PLAIN_TOKENS   what the steps run (defaults below)
+#   PLAIN_TOKENS, MTP_K_GRID, MTP_TOKENS, MTP_RUNS   what the steps run (defaults below)
 #   LLAMA_BIN_DIR  GPU=0 only: use the llama.cpp tools in this folder instead of building them
 set -euo pipefail
 
@@ -114,6 +117,9 @@ if gpu; then
     DRAFT_K_GRID="${DRAFT_K_GRID:-4 8 16}"
     SYNTHETIC_TOKENS="${SYNTHETIC_TOKENS:-128}"
     PLAIN_TOKENS="${PLAIN_TOKENS:-256}"
+    MTP_K_GRID="${MTP_K_GRID:-1 3}"                  # besides 2, which both tools run
+    MTP_TOKENS="${MTP_TOKENS:-128}"
+    MTP_RUNS="${MTP_RUNS:-3}"                         # about 2 minutes in all, writing the model included
     WARMUP=1
     GPU_LAYERS=999                                    # every layer of every model, in both tools
 else
@@ -124,6 +130,9 @@ else
     DRAFT_K_GRID="${DRAFT_K_GRID:-2 4}"
     SYNTHETIC_TOKENS="${SYNTHETIC_TOKENS:-16}"
     PLAIN_TOKENS="${PLAIN_TOKENS:-16}"
+    MTP_K_GRID="${MTP_K_GRID:-1}"
+    MTP_TOKENS="${MTP_TOKENS:-16}"
+    MTP_RUNS="${MTP_RUNS:-1}"
     WARMUP=0
     GPU_LAYERS=0
 fi
@@ -593,6 +602,47 @@ step_plain() {
     fi
 }
 
+# --- (e) mtp ------------------------------------------------------------------------------
+
+mtp_target() {
+    if gpu; then echo "$MODELS/mtp-8b-n1-s0.gguf"; else echo "$MODELS/tiny-mtp1-s0.gguf"; fi
+}
+
+step_mtp() {
+    CURRENT_STEP=mtp
+    run_step install
+    run_step tools
+    local target prompt="The quick brown fox"
+    target="$(mtp_target)"
+    if [[ ! -f "$target" ]]; then
+        local started
+        started=$(date +%s)
+        if gpu; then  # Llama 3's vocabulary, as the synthetic pair's: an 8.0B trunk and its NextN layer
+            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS" --shape 8b --workers "$JOBS" \
+                --vocab "$(sdist_source)/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"
+        else
+            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS"
+        fi
+        results put "$RESULTS/mtp-model.json" "shape=$(gpu && echo 8b || echo tiny)" \
+            "target=$(basename "$target")" "seconds=$(($(date +%s) - started))" \
+            "target_mib=$(($(stat -c %s "$target") / 1048576))"
+    fi
+    # The same depth: both tools' NextN layer alone drafting 2 tokens a step.
+    compare mtp-same-k2 -m "$target" --mtp -p "$prompt" -n "$MTP_TOKENS" -k 2 --specli-arg=--no-ngram \
+        --runs "$MTP_RUNS"
+    # llama.cpp's other depths, then each side at its best: llama.cpp's fastest depth against
+    # specli -k auto (lookup in front, as specli drafts by default), with both plain.
+    local sweeps=("$RESULTS/mtp-same-k2.json")
+    for k in $MTP_K_GRID; do
+        compare "mtp-sweep-k$k" -m "$target" --mtp -p "$prompt" -n "$MTP_TOKENS" -k "$k" --skip-specli \
+            --runs "$MTP_RUNS"
+        sweeps+=("$RESULTS/mtp-sweep-k$k.json")
+    done
+    results best "$RESULTS/mtp-best.json" "${sweeps[@]}"
+    compare mtp-compare -m "$target" --mtp -p "$prompt" -n "$MTP_TOKENS" \
+        -k "$(results get "$RESULTS/mtp-best.json" k)" --specli-k auto --plain --runs "$MTP_RUNS"
+}
+
 # --- replay -------------------------------------------------------------------------------
 
 step_replay() {
@@ -634,7 +684,7 @@ report() {
     log "report: $OUTPUT_DIR/summary.md"
 }
 
-ALL="build install tools tests bench synthetic plain replay"
+ALL="build install tools tests bench synthetic plain mtp replay"
 REQUESTED=""
 for name in "${@:-all}"; do
     [[ "$name" == all ]] && name="$ALL"

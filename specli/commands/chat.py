@@ -35,6 +35,9 @@ def chat(spec: SessionSpec, request: GenerationRequest, output: Output, system: 
         if not conversation.templated:
             notice(f"{spec.target.name} has no chat template (a completion model): "
                    "each turn continues the text so far")
+        reason = session.plain_reason(request)
+        if reason is not None:
+            notice(reason)
         engine = session.engine_for(request)
         colour = use_colour(output.colour, stdout)
         _enable_line_editing(stdin)

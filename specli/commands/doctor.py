@@ -86,6 +86,8 @@ def _facts(report: Report):
         if backend.devices is None:
             row("device", "unknown: this llama-cpp-python does not expose ggml's device list")
         row("RPC", "yes (--rpc)" if backend.rpc else "no: this build cannot use rpc-servers")
+        row("MTP", f"no: {backend.mtp_unsupported}" if backend.mtp_unsupported
+            else "yes (--draft mtp: a target's own NextN layers draft)")
     for server in report.rpc_servers:
         if not server.answers:
             row("rpc-server", server.error or f"{server.endpoint}: no answer", "red")
@@ -147,6 +149,10 @@ def print_model(model: ModelState, console) -> None:
     facts.add_row("model", Text(model.target))
     facts.add_row("verify costs", Text(costs))
     facts.add_row("exact batch", Text(found))
+    facts.add_row("NextN layers", Text(f"{model.nextn_layers} (--draft mtp drafts with them)" if model.nextn_layers
+                                       else "none (--draft mtp needs a GGUF with its MTP layers)"))
+    if model.rewind_problem:
+        facts.add_row("drafting", Text(f"no: {model.rewind_problem}; it decodes plainly", style="yellow"))
     console.print(facts)
 
 

@@ -41,15 +41,34 @@ def drafts(
     mine, candidates = draft_candidates(path, target, speedup)
     gains = {c.draft.path: speedup(Path(mine.path), Path(c.draft.path)) if isinstance(path, Path) else None
              for c in candidates}
+    own = _own_layers(path, load)
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
     for problem in problems:
         typer.echo(f"specli: {problem}", err=True)
     if as_json:
-        typer.echo(json.dumps(_listing(mine, candidates, gains, remote if hub else None), indent=2))
+        listing = _listing(mine, candidates, gains, remote if hub else None)
+        if own is not None:
+            listing["mtp"] = {"nextn_layers": own[0], "speedup": own[1]}
+        typer.echo(json.dumps(listing, indent=2))
         return
-    _print_local(target, mine, candidates, gains)
+    _print_local(target, mine, candidates, gains, "the target's NextN layers" if own is not None else "n-gram lookup")
+    if own is not None:
+        gain = f"measured {own[1]:.2f}x" if own[1] is not None else \
+            "no speed-up stored (its costs favoured no draft length)" if measure else "speed-up: --measure"
+        typer.echo(f"the target's own NextN (MTP) layers: {own[0]}, {gain}; --draft mtp drafts with them")
     if hub:
         _print_hub(target, mine, remote)
+
+
+def _own_layers(path: Path | Summary, load: LoadSettings) -> tuple[int, float | None] | None:
+    """The target's NextN layers and their stored speed-up, where this build can draft with
+    them (None: a Hub file, none, or a build without the MTP API)."""
+    from specli.commands.options import stored_speedup
+    from specli.llama import mtp
+
+    if not isinstance(path, Path) or not mtp.supports_mtp() or (layers := mtp.nextn_layers(path)) <= 0:
+        return None
+    return layers, stored_speedup(path, None, load)
 
 
 def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
@@ -64,6 +83,10 @@ def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
         typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
         with open_session(SessionSpec(path, Path(candidate.draft.path), load, load)) as session:
             session.pricing.measure_speedup(session.engine_for)
+    if _own_layers(path, load) is not None:
+        typer.echo("specli: measuring the target's own NextN (MTP) layers", err=True)
+        with open_session(SessionSpec(path, None, load, mtp=True)) as session:
+            session.pricing.measure_speedup(session.engine_for, mtp=True)
 
 
 def _listing(mine: Summary, candidates: list, gains: dict, remote: list | None) -> dict:
@@ -80,13 +103,13 @@ def _listing(mine: Summary, candidates: list, gains: dict, remote: list | None) 
     return listing
 
 
-def _print_local(target: str, mine: Summary, candidates: list, gains: dict) -> None:
+def _print_local(target: str, mine: Summary, candidates: list, gains: dict, fallback: str = "n-gram lookup") -> None:
     from specli.commands.tables import home_path, print_table
     from specli.models.hub import format_size
 
     if not candidates:
         typer.echo(f"no model on this machine shares {target}'s vocabulary ({mine.family}); "
-                   "--draft auto drafts with n-gram lookup", err=True)
+                   f"--draft auto drafts with {fallback}", err=True)
         return
     size = max(1, mine.size)
     rows = [(c.draft.name, c.draft.store, format_size(c.draft.size), f"{c.draft.size / size:.0%}",

@@ -19,7 +19,7 @@ import typer
 
 from specli.decode.constraint import Constraint
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
-from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
+from specli.decode.request import AUTO, DraftKind, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
 from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
 from specli.llama.backend import LoadSettings
@@ -81,7 +81,7 @@ Pair = Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MOD
 Target = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL,
                                                help="GGUF, Hub owner/repo:QUANT or ollama:NAME (default: embedded Gemma).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL,
-                                              help="GGUF, owner/repo:QUANT, ollama:NAME, ngram, none or auto.")]
+                                              help="GGUF, owner/repo:QUANT, ollama:NAME, ngram, mtp, none or auto.")]
 # --- Drafting --------------------------------------------------------------------
 DraftTokensOption = Annotated[Optional[str], typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto",
                                                           callback=_draft_tokens, show_default=False,
@@ -235,8 +235,9 @@ def default_load() -> LoadSettings:
     return LoadSettings(-1, rpc=(), ctx_size=DEFAULT_CTX_SIZE, threads=None, repack=True)
 
 
-def stored_speedup(target: Path, draft: Path, load: LoadSettings) -> float | None:
-    """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not measured)."""
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
+    """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not
+    measured); `draft` None: the target's NextN layers'."""
     from specli.pricing import stored_speedup as timed
 
     return timed(target, draft, load)
@@ -271,6 +272,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         verify_on_device=where.verify_on_device,
         verbose=params.get("verbose", False),
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
+        mtp=models.draft is DraftKind.MTP,
     )
 
 

@@ -113,8 +113,9 @@ def execute(spec: SessionSpec, prompt: Prompt, request: GenerationRequest, outpu
     stderr = stderr or sys.stderr
     notice = notifier(stderr, quiet=output.quiet or output.json)
     with open_session(spec, notice) as session:
-        if session.drafts_plainly(request):
-            notice("--exact: no verify batch above one row gives one-token logits on this build; decoding plainly")
+        reason = session.plain_reason(request)
+        if reason is not None:
+            notice(reason)
         tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
         engine = session.engine_for(request)
         if output.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -27,7 +28,12 @@ def serve(
     from specli.serve.server import ServeSettings
     from specli.serve.server import serve as run_server
 
+    from specli.llama import mtp
+
     models = opt.models(ctx.params)
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults)
-    raise typer.Exit(run_server(opt.session_spec(models, ctx.params), settings))
+    spec = opt.session_spec(models, ctx.params)
+    # A request may ask for draft "mtp" wherever the target's NextN layers can draft.
+    spec = replace(spec, mtp=spec.mtp or (mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0))
+    raise typer.Exit(run_server(spec, settings))

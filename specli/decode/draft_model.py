@@ -169,6 +169,7 @@ class DraftModelProposer:
     cheap = False
     translated = False
     prior = None
+    depth: int | None = None  # any length (a drafter with a most: MtpProposer)
 
     def __init__(self, draft: Drafter, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
                  *, keyed: bool = True, constraint: Matcher | None = None) -> None:

@@ -288,11 +288,14 @@ class Engine:
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
         proposal = self._allowed(self.proposer.lookup(tokens, available))
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
-        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, available, behind)):
+        # The model drafts at most its depth (chained NextN layers); lookup's match is not held to it.
+        depth = self.proposer.depth
+        model_room = available if depth is None else min(available, depth)
+        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, model_room, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
                               agreeing=proposal.agreeing) if proposal.tokens else 0
             return proposal, proposal.tokens[:k], 0
-        k = policy.choose(None, 0, available, behind=behind)
+        k = policy.choose(None, 0, model_room, behind=behind)
         proposal = self._allowed(self.proposer.propose(tokens, k)) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k], k
 

@@ -59,6 +59,10 @@ class BatchCap:
         """`rows` rows at every position (no --exact: the longest draft and [last])."""
         return cls(((0, 1 << 62, rows),))
 
+    def within(self, rows: int) -> BatchCap:
+        """These spans, none above `rows` rows."""
+        return BatchCap(tuple((start, end, min(most, rows)) for start, end, most in self.spans))
+
     def at(self, position: int) -> int:
         for start, end, rows in self.spans:
             if start <= position < end:

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import time
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specli.decode.draft_model import DraftModelProposer
 from specli.decode.proposers import Proposal
+from specli.decode.sampling import SamplingSettings
 from specli.decode.text import common_prefix_length
+
+if TYPE_CHECKING:
+    from specli.decode.constraint import Matcher
 
 
 class NextnLayers(Protocol):
@@ -39,6 +43,7 @@ class NextnLayers(Protocol):
     def decode(self, layer: int, tokens: list[int], start: int,
                hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
     def rewind(self, layer: int, n_keep: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class NextnDraft:
@@ -66,6 +71,12 @@ class NextnDraft:
         out = self.heads.decode(layer, tokens, start, states)
         self.decode_seconds += time.perf_counter() - started
         return out
+
+    def forget(self) -> None:
+        """Empty every cache (before its decodes are timed, or the target's cache is emptied)."""
+        for layer, cached in enumerate(self.cached):
+            self.heads.rewind(layer, 0)
+            cached.clear()
 
     def behind(self, tokens: list[int]) -> int:
         """Committed tokens the first layer must read before it can draft after `tokens`."""
@@ -114,6 +125,9 @@ class NextnDraft:
         self.cached[step].append(self._tokens[0])
         return logits
 
+    def close(self) -> None:
+        """Free the NextN layers' contexts (before the target they read)."""
+        self.heads.close()
 
     def choice_after(self, tokens: list[int]) -> int:
         return int(np.argmax(self.row_after(tokens)))
@@ -128,6 +142,10 @@ class MtpProposer(DraftModelProposer):
 
     name = "mtp"
 
+    def __init__(self, draft: NextnDraft, sampling: SamplingSettings, seed: int = 0, draft_min_p: float = 0.0,
+                 *, constraint: Matcher | None = None) -> None:
+        super().__init__(draft, sampling, seed, draft_min_p, constraint=constraint)
+        self.depth = draft.depth
+
     def propose(self, tokens: list[int], count: int) -> Proposal:
-        depth = self.draft.depth  # type: ignore[attr-defined]
-        return super().propose(tokens, count if depth is None else min(count, depth))
+        return super().propose(tokens, count if self.depth is None else min(count, self.depth))

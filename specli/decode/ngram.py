@@ -47,6 +47,7 @@ class NGramProposer:
     name = "ngram"
     cheap = True
     translated = False
+    depth = None
     LENGTHS = (12, 8, 6, 4, 3, 2, 1)
 
     def __init__(self, lengths: tuple[int, ...] = LENGTHS, references: Sequence[TokenIndex] = (),

@@ -1,7 +1,8 @@
 """Proposers: where draft tokens come from. One small protocol, and its implementations: none
 (plain decoding, here), n-gram lookup (`ngram`), a draft model (`draft_model`), one with
-another vocabulary drafting through text (`translate`), and lookup in front of a draft model
-(here). `Session.engine_for` chooses and builds them from a request."""
+another vocabulary drafting through text (`translate`), the target's own NextN layers (`mtp`),
+and lookup in front of a model (here). `Session.engine_for` chooses and builds them from a
+request."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Proposal:
     # A copy in progress (n-gram lookup: a match of the longest n): how many tokens the match
     # really spans; each drafted token that is kept lengthens it. 0: the key says it all.
     extent: int = 0
-    proposer: str = ""  # who drafted it: "ngram" or "draft" (the draft model)
+    proposer: str = ""  # who drafted it: "ngram", "draft" (the draft model) or "mtp" (the NextN layers)
     # N-gram lookup with several earlier occurrences: per drafted token, the (recency-weighted)
     # share of the occurrences still in agreement that continue with it, and how many of them
     # continue with it (they agree with the whole draft up to it). Empty: one occurrence.
@@ -36,6 +37,7 @@ class Proposer(Protocol):
     # The chance that a drafted token is kept, by proposal key and copy length (see
     # NGramProposer.prior); None: the draft-length policy's own prior.
     prior: Callable[[object, int], float] | None
+    depth: int | None  # the most tokens `propose` drafts a step (chained NextN layers); None: any
 
     def prepare(self, prompt: list[int]) -> None:
         """Take in the prompt before the first step (counted as prefill time)."""
@@ -63,6 +65,7 @@ class NoProposer:
     cheap = True
     translated = False
     prior = None
+    depth = None
 
     def prepare(self, prompt: list[int]) -> None:
         pass
@@ -78,19 +81,21 @@ class NoProposer:
 
 
 class LookupThenModel:
-    """N-gram lookup in front of a draft model. Each step, lookup proposes first, for free;
-    the draft-length policy weighs its match against the draft model's tokens at their
-    cost (DraftPolicy.prefers), and where the match is worth more the draft model is
-    skipped for that step. Its KV cache catches up with the committed text the next time
-    it proposes. A kept token is "draft" whichever of the two drafted it."""
+    """N-gram lookup in front of a model that drafts (a draft model, or the target's NextN
+    layers). Each step, lookup proposes first, for free; the draft-length policy weighs its
+    match against the model's tokens at their cost (DraftPolicy.prefers), and where the
+    match is worth more the model is skipped for that step. Its KV cache catches up with
+    the committed text the next time it proposes. A kept token is "draft" whichever of the
+    two drafted it; each proposal names its proposer."""
 
-    name = "draft+ngram"
     cheap = False
 
     def __init__(self, lookup: Proposer, model: Proposer) -> None:
         self.ngram, self.model = lookup, model
+        self.name = f"{model.name}+ngram"  # "draft+ngram", "mtp+ngram"
         self.translated = model.translated
-        self.prior = lookup.prior  # lookup's keys; the draft model's (None): the policy's own
+        self.prior = lookup.prior  # lookup's keys; the model's (None): the policy's own
+        self.depth = model.depth  # the model's; lookup's matches are as long as they are
 
     def prepare(self, prompt: list[int]) -> None:
         self.ngram.prepare(prompt)

@@ -19,12 +19,14 @@ from specli.errors import UsageError
 
 
 class DraftKind(str, Enum):
-    """Who drafts: nobody (plain decoding), n-gram lookup, or the loaded draft model (with
-    lookup in front of it unless the request turns that off)."""
+    """Who drafts: nobody (plain decoding), n-gram lookup, the loaded draft model, or the
+    target's own NextN layers (MTP); a model with lookup in front of it unless the request
+    turns that off."""
 
     NONE = "none"
     NGRAM = "ngram"
     MODEL = "model"
+    MTP = "mtp"
 
 
 # Draft tokens per step: N, or "auto" (the adaptive policy chooses each step's).
@@ -66,9 +68,9 @@ class GenerationRequest:
     seed: int | None = None  # keys every sampled token by its position; None: a fresh one (`seeded`)
     draft: DraftKind = DraftKind.NGRAM
     draft_tokens: DraftTokens = AUTO
-    # A draft model: n-gram lookup in front of it (--no-ngram: off; a prediction turns it on).
+    # A draft model or MTP: n-gram lookup in front of it (--no-ngram: off; a prediction turns it on).
     lookup: bool = True
-    draft_min_p: float = 0.0  # a draft model stops drafting under this probability
+    draft_min_p: float = 0.0  # a draft model (MTP too) stops drafting under this probability
     # Write exactly what `--draft none --exact` writes: each verify batch capped at the size
     # measured to give one-token logits bit for bit where it starts in the context. (What the
     # target's cache holds of the prompt is kept, as without it: plain and drafted runs split a

@@ -102,6 +102,7 @@ class TranslatedDraft:
     cheap = False
     prior = None
     translated = True
+    depth = None
 
     def __init__(self, target: Tokenizer, model: DraftModelProposer) -> None:
         if model.keyed:

@@ -136,7 +136,9 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) that take layers before the local devices
     # A recurrent or hybrid model's states kept after each of its last decoded tokens, so that
     # `rewind` can remove up to this many of them (llama.cpp's n_rs_seq; others ignore it).
-    recurrent_snapshots: int = 0
+    # The same for every draft kind, plain decoding included: it sets how a prompt is split
+    # into batches, so plain and drafted runs compute alike.
+    recurrent_snapshots: int = 8
 
 
 class _TensorPlacement(ctypes.Structure):
@@ -257,6 +259,7 @@ class Model:
         # both, and makes --ctx-size exact.
         self.n_ctx = min(int(llama.llama_n_ctx(self._ctx)), int(ctx_params.n_ctx))
         self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
+        self._init_recurrent(settings)
         self._memory = llama.llama_get_memory(self._ctx)
         self._init_batch(self.batch_size)
         self._piece_caches: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})  # by `special`
@@ -363,6 +366,9 @@ class Model:
                 self.on_decode(self.n_past, n)
             self.n_past += n
             start += n
+            if self.recurrent:  # snapshots after the last `snapshots` tokens, each but the batch's last
+                self._record.extend(chunk)
+                self._reach = min(self.snapshots, n - 1)
         self._last_batch = (chunk, all_rows)
 
     # --- backend sampling (decode_argmax) --------------------------------------
@@ -435,12 +441,52 @@ class Model:
             self._logits_address = address
         return view[:rows]
 
+    def _init_recurrent(self, settings: LoadSettings) -> None:
+        """A recurrent or hybrid model's state holds every token it read: a rewind restores a
+        snapshot llama.cpp kept after one of the last decode's tokens (see rewind)."""
+        self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
+        self._snapshots_asked = settings.recurrent_snapshots
+        self.snapshots = int(llama.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
+        self._record: list[int] = []  # a recurrent model's cached tokens, to decode again (rewind)
+        self._reach = 0  # how many positions a snapshot can take back now (recurrent only)
+
+    @property
+    def max_rewind(self) -> int | None:
+        """The most positions `rewind` takes back after a decode of more tokens than that
+        without decoding anything again: None for a model whose cache is attention only (any),
+        a recurrent or hybrid model's snapshots (0: none)."""
+        return self.snapshots if self.recurrent else None
+
+    @property
+    def rewind_problem(self) -> str | None:
+        """Why a rejected draft cannot be taken back from this model's cache (None: it can)."""
+        if self.max_rewind != 0:
+            return None
+        if self._snapshots_asked <= 0:
+            return f"{self.path.name} has recurrent layers and was loaded without snapshots of their state"
+        return (f"{self.path.name} has recurrent layers whose state this llama.cpp cannot roll back "
+                "(it keeps no snapshots for its architecture)")
+
     def rewind(self, n_keep: int) -> None:
-        """Forget every cached position from n_keep on (rejected draft tokens)."""
+        """Forget every cached position from n_keep on (rejected draft tokens).
+
+        A recurrent or hybrid model restores the snapshot llama.cpp kept after position
+        n_keep - 1, which exists only within the last decode's batch, for its last
+        `snapshots` tokens but its last one, and once: a rewind further than that (a cached
+        prompt's prefix, a batch decoded again) empties the cache and decodes the kept
+        tokens again."""
+        if self.recurrent and 0 < n_keep < self.n_past and self.n_past - n_keep > self._reach:
+            kept = self._record[:n_keep]
+            self.rewind(0)
+            self._decode(kept, False)
+            return
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             # Sliding-window caches keep n_swa + n_ubatch cells, enough for any rollback of a
             # draft (at most batch_size tokens): reaching this means the cache is not in sync.
             raise DecodeError(-1, self.path, f"could not remove positions {n_keep}.. from the KV cache")
+        if self.recurrent and n_keep < self.n_past:
+            del self._record[n_keep:]
+            self._reach = 0  # llama.cpp restores one snapshot, at the next decode
         self.n_past = min(self.n_past, n_keep)
 
     # --- vocabulary ---------------------------------------------------------

@@ -29,7 +29,7 @@ import llama_cpp as llama
 import numpy as np
 
 from specli.errors import MtpUnavailableError
-from specli.llama.backend import DecodeError, LoadSettings, Model
+from specli.llama.backend import DecodeError, LoadSettings, Model, check_gguf_file
 from specli.llama.gguf_header import read_header
 
 try:  # llama.cpp's staging API (llama-ext.h): its module fails to import where a symbol is missing
@@ -84,6 +84,36 @@ def nextn_layers(path: Path | str) -> int:
     return declared if held else 0
 
 
+def nextn_share(path: Path | str) -> float:
+    """What drafting a token with the first NextN layer reads, as a share of a plain decode's
+    weights: that block and the output head, over the trunk's blocks and the output head (the
+    pricing's guess before its decode is timed). 0.0 where the file holds no NextN layers."""
+    header = read_header(path)
+    arch = header.metadata.get("general.architecture", "")
+    declared, blocks = (header.metadata.get(f"{arch}.{key}", 0) for key in ("nextn_predict_layers", "block_count"))
+    if not isinstance(declared, int) or not isinstance(blocks, int) or declared <= 0:
+        return 0.0
+    sizes = {tensor.name: tensor.size or 0 for tensor in header.tensors}
+    head = sizes.get("output.weight") or sizes.get("token_embd.weight", 0)
+
+    def block(index: int) -> int:
+        return sum(size for name, size in sizes.items() if name.startswith(f"blk.{index}."))
+
+    trunk = sum(block(index) for index in range(blocks - declared))
+    return (block(blocks - declared) + head) / max(1, trunk + head)
+
+
+def load_model(path: Path | str, settings: LoadSettings = LoadSettings(), **model_options) -> Model:
+    """A target as specli loads every target: with its NextN layers and their hidden states
+    (`load_target`) where the file holds them and this build can run them, else plainly. The
+    hidden states change the trunk's own computation (its last layer runs on every row), so
+    plain decoding of such a model computes as MTP drafting does."""
+    check_gguf_file(Path(path))  # a missing or broken file: the loader's own one line
+    if supports_mtp() and nextn_layers(path) > 0:
+        return load_target(path, settings, **model_options)
+    return Model(path, settings, **model_options)
+
+
 def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **model_options) -> Model:
     """The target at `path` loaded with its NextN layers and its hidden states put out for
     every decoded token, ready for `MtpHeads`. Plain decoding compared with MTP drafting
@@ -93,6 +123,7 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **mod
     reason = unsupported_reason()
     if reason is not None:
         raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
+    check_gguf_file(Path(path))
     declared, held = _declared_and_held(path)
     if not held:
         where = f"declares {declared} NextN (MTP) layers but holds none of their tensors" if declared else \

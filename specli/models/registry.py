@@ -4,7 +4,8 @@ This is the only module that parses `models.toml`. A pair names a target model a
 that proposes tokens for it; each model comes from the Hugging Face Hub (`repo` + `file`),
 a local `path`, or a Python `package` that ships it. A draft model normally shares the target's
 vocabulary; a pair whose draft has one of its own says so with `cross_vocabulary = true`, and
-that draft proposes through text.
+that draft proposes through text. A pair may draft without a second model: by n-gram lookup
+(`draft = "ngram"`), or with the target's own NextN layers (`draft = "mtp"`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -30,6 +32,7 @@ from pydantic import (
 )
 
 from specli.config import specli_home
+from specli.decode.request import DraftKind
 from specli.errors import ConfigError, UnknownPairError
 
 if sys.version_info >= (3, 11):
@@ -217,11 +220,13 @@ class ModelRef(BaseModel):
 
 
 def _draft_kind(value: Any) -> str:
-    return "ngram" if isinstance(value, str) else "model"
+    return "kind" if isinstance(value, str) else "model"
 
 
+# A draft model, or a proposer that needs none: n-gram lookup, or the target's NextN layers.
 DraftRef = Annotated[
-    Union[Annotated[ModelRef, Tag("model")], Annotated[Literal["ngram"], Tag("ngram")]],
+    Union[Annotated[ModelRef, Tag("model")],
+          Annotated[Literal["ngram", "mtp"], AfterValidator(DraftKind), Tag("kind")]],
     Discriminator(_draft_kind),
 ]
 
@@ -248,12 +253,17 @@ class Pair(BaseModel):
     @classmethod
     def _draft_model(cls, value: bool, info: ValidationInfo) -> bool:
         # `draft` is declared above, so it is validated first; absent here when it failed.
-        if value and not isinstance(info.data.get("draft"), ModelRef):  # the draft is n-gram lookup
-            raise ValueError("applies to a draft model only; n-gram lookup drafts the target's own tokens")
+        if value and not isinstance(info.data.get("draft"), ModelRef):  # n-gram lookup, or the NextN layers
+            raise ValueError("applies to a draft model only; n-gram lookup and MTP draft the target's own tokens")
         return value
 
+    @property
+    def draft_kind(self) -> DraftKind:
+        """Who drafts: the draft model, n-gram lookup or the target's NextN layers (MTP)."""
+        return self.draft if isinstance(self.draft, DraftKind) else DraftKind.MODEL
+
     def models(self) -> list[tuple[str, ModelRef]]:
-        """The pair's model files by role: `target`, then `draft` unless the draft is n-gram."""
+        """The pair's model files by role: `target`, then `draft` where the draft is a model."""
         roles = [("target", self.target)]
         if isinstance(self.draft, ModelRef):
             roles.append(("draft", self.draft))
@@ -372,7 +382,7 @@ def _validation_message(error: ValidationError, label: str) -> str:
     """One line: `models.toml: pairs.foo.target.rpo: unknown key; ...`."""
     problems = []
     for item in error.errors():
-        location = [str(part) for part in item["loc"] if part not in ("model", "ngram")]
+        location = [str(part) for part in item["loc"] if part not in ("model", "kind")]
         message = _MESSAGES.get(item["type"], item["msg"])
         message = message.removeprefix("Value error, ")
         problems.append(f"{label}: {'.'.join(location)}: {message}")

@@ -103,10 +103,12 @@ def _authorisation(api_key: str | None) -> Callable[[Request], None]:
 
 def _models(worker: Worker, info: ServerInfo) -> ModelList:
     """The loaded pair, with the `draft` values a request may give: the server's own first,
-    then the most drafting to none."""
-    own = info.defaults.draft
-    kinds = [own] + [kind for kind in (DraftKind.MODEL, DraftKind.NGRAM, DraftKind.NONE) if kind is not own]
-    drafts = [kind.value for kind in kinds if kind is not DraftKind.MODEL or worker.session.draft is not None]
+    then the most drafting to none (a draft model, the target's NextN layers, where loaded)."""
+    own, session = info.defaults.draft, worker.session
+    loaded = {DraftKind.MODEL: session.draft is not None, DraftKind.MTP: session.nextn is not None}
+    kinds = [own] + [kind for kind in (DraftKind.MODEL, DraftKind.MTP, DraftKind.NGRAM, DraftKind.NONE)
+                     if kind is not own]
+    drafts = [kind.value for kind in kinds if loaded.get(kind, True)]
     card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft,
                      chat=worker.session.target.chat_template() is not None, drafts=drafts)
     return ModelList(data=[card])

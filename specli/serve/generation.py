@@ -48,6 +48,9 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
         raise RequestError(f"logit_bias: token ids run from 0 to {session.target.n_vocab - 1}", "logit_bias")
     if request.draft is DraftKind.MODEL and session.draft is None:
         raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
+    if request.draft is DraftKind.MTP and session.nextn is None:
+        raise RequestError(f"draft 'mtp': {session.target.path.name} has no NextN (MTP) layers this server can "
+                           "draft with", "draft")
     if isinstance(body, ChatRequest):
         prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)
     else:

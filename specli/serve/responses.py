@@ -15,6 +15,8 @@ from specli.decode.events import Stats
 from specli.serve.requests import ToolCall
 
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}  # specli's: OpenAI's
+# Who drafted a kept token: n-gram lookup, the draft model, the target's NextN layers, or the constraint.
+Proposer = Literal["ngram", "draft", "mtp", "grammar"]
 
 class Span(BaseModel):
     """A run of text written by one source: the draft (proposed, and kept by the target) or
@@ -22,7 +24,7 @@ class Span(BaseModel):
 
     text: str
     source: Literal["draft", "target"]
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None  # who drafted a draft span
+    proposer: Optional[Proposer] = None  # who drafted a draft span
 
 
 class PromptTokensDetails(BaseModel):
@@ -125,7 +127,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     finish_reason: Optional[str] = None
     source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
+    proposer: Optional[Proposer] = None
     tokens: Optional[int] = None  # how many tokens this chunk's text holds
 
 
@@ -135,7 +137,7 @@ class TextChunkChoice(BaseModel):
     finish_reason: Optional[str] = None
     logprobs: None = None
     source: Optional[Literal["draft", "target"]] = None
-    proposer: Optional[Literal["ngram", "draft", "grammar"]] = None
+    proposer: Optional[Proposer] = None
     tokens: Optional[int] = None  # how many tokens this chunk's text holds
 
 

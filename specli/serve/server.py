@@ -115,6 +115,9 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
         notice(f"warning: serving on {settings.host} without --api-key: anyone who can reach this port can use it")
     sock = listen(settings.host, settings.port)
     with sock, open_session(spec, notice) as session:
+        reason = session.plain_reason(settings.defaults)
+        if reason is not None:
+            notice(reason)
         worker = Worker(session, queue=settings.queue, memory=settings.memory)
         draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft.value
         info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,

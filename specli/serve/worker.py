@@ -117,6 +117,8 @@ class Worker:
         # before any request: a request may draft on a server started with --draft none, and a
         # calibration between requests would leave the target's cache empty (see module doc).
         session.pricing.costs()
+        if session.nextn is not None:  # and the NextN layers', which a request may draft with
+            session.pricing.costs(mtp=True)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn

@@ -62,8 +62,8 @@ def hub_offline() -> bool:
 
 
 def resolve_pair(pair: Pair, *, download: bool = True) -> tuple[Path, Path | None]:
-    """Local paths of the target and the draft model (None: the pair drafts with n-gram
-    lookup), pulling missing files when allowed."""
+    """Local paths of the target and the draft model (None: the pair drafts without one, by
+    n-gram lookup or with the target's NextN layers), pulling missing files when allowed."""
     if download and not hub_offline() and not pair_status(pair).downloaded:
         return pull_pair(pair)
     target = resolve_model(pair.target, download=False, pair_name=pair.name)

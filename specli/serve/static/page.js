@@ -84,6 +84,8 @@ async function readEvents(response, onData) {
 // One answer as it streams: its text, who wrote each run of it, and the counts the panel shows.
 // A step writes the draft tokens the target kept, then one token of the target's own: a
 // target chunk closes a step. The text goes into the page once a frame (and at the end).
+const PROPOSERS = { ngram: "n-gram lookup", draft: "the draft model", mtp: "the model's own MTP layers", grammar: "the grammar" };
+
 class Answer {
   constructor(box, markdown) {
     this.box = box;
@@ -176,7 +178,7 @@ class Answer {
       const run = this.runs[i];
       const span = document.createElement("span");
       span.className = run.source === "draft" ? "draft" : "target";
-      if (run.source === "draft" && run.proposer) span.title = "drafted by " + run.proposer;
+      if (run.source === "draft" && run.proposer) span.title = "drafted by " + (PROPOSERS[run.proposer] || run.proposer);
       span.textContent = this.text.slice(Math.max(start, run.start), Math.min(end, run.end));
       parent.append(span);
     }
