@@ -174,22 +174,27 @@ class _OneTokenRows:
 def _largest_exact(model: Decoder, reference: _OneTokenRows, most: int, *, end: int | None = None) -> int:
     """The largest b <= `most` whose batches are exact (_exact_at), placed from the reference's
     first position, or (`end`) so that the last decode is at end - 1. Sizes are tried in
-    order and the first that differs ends the search; 1 when 2 already differs."""
+    order with every row asking for logits, and the first that differs ends the search; then
+    the largest found is checked with fewer rows asking (_counts_exact), and made smaller
+    until it passes. 1 when 2 already differs."""
     first, best = reference.first, 1
+
+    def position(size: int) -> int:
+        return first if end is None else end - 2 * size - 1
+
     for size in range(2, most + 1):
-        if not _exact_at(model, reference, first if end is None else end - 2 * size - 1, size):
+        if not _exact_at(model, reference, position(size), size):
             break
         best = size
+    while best > 1 and not _counts_exact(model, reference, position(best), best):
+        best -= 1
     return best
 
 
 def _exact_at(model: Decoder, reference: _OneTokenRows, position: int, size: int) -> bool:
     """Whether two batches of `size` rows from `position`, then one token, give one-token
     decoding's rows bit for bit (the second batch reads the first's cache entries, the token
-    both batches'), and whether a batch from `position` does with every smaller count of rows
-    asking for logits (the last ones: the rows before forced tokens ask for none). Which rows
-    ask changes only what follows the last layer's attention, never the cache entries, so one
-    batch covers each count."""
+    both batches')."""
     reference.cover(position, position + 2 * size + 1)
     text = reference.text
     model.rewind(position)
@@ -198,8 +203,17 @@ def _exact_at(model: Decoder, reference: _OneTokenRows, position: int, size: int
         if not all(np.array_equal(rows[i], reference.rows[start + i]) for i in range(size)):
             return False
     after = position + 2 * size
-    if not np.array_equal(model.decode([text[after]])[0], reference.rows[after]):
-        return False
+    return bool(np.array_equal(model.decode([text[after]])[0], reference.rows[after]))
+
+
+def _counts_exact(model: Decoder, reference: _OneTokenRows, position: int, size: int) -> bool:
+    """Whether a batch of `size` rows from `position` gives one-token decoding's rows with
+    every smaller count of rows asking for logits (the last ones: the rows before forced
+    tokens ask for none). Which rows ask changes only what follows the last layer's attention
+    (the output rows' count picks the head's kernel), never the cache entries: so a batch of
+    `size` rows covers each count for every smaller batch whose rows are exact."""
+    reference.cover(position, position + size)
+    text = reference.text
     for outputs in range(size - 1, 0, -1):
         model.rewind(position)
         rows = model.decode(text[position : position + size], outputs=[False] * (size - outputs) + [True] * outputs)
