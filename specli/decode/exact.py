@@ -175,8 +175,8 @@ def _largest_exact(model: Decoder, reference: _OneTokenRows, most: int, *, end: 
     """The largest b <= `most` whose batches are exact (_exact_at), placed from the reference's
     first position, or (`end`) so that the last decode is at end - 1. Sizes are tried in
     order with every row asking for logits, and the first that differs ends the search; then
-    the largest found is checked with fewer rows asking (_counts_exact), and made smaller
-    until it passes. 1 when 2 already differs."""
+    the largest found is checked with fewer rows asking (_failing_count), and cut to a
+    count that fails until none does. 1 when 2 already differs."""
     first, best = reference.first, 1
 
     def position(size: int) -> int:
@@ -186,8 +186,11 @@ def _largest_exact(model: Decoder, reference: _OneTokenRows, most: int, *, end: 
         if not _exact_at(model, reference, position(size), size):
             break
         best = size
-    while best > 1 and not _counts_exact(model, reference, position(best), best):
-        best -= 1
+    while best > 1:
+        failing = _failing_count(model, reference, position(best), best)
+        if not failing:
+            break
+        best = failing  # a larger batch could have that many rows asking
     return best
 
 
@@ -206,12 +209,13 @@ def _exact_at(model: Decoder, reference: _OneTokenRows, position: int, size: int
     return bool(np.array_equal(model.decode([text[after]])[0], reference.rows[after]))
 
 
-def _counts_exact(model: Decoder, reference: _OneTokenRows, position: int, size: int) -> bool:
-    """Whether a batch of `size` rows from `position` gives one-token decoding's rows with
-    every smaller count of rows asking for logits (the last ones: the rows before forced
-    tokens ask for none). Which rows ask changes only what follows the last layer's attention
-    (the output rows' count picks the head's kernel), never the cache entries: so a batch of
-    `size` rows covers each count for every smaller batch whose rows are exact."""
+def _failing_count(model: Decoder, reference: _OneTokenRows, position: int, size: int) -> int:
+    """The largest count of rows asking for logits (the last ones: the rows before forced
+    tokens ask for none), under `size`, with which a batch of `size` rows from `position`
+    does not give one-token decoding's rows; 0 when every count does. Which rows ask changes
+    only what follows the last layer's attention (their count picks the head's kernel), never
+    the cache entries: a count that fails here fails in any batch with more rows, and one that
+    passes covers every smaller batch whose rows are exact."""
     reference.cover(position, position + size)
     text = reference.text
     for outputs in range(size - 1, 0, -1):
@@ -219,5 +223,5 @@ def _counts_exact(model: Decoder, reference: _OneTokenRows, position: int, size:
         rows = model.decode(text[position : position + size], outputs=[False] * (size - outputs) + [True] * outputs)
         asked = range(position + size - outputs, position + size)
         if not all(np.array_equal(rows[i], reference.rows[p]) for i, p in enumerate(asked)):
-            return False
-    return True
+            return outputs
+    return 0
