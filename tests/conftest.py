@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import specli  # noqa: F401  (llama.cpp's libraries load before any test module imports numpy)
-from helpers import HERMES, serving
+from helpers import HERMES, TEMPLATES, serving
 
 _HUB_VARIABLES = ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SPECLI_DEBUG")
 
@@ -134,6 +134,21 @@ def smol_server(smollm_path):
 def smol_tools(smollm_path):
     """SmolLM2 with the Hermes tool-calling template (tests/data/templates)."""
     with serving("--target", smollm_path, "--chat-template-file", HERMES) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_qwen3(smollm_path):
+    """SmolLM2 with Qwen3's template: think blocks the model may open, Hermes tool calls."""
+    with serving("--target", smollm_path, "--chat-template-file", TEMPLATES / "Qwen-Qwen3-0.6B.jinja") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_r1(smollm_path):
+    """SmolLM2 with DeepSeek-R1-Distill's template: with enable_thinking, the generation prompt opens the think block."""
+    with serving("--target", smollm_path, "--chat-template-file",
+                 TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja") as server:
         yield server
 
 # --- the network ---------------------------------------------------------------

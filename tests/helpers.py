@@ -16,7 +16,8 @@ import numpy as np
 
 from specli.decode.events import Finished, Stats, Token
 
-HERMES = Path(__file__).parent / "data" / "templates" / "smollm2-hermes-tools.jinja"
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+HERMES = TEMPLATES / "smollm2-hermes-tools.jinja"
 CODE = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n"
 
 

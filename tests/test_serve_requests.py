@@ -333,7 +333,7 @@ def test_chat_template_kwargs_reach_the_template(monkeypatch):
     seen = []
     monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: (
         seen.append(variables) or [1, 2, 3]))
-    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64), draft=None)
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, chat_template=lambda: None), draft=None)
     generation.read(ChatRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}), session,
                     GenerationRequest())
     assert seen == [{"enable_thinking": False}]

@@ -100,6 +100,18 @@ class Constraint:
         assert self.kind == "json_schema", "only a JSON schema is written into another grammar"
         return json_lark(json.loads(self.source))
 
+    def after(self, lark: str) -> Constraint:
+        """This constraint where a Lark grammar names it `@answer`: what that grammar admits
+        before it (a reasoning model's thinking) is not held to it."""
+        first, *rest = (json.loads(self.grammar)["grammars"] if self.grammar.lstrip().startswith("{")
+                        else [{"lark_grammar": self.grammar}])  # a schema's compiled form, or Lark
+        grammar = json.dumps({"grammars": [{"lark_grammar": lark}, {**first, "name": "answer"}, *rest]})
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ConstraintError(f"the {self.kind.replace('_', ' ')} cannot follow the reasoning: "
+                                  f"{_one_line(messages[0])}")
+        return Constraint(self.kind, self.source, grammar)
+
     @classmethod
     def lark(cls, text: str, where: str = "grammar") -> Constraint:
         """A grammar in llguidance's Lark (what tool calls are constrained by)."""

@@ -33,6 +33,7 @@ from specli.serve.sse import Chunks, EventStream, Started
 from specli.serve.worker import Worker
 from specli.stream import Outcome
 from specli.tools.plan import SpecialText, ToolPlan, ToolStream, answer_content
+from specli.tools.reasoning import ReasoningStream
 
 DISCONNECT_POLL = 0.2  # seconds between asking whether a whole answer's client has left
 
@@ -61,7 +62,8 @@ class Answerer:
         calls = ToolStream(asked.plan) if asked.plan is not None else None
         stream = EventStream(Chunks(asked.chat, self.model), Started(future, cancel, events), log,
                              usage=asked.body.include_usage, calls=calls,
-                             special=self._special(asked) if calls is not None else None)
+                             special=self._special(asked) if calls is not None else None,
+                             reasoning=ReasoningStream(asked.reasoning) if asked.reasoning is not None else None)
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _whole(self, asked: Asked, request: Request, log: RequestLog) -> dict:
@@ -89,9 +91,14 @@ def _response(asked: Asked, outcome: Outcome, model: str, special: SpecialText |
     if not asked.chat:
         choice = TextChoice(text=outcome.text, finish_reason=finish, spans=spans)
         return Completion(model=model, choices=[choice], usage=usage(outcome.stats), timings=timings(outcome.stats))
-    message = AssistantMessage(content=outcome.text)
-    if asked.plan is not None and special is not None:
-        message, finish = _message(asked.plan, special.all(outcome.tokens), outcome.text, finish)
+    text, special_text, thought = outcome.text, special.all(outcome.tokens) if special is not None else "", ""
+    if asked.reasoning is not None:  # the thinking is the same text in both: its markers are no special tokens
+        thought, text = asked.reasoning.split(text)
+        special_text = asked.reasoning.split(special_text)[1]
+    message = AssistantMessage(content=text)
+    if asked.plan is not None:
+        message, finish = _message(asked.plan, special_text, text, finish)
+    message.reasoning_content = thought or None
     choice = ChatChoice(message=message, finish_reason=finish, spans=spans)  # type: ignore[assignment]
     return ChatCompletion(model=model, choices=[choice], usage=usage(outcome.stats), timings=timings(outcome.stats))
 

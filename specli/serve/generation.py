@@ -8,7 +8,7 @@ naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 from specli.decode.constraint import Constraint
@@ -20,18 +20,21 @@ from specli.serve.requests import ChatRequest, CompletionRequest, RequestError, 
 from specli.serve.worker import Job
 from specli.session import Session
 from specli.tools.plan import ToolPlan, tool_format
+from specli.tools.reasoning import Reasoning, after_prompt, thinks
 
 Body = Union[ChatRequest, CompletionRequest]
+REASONING_TAIL = 8  # the prompt's last tokens, read for a think block the generation prompt opens
 
 
 @dataclass(frozen=True)
 class Asked:
-    """What one request asks for: its body, the generation, and its tools' plan (None: no
-    tools, or tool_choice "none")."""
+    """What one request asks for: its body, the generation, its tools' plan (None: no
+    tools, or tool_choice "none"), and how its thinking is read (None: the template does not think)."""
 
     body: Body
     job: Job
     plan: ToolPlan | None = None
+    reasoning: Reasoning | None = None
 
     @property
     def chat(self) -> bool:
@@ -51,12 +54,26 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     if request.draft is DraftKind.MTP and session.nextn is None:
         raise RequestError(f"draft 'mtp': {session.target.path.name} has no NextN (MTP) layers this server can "
                            "draft with", "draft")
+    reasoning = None
     if isinstance(body, ChatRequest):
         prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)
+        reasoning = _reasoning(session, prompt)
+        if reasoning is not None:
+            request = replace(request, constraint=reasoning.constraint(request.constraint))
     else:
         prompt = _prompt_tokens(body, session)
     check_prompt_fits(len(prompt), session.target.n_ctx)
-    return Asked(body, Job(prompt, request), tools.plan if tools is not None else None)
+    return Asked(body, Job(prompt, request), tools.plan if tools is not None else None, reasoning)
+
+
+def _reasoning(session: Session, prompt: list[int]) -> Reasoning | None:
+    """How a chat's answer thinks: None where its template writes no think blocks, or its
+    prompt closed one."""
+    target = session.target
+    if not thinks(target.chat_template()):
+        return None
+    end = b"".join(target.piece(token, special=True) for token in prompt[-REASONING_TAIL:])
+    return after_prompt(end.decode("utf-8", "replace"))
 
 
 class _Tools:

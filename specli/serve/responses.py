@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Literal, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from specli.decode.events import Stats
 from specli.serve.requests import ToolCall
@@ -59,7 +59,16 @@ class Timings(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]  # None where the answer is only tool calls
+    # A reasoning model's thinking (llama-server's name); left out where there is none.
+    reasoning_content: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None
+
+    @model_serializer(mode="wrap")
+    def _thinking_where_there_is_some(self, write):
+        data = write(self)
+        if data.get("reasoning_content") is None:
+            data.pop("reasoning_content", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -119,6 +128,7 @@ class ToolCallDelta(BaseModel):
 class Delta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
     tool_calls: Optional[list[ToolCallDelta]] = None
 
 

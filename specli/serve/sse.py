@@ -34,6 +34,7 @@ from specli.serve.responses import (
     usage,
 )
 from specli.tools.plan import CallDelta, ContentDelta, SpecialText, ToolStream
+from specli.tools.reasoning import ReasoningDelta, ReasoningStream
 
 DONE = "data: [DONE]\n\n"
 
@@ -53,6 +54,7 @@ class Piece:
     tokens: Optional[int] = None
     calls: Optional[list[ToolCallDelta]] = None
     finish: Optional[str] = None
+    reasoning: Optional[str] = None  # a chat's thinking, beside its content
     role: Optional[str] = None  # "assistant" on a chat's first chunk
 
 
@@ -68,7 +70,8 @@ class Chunks:
                       tokens=piece.tokens)
         data: Union[ChatChunk, TextChunk]
         if self.chat:
-            delta = Delta(role=piece.role, content=piece.text, tool_calls=piece.calls)
+            delta = Delta(role=piece.role, content=piece.text, reasoning_content=piece.reasoning,
+                          tool_calls=piece.calls)
             data = ChatChunk(id=self.id, created=self.created, model=self.model,
                              choices=[ChatChunkChoice(delta=delta, **shared)])
         else:
@@ -98,13 +101,15 @@ class EventStream:
     step's tokens from one source, a last chunk with the finish reason, the usage chunk when
     asked for, then [DONE]. With tools (`calls`, reading text with its special tokens written
     out by `special`), a run's text is read for calls: content until a call opens, then the
-    call's id and name, then its arguments in pieces. If the client goes away, Starlette
-    stops `events()` and the generation is cancelled."""
+    call's id and name, then its arguments in pieces. A reasoning model's thinking (`reasoning`)
+    goes out as `reasoning_content`, and only what follows it is read as content and calls. If
+    the client goes away, Starlette stops `events()` and the generation is cancelled."""
 
     def __init__(self, chunks: Chunks, started: Started, log: RequestLog, *, usage: bool = False,
-                 calls: ToolStream | None = None, special: SpecialText | None = None) -> None:
+                 calls: ToolStream | None = None, special: SpecialText | None = None,
+                 reasoning: ReasoningStream | None = None) -> None:
         self.chunks, self.started, self.log, self.usage = chunks, started, log, usage
-        self.calls, self.special = calls, special
+        self.calls, self.special, self.reasoning = calls, special, reasoning
         # Tokens whose text is still held back (part of a character, a call being parsed):
         # counted in the next chunk, so that the chunks' `tokens` add up to the answer's.
         self.held = 0
@@ -145,22 +150,36 @@ class EventStream:
         """Chunks for a run of tokens of one source and proposer."""
         self.held += sum(token.id >= 0 for token in tokens)  # id -1: text held back to the end, no token of its own
         source, proposer = tokens[0].source, tokens[0].proposer
-        if self.calls is None or self.special is None:
+        if self.special is None:
             text = "".join(token.text for token in tokens)
-            lines = [self.chunks(Piece(text, source, proposer, self.held))] if text else []
         else:
             text = "".join(self.special(token.id) for token in tokens if token.id >= 0)
-            lines = self._deltas(self.calls.feed(text), source, proposer, self.held)
+        lines = self._deltas(self._read(text), source, proposer, self.held)
         if lines:
             self.held = 0
         return lines
 
-    def _deltas(self, found: list[Union[ContentDelta, CallDelta]], source: str | None, proposer: str,
-                tokens: int | None) -> list[str]:
-        """Chunks for what the calls' reader found; the first carries the run's token count."""
+    def _read(self, text: str, final: bool = False) -> list[Union[ReasoningDelta, ContentDelta, CallDelta]]:
+        """What new text holds: thinking, then content and calls (content only, without tools).
+        `final`: the answer has ended, and what was held back is read."""
+        found: list[Union[ReasoningDelta, ContentDelta, CallDelta]] = []
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text, final)
+            found += [ReasoningDelta(thought)] if thought else []
+        if self.calls is not None:
+            found += self.calls.feed(text) + (self.calls.finish() if final else [])
+        elif text:
+            found.append(ContentDelta(text))
+        return found
+
+    def _deltas(self, found: list[Union[ReasoningDelta, ContentDelta, CallDelta]], source: str | None,
+                proposer: str, tokens: int | None) -> list[str]:
+        """Chunks for what the readers found; the first carries the run's token count."""
         lines = []
         for delta in found:
-            if isinstance(delta, ContentDelta):
+            if isinstance(delta, ReasoningDelta):
+                lines.append(self.chunks(Piece(None, source, proposer, tokens, reasoning=delta.text)))
+            elif isinstance(delta, ContentDelta):
                 lines.append(self.chunks(Piece(delta.text, source, proposer, tokens)))
             else:
                 call = ToolCallDelta(index=delta.index, id=delta.id, type="function" if delta.id else None,
@@ -183,11 +202,11 @@ class EventStream:
             body = ErrorBody(message="the server is shutting down; the answer is cut short", type="server_error")
             return [event(ErrorResponse(error=body).model_dump()), DONE]
         finish, lines = finish_reason(stats), []
-        if self.calls is not None and self.special is not None:
-            lines = self._deltas(self.calls.feed(self.special.flush()) + self.calls.finish(), None, "",
-                                 self.held or None)
+        if self.calls is not None or self.reasoning is not None:
+            rest = self.special.flush() if self.special is not None else ""
+            lines = self._deltas(self._read(rest, final=True), None, "", self.held or None)
             self.held = self.held if not lines else 0
-            if self.calls.ids and finish == "stop":
+            if self.calls is not None and self.calls.ids and finish == "stop":
                 finish = "tool_calls"
         lines.append(self.chunks(Piece(None, finish=finish, tokens=self.held or None)))
         if self.usage:

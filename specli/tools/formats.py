@@ -89,7 +89,7 @@ class ToolFormat:
         raise NotImplementedError
 
 
-def _held_back(text: str, marker: str) -> int:
+def held_back(text: str, marker: str) -> int:
     """How many characters at the end of `text` could be the start of `marker`."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):
@@ -102,7 +102,7 @@ def _content_before(text: str, marker: str, final: bool) -> tuple[str, int]:
     start = text.find(marker)
     if start >= 0:
         return text[:start], start
-    return (text if final else text[: len(text) - _held_back(text, marker)]), -1
+    return (text if final else text[: len(text) - held_back(text, marker)]), -1
 
 
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -173,7 +173,7 @@ class Llama3(ToolFormat):
         match = re.search(r'\{\s*"name"', body)
         start = match.start() if match else -1
         if start < 0:
-            content = body if final else body[: len(body) - _held_back(body, '{"name"')]
+            content = body if final else body[: len(body) - held_back(body, '{"name"')]
             return Parsed(content)
         content = body[:start]
         return Parsed(content, _json_calls(body, start, final))
