@@ -346,14 +346,14 @@ def test_an_integer_without_bounds_ends_within_the_safe_range(gemma_session):
     ({"type": "object", "properties": {"person": {"$ref": "#/$defs/P"}}, "required": ["person"],
       "$defs": {"P": {"type": "object", "properties": {"name": {"type": "string"}}}}}, True),
 ])
-def test_an_object_that_lists_properties_admits_no_other_key(gemma, schema, closed):
+def test_an_object_that_lists_properties_admits_no_other_key(gemma_session, schema, closed):
     """As llama.cpp's schema grammars and OpenAI's strict mode read a schema: listed
     `properties` without `additionalProperties` close the object, at every depth."""
     listed = schema.get("properties") or {}
     text = ('{"person": {"name": "A", "gender": "f"}}' if "person" in listed else
             '{"name": "A", "gender": "f"}' if listed else '{"gender": "f"}')
-    matcher = Matcher(gemma.vocabulary(), Constraint.json_schema(schema))
-    tokens = gemma.target.tokenize(text, add_special=False)
+    matcher = Matcher(gemma_session.vocabulary(), Constraint.json_schema(schema))
+    tokens = gemma_session.target.tokenize(text, add_special=False)
     assert (matcher.valid_prefix(tokens) == len(tokens)) is not closed, text
 
 
