@@ -46,7 +46,7 @@ from specli.decode.costs import (
 from specli.decode.draft_model import DraftModel
 from specli.decode.engine import Engine
 from specli.decode.events import Stats
-from specli.decode.exact import BatchCap, measure_cap
+from specli.decode.exact import CPU_ROWS, BatchCap, measure_cap
 from specli.decode.mtp import NextnDraft
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.translate import cost_per_target_token
@@ -444,7 +444,8 @@ def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *
             notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'}, "
                    "at several depths of the context (once per model and settings)")
         with Model(spec.target, load, verbose=spec.verbose) as model:
-            caps[repack] = measure_cap(model, min(MAX_DRAFT + 1, model.batch_size))
+            largest = MAX_DRAFT + 1 if model.on_gpu else CPU_ROWS
+            caps[repack] = measure_cap(model, min(largest, model.batch_size))
         store.put(key, caps[repack].to_json())
     return caps
 

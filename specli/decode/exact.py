@@ -35,6 +35,9 @@ SPAN_STARTS = (0, 256, 1024)  # where measured spans begin; the context's end cl
 # Spans are measured in order; none is begun after this long, so the rest stay at one row
 # (a large model on a CPU decodes a long context's prefix for minutes).
 MEASURE_SECONDS = 60.0
+# Off a GPU a verify row costs nearly a plain step, so no draft of 16 tokens or more pays:
+# the measurement stops at this many rows there (each size it tries costs decodes of its rows).
+CPU_ROWS = 17
 
 
 class Decoder(Protocol):
