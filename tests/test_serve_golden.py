@@ -130,7 +130,8 @@ SMOL_REQUESTS = {
     "chat_tool_history": ("POST", "/v1/chat/completions", {
         "messages": HISTORY, "tools": TOOLS, "tool_choice": "none", "max_tokens": 12, "draft_tokens": 3, **GREEDY}),
     "chat_tools_and_response_format": ("POST", "/v1/chat/completions", {
-        "messages": ASK, "tools": TOOLS, "response_format": {"type": "json_object"}}),
+        "messages": ASK, "tools": TOOLS, "response_format": {"type": "json_object"}, "max_tokens": 60,
+        "draft_tokens": 4, **GREEDY}),
     "chat_unknown_tool": ("POST", "/v1/chat/completions", {
         "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "rm"}}}),
     "chat_tool_choice_without_tools": ("POST", "/v1/chat/completions", {"messages": ASK, "tool_choice": "required"}),
