@@ -81,7 +81,8 @@ def embedded_server():
 
 @pytest.fixture(scope="module")
 def chat_server(smollm_path):
-    with serving("--target", smollm_path, "--api-key", KEY) as server:
+    # No memory of earlier answers: the API's repeat of the page's request must draft as the page's did.
+    with serving("--target", smollm_path, "--api-key", KEY, "--no-memory") as server:
         yield server
 
 
