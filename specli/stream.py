@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 from specli.decode.engine import Engine
 from specli.decode.events import Finished, Stats, StepRecord, Token
+from specli.decode.logprobs import TokenLogprob
 from specli.llama import backend, rpc
 
 
@@ -42,6 +43,8 @@ class Outcome:
     # (text, source, proposer): text joined by who wrote it (proposer: "" for the target's)
     spans: list[tuple[str, str, str]] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    # (token id, its logprob) for each committed token, where the request asked for logprobs
+    logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
 
 
 def stream(engine: Engine, prompt: list[int], sink: Sink, *,
@@ -66,6 +69,8 @@ def stream(engine: Engine, prompt: list[int], sink: Sink, *,
                 if isinstance(event, Token):
                     if event.id >= 0:
                         outcome.tokens.append(event.id)
+                    if event.logprob is not None:
+                        outcome.logprobs.append((event.id, event.logprob))
                     if event.text:
                         pieces.append((event.text, event.source, event.proposer))
                     sink.token(event)

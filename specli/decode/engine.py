@@ -27,6 +27,7 @@ import numpy as np
 from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
 from specli.decode.exact import BatchCap
+from specli.decode.logprobs import TokenLogprob, token_logprob
 from specli.decode.policy import DraftPolicy
 from specli.decode.proposers import NoProposer, Proposal, Proposer
 from specli.decode.request import GenerationRequest
@@ -131,8 +132,10 @@ class Engine:
         self._forces = matcher is not None and not isinstance(proposer, NoProposer)
         self.cap = options.cap if options.cap is not None else BatchCap.anywhere(policy.max_draft + 1)
         self.shapes = self.cache.shapes  # shared with the policy that prices them
-        # A penalised or masked row depends on the tokens before it, which the device does not see.
-        self._on_device = options.verify_on_device and self.sampling.pure_greedy and matcher is None
+        # A penalised or masked row depends on the tokens before it, which the device does not
+        # see; logprobs need the rows themselves.
+        self._on_device = (options.verify_on_device and self.sampling.pure_greedy and matcher is None
+                           and self.request.logprobs is None)
         self.stats = self._fresh_stats()
         self._step_ended: float | None = None  # when the previous step's logits were read
 
@@ -147,9 +150,9 @@ class Engine:
             self.matcher.reset()
         return self._generate(prompt)
 
-    def _prefill(self, prompt: list[int]) -> int | None:
+    def _prefill(self, prompt: list[int]) -> tuple[int | None, TokenLogprob | None]:
         """Bring the target's cache to the prompt and choose the first token from its last row
-        (None: a request for no tokens).
+        (None: a request for no tokens), with its logprob where the request asks for them.
 
         What the cache already holds of the prompt (an earlier turn of a chat) stays; the
         prompt's last token is decoded again for its logits row, unless the same prompt came
@@ -170,7 +173,7 @@ class Engine:
         cache.tokens = []
         if request.max_tokens <= 0:
             cache.prompt, cache.prompt_row = None, None
-            return None
+            return None, None
         if again:
             row = cache.prompt_row
         elif self._on_device:
@@ -179,8 +182,15 @@ class Engine:
             row = np.array(target.decode(prompt[keep:])[0])  # a copy: kept for the same prompt again
         cache.prompt, cache.prompt_on_device, cache.prompt_row = list(prompt), self._on_device, row
         if self._on_device:
-            return row  # type: ignore[return-value]
-        return self._write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+            return row, None  # type: ignore[return-value]
+        token = self._write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+        return token, self._score(row, token)  # type: ignore[arg-type]
+
+    def _score(self, row: np.ndarray, token: int) -> TokenLogprob | None:
+        """The written token's logprob from its raw row, where the request asks for them."""
+        if self.request.logprobs is None:
+            return None
+        return token_logprob(row, token, self.request.logprobs)
 
     def _fresh_stats(self) -> Stats:
         return Stats(proposer=self.proposer.name, translated=self.proposer.translated, draft_model=self.draft_model)
@@ -190,7 +200,7 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         self._step_ended = None
-        first = self._prefill(prompt)
+        first, score = self._prefill(prompt)
         self.proposer.prepare(prompt)
         stats.prefill_seconds = time.perf_counter() - started
 
@@ -202,12 +212,13 @@ class Engine:
         try:
             committed: list[int] = [] if first is None else [first]
             sources: list[Source] = ["target"] * len(committed)
+            scores: list[TokenLogprob | None] = [score] * len(committed)
             stats.first_token_from_prefill = bool(committed)
             while committed:
                 # Emit what the last step committed; committed[-1] is not in the KV cache yet.
                 reason = ""
                 forced = step.forced if step else 0
-                for i, (token, source) in enumerate(zip(committed, sources)):
+                for i, (token, source, score) in enumerate(zip(committed, sources, scores)):
                     tokens.append(token)
                     if target.is_end_of_generation(token):
                         reason = "eog"
@@ -215,7 +226,7 @@ class Engine:
                     stats.tokens += 1
                     released = text.push(target.piece(token))
                     proposer = ("grammar" if i < forced else step.proposer) if source == "draft" and step else ""
-                    yield Token(token, released, source, proposer)
+                    yield Token(token, released, source, proposer, score)
                     if text.stopped:
                         reason = "stop"
                         break
@@ -230,7 +241,7 @@ class Engine:
                 if remaining <= 0 or room < 0:
                     reason = "length" if remaining <= 0 else "context"
                     break
-                committed, sources, step = self._step(tokens, committed[-1], min(remaining - 1, room))
+                committed, sources, scores, step = self._step(tokens, committed[-1], min(remaining - 1, room))
             tail = text.flush()
             if tail:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
@@ -306,8 +317,10 @@ class Engine:
             proposal.tokens = proposal.tokens[: self.matcher.valid_prefix(proposal.tokens)]
         return proposal
 
-    def _step(self, tokens: list[int], last: int, room: int) -> tuple[list[int], list[Source], StepRecord]:
-        """Propose, verify, accept, rewind: one target decode. Returns the committed tokens."""
+    def _step(self, tokens: list[int], last: int,
+              room: int) -> tuple[list[int], list[Source], list[TokenLogprob | None], StepRecord]:
+        """Propose, verify, accept, rewind: one target decode. Returns the committed tokens,
+        who wrote each, and their logprobs (None each, where the request asks for none)."""
         target = self.target
         t0 = time.perf_counter()
         # `tokens` ends with `last`, which the matcher has consumed.
@@ -321,14 +334,20 @@ class Engine:
             batch = batch + [batch[-1]] * padding
         if self._on_device:
             rows = target.decode_argmax(batch, all_rows=True)
-        elif forced:  # a forced token needs no row: the rows before them ask for no logits
+        elif forced and self.request.logprobs is None:  # a forced token needs no row: theirs ask for no logits
             rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1 + padding))
         else:
             rows = target.decode(batch, all_logits=True)
         self.shapes.used(len(batch), len(batch) - padding)
         t2 = time.perf_counter()
+        forced_rows = []
+        if forced and self.request.logprobs is not None:  # every row has logits: the forced tokens' first
+            forced_rows, rows = rows[: len(forced)], rows[len(forced) :]
         accepted, written = self._verify(rows, tokens + forced, draft)
         t3 = time.perf_counter()
+        committed = forced + draft[:accepted] + [written]
+        scores = [self._score(row, token) for row, token in zip([*forced_rows, *rows[: accepted + 1]], committed)] \
+            if self.request.logprobs is not None else [None] * len(committed)
         # Keep `last`, the forced and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft) or padding:
             target.rewind(target.n_past - (len(draft) - accepted) - padding)
@@ -343,9 +362,8 @@ class Engine:
                           draft_decode_seconds=proposal.decode_seconds)
         self.stats.record(step)
         self.policy.record(step)
-        committed = forced + draft[:accepted] + [written]
         sources: list[Source] = ["draft"] * (len(forced) + accepted) + ["target"]
-        return committed, sources, step
+        return committed, sources, scores, step
 
     def _pad(self, proposal: Proposal, forced: list[int], draft: list[int]) -> tuple[list[int], int]:
         """The draft to verify and the padding rows after it, for the batch size BatchShapes

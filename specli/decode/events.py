@@ -7,17 +7,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Sequence, Union
 
+from specli.decode.logprobs import TokenLogprob
+
 Source = Literal["draft", "target"]
 @dataclass(frozen=True, slots=True)
 class Token:
     """One committed token: its id, the text it released, and who wrote it (a drafted token
     also names its proposer: "ngram", "draft" (the draft model) or "grammar" (forced by the
-    constraint))."""
+    constraint)); `logprob`: its log-probability under the target, where the request asks
+    for logprobs."""
 
     id: int
     text: str
     source: Source
     proposer: str = ""
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,9 @@ class GenerationRequest:
     prediction: str | None = None  # a Predicted Output: text the answer is expected to repeat
     # A JSON schema or a grammar that every token must meet (None: free text).
     constraint: Constraint | None = None
+    # Each written token's log-probability under the target, with this many alternatives
+    # (decode/logprobs.py; None: none asked for).
+    logprobs: int | None = None
 
     def seeded(self) -> GenerationRequest:
         """This request with its seed drawn now where it gives none: the one place a fresh
