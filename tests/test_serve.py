@@ -198,7 +198,7 @@ def error_of(call) -> tuple[int, dict]:
 
 def test_fields_specli_cannot_honour_are_refused_by_name(gemma_server):
     client = gemma_server.client()
-    for extra, param in [({"n": 2}, "n"), ({"logit_bias": {"999999": 5}}, "logit_bias"), ({"logprobs": 2}, "logprobs"),
+    for extra, param in [({"n": 2}, "n"), ({"logit_bias": {"999999": 5}}, "logit_bias"), ({"logprobs": 21}, "logprobs"),
                          ({"response_format": {"type": "yaml"}}, "response_format.type"),
                          ({"frequency_penalty": 2.5}, "frequency_penalty")]:
         status, body = error_of(lambda: client.completions.create(model="x", prompt="hi", max_tokens=2, extra_body=extra))

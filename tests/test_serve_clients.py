@@ -71,6 +71,23 @@ def test_openai_agents_with_a_tool_and_an_output_type(smol_tools):
     assert called and isinstance(result.final_output, Weather), (called, result.final_output)
 
 
+def test_openai_agents_with_top_logprobs(smol_tools):
+    """ModelSettings(top_logprobs=...) sends logprobs and top_logprobs (once refused); the SDK
+    attaches them to the answer's text."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=smol_tools.url, api_key="none", max_retries=0)
+    agent = Agent(name="colours", instructions="Answer in one short sentence.",
+                  model=OpenAIChatCompletionsModel(model="smollm2", openai_client=client),
+                  model_settings=ModelSettings(temperature=0, max_tokens=16, top_logprobs=2))
+    result = Runner.run_sync(agent, "Name a colour.", max_turns=1)
+    texts = [part for item in result.raw_responses[-1].output if item.type == "message" for part in item.content]
+    assert texts and texts[0].logprobs, texts
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in texts[0].logprobs)
+
+
 def test_pydantic_ai_with_a_tool_and_native_output(smol_tools):
     """NativeOutput: response_format json_schema beside the agent's tools (once refused). The
     tool is offered at the first step only: SmolLM2 135M would call it at every step."""

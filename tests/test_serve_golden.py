@@ -84,7 +84,7 @@ GEMMA_REQUESTS = {
         "prompt": "Ada is 36 years old. As JSON:\n", "max_tokens": 32, "draft_tokens": 4, "stream": True, **GREEDY,
         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}),
     "text_bad_field": ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": "10"}),
-    "text_refused_field": ("POST", "/v1/completions", {"prompt": "hi", "logprobs": 1}),
+    "text_refused_field": ("POST", "/v1/completions", {"prompt": "hi", "best_of": 2}),
     "text_two_constraints": ("POST", "/v1/completions",
                              {"prompt": "hi", "json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}),
     "text_bad_schema": ("POST", "/v1/completions", {"prompt": "hi", "response_format": {

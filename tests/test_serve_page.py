@@ -271,9 +271,10 @@ class Scripted:
                                                     "document.getElementById('stop').disabled === false"),
                  10, "the page's request")
 
-    def push(self, text: str, source: str, tokens: int = 1) -> None:
-        choice: dict = {"index": 0, "source": source, "proposer": "ngram" if source == "draft" else None,
-                        "tokens": tokens, "finish_reason": None}
+    def push(self, text: str, source: str, tokens: int = 1, drafted: int | None = None,
+             proposer: str = "ngram") -> None:
+        choice: dict = {"index": 0, "source": source, "proposer": proposer if source == "draft" else None,
+                        "tokens": tokens, "finish_reason": None, "drafted": drafted}
         choice.update({"delta": {"content": text}} if self.chat else {"text": text, "logprobs": None})
         self._event({"id": "x", "created": 0, "model": "scripted.gguf", "choices": [choice]})
         self.steps.append((source, tokens))
@@ -554,6 +555,30 @@ def test_markdown_and_code_are_built_as_elements_span_by_span(browser, page_serv
     assert not any(mark in built["shown"] for mark in ("```", "**", "`", "- one")), built["shown"]
     assert_shown_with_provenance(answer_spans(browser), [(source, text) for source, text, _ in pushed])
     assert [stat(browser, name) for name in ("tokens", "accepted", "drafted", "rate")] == ["12", "9", "12", "75%"]
+
+
+def test_drafted_and_acceptance_count_live_from_the_chunks(browser, page_server):
+    """Each step's first chunk says how many tokens it drafted: the page counts drafted and the
+    acceptance while the answer streams (forced tokens are no drafts), then takes the timings."""
+    page = Scripted(browser, page_server)
+    page.send()
+
+    def stats(*names):
+        page.shown("return 0;")  # once the page has shown what was pushed
+        return [stat(browser, name) for name in names]
+
+    page.push("The", "target")
+    assert stats("drafted", "rate") == ["…", "…"], "nothing drafted yet"
+    page.push(" three primary", "draft", 2, drafted=3)
+    page.push(" colours", "target")
+    page.push(": {", "draft", 2, proposer="grammar")
+    page.push("red", "target")
+    assert stats("accepted", "drafted", "rate") == ["4", "3", "67%"]
+    page.push(", blue", "draft", 2, drafted=4)
+    page.push(" and", "target")
+    assert stats("drafted", "rate") == ["7", "57%"]
+    page.end(drafted=7)
+    assert stats("drafted", "rate") == ["7", "86%"], "at the end, the timings' figures"
 
 
 def test_enter_sends_in_a_chat_and_shift_enter_adds_a_line(browser, page_server):

@@ -88,11 +88,26 @@ def test_a_tool_call_history_is_read_and_a_tool_message_without_its_call_refused
     assert refused_param(ChatRequest(messages=orphan)) == "messages[1].tool_call_id"
 
 
-def test_logprobs_zero_asks_for_the_chosen_tokens_logprob_on_completions():
-    assert refused_param(CompletionRequest(prompt="hi", logprobs=0)) == "logprobs"
-    assert refused_param(CompletionRequest(prompt="hi", logprobs=False)) is None
-    assert refused_param(ChatRequest(messages=MESSAGES, logprobs=False)) is None
-    assert refused_param(ChatRequest(messages=MESSAGES, logprobs=True)) == "logprobs"
+def test_logprobs_are_read_in_each_routes_own_form():
+    """Completions: logprobs N (0: the chosen token's only). Chat: logprobs true, with
+    top_logprobs alternatives; top_logprobs alone is an error, as OpenAI's."""
+    def asked(body):
+        return body.generation_request(GenerationRequest()).logprobs
+
+    assert asked(CompletionRequest(prompt="hi", logprobs=0)) == 0
+    assert asked(CompletionRequest(prompt="hi", logprobs=5)) == 5
+    assert asked(CompletionRequest(prompt="hi", logprobs=False)) is None
+    assert asked(CompletionRequest(prompt="hi")) is None
+    assert asked(ChatRequest(messages=MESSAGES, logprobs=True)) == 0
+    assert asked(ChatRequest(messages=MESSAGES, logprobs=True, top_logprobs=3)) == 3
+    assert asked(ChatRequest(messages=MESSAGES, logprobs=False)) is None
+    for body, param in [(CompletionRequest(prompt="hi", logprobs=21), "logprobs"),
+                        (CompletionRequest(prompt="hi", logprobs=True), "logprobs"),
+                        (CompletionRequest(prompt="hi", top_logprobs=2), "top_logprobs"),
+                        (ChatRequest(messages=MESSAGES, logprobs=2), "logprobs"),
+                        (ChatRequest(messages=MESSAGES, top_logprobs=2), "top_logprobs"),
+                        (ChatRequest(messages=MESSAGES, logprobs=True, top_logprobs=21), "top_logprobs")]:
+        assert refused_param(body) == param, body
 
 
 @pytest.mark.parametrize("servers", list(DraftKind))

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from specli.serve.errors import CLIENT_LEFT, ApiError, GenerationFailed
 from specli.serve.generation import Asked
 from specli.serve.log import RequestLog
+from specli.serve.logprobs import LogprobWriter
 from specli.serve.requests import FunctionCall, ToolCall
 from specli.serve.responses import (
     AssistantMessage,
@@ -55,6 +56,15 @@ class Answerer:
         target = self.worker.session.target
         return SpecialText(lambda token: target.piece(token, special=True), asked.job.request.stop)
 
+    def _logprobs(self, asked: Asked) -> LogprobWriter | None:
+        """The answer's logprob writer, where the request asks for logprobs; a completion's
+        offsets count from its prompt's text, as OpenAI's do."""
+        if asked.job.request.logprobs is None:
+            return None
+        target = self.worker.session.target
+        offset = 0 if asked.chat else len(b"".join(map(target.piece, asked.job.tokens)).decode("utf-8", "replace"))
+        return LogprobWriter(lambda token: target.piece(token, special=True), offset)
+
     async def _stream(self, asked: Asked, request: Request, log: RequestLog) -> StreamingResponse:
         events: asyncio.Queue = asyncio.Queue()
         future, cancel = await self.worker.start(asked.job, events.put_nowait, gone=request.is_disconnected)
@@ -63,7 +73,8 @@ class Answerer:
         stream = EventStream(Chunks(asked.chat, self.model), Started(future, cancel, events), log,
                              usage=asked.body.include_usage, calls=calls,
                              special=self._special(asked) if calls is not None else None,
-                             reasoning=ReasoningStream(asked.reasoning) if asked.reasoning is not None else None)
+                             reasoning=ReasoningStream(asked.reasoning) if asked.reasoning is not None else None,
+                             logprobs=self._logprobs(asked))
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _whole(self, asked: Asked, request: Request, log: RequestLog) -> dict:
@@ -82,14 +93,16 @@ class Answerer:
             raise ApiError(503, "the generation was cancelled: the server is shutting down", "server_error")
         log.line(200, outcome.stats)
         special = self._special(asked) if asked.plan is not None else None
-        return _response(asked, outcome, self.model, special).model_dump()
+        return _response(asked, outcome, self.model, special, self._logprobs(asked)).model_dump()
 
 
-def _response(asked: Asked, outcome: Outcome, model: str, special: SpecialText | None) -> ChatCompletion | Completion:
+def _response(asked: Asked, outcome: Outcome, model: str, special: SpecialText | None,
+              logprobs: LogprobWriter | None) -> ChatCompletion | Completion:
     spans = [Span(text=text, source=source, proposer=proposer or None) for text, source, proposer in outcome.spans]
     finish = finish_reason(outcome.stats)
     if not asked.chat:
-        choice = TextChoice(text=outcome.text, finish_reason=finish, spans=spans)
+        choice = TextChoice(text=outcome.text, finish_reason=finish, spans=spans,
+                            logprobs=logprobs.text(outcome.logprobs) if logprobs is not None else None)
         return Completion(model=model, choices=[choice], usage=usage(outcome.stats), timings=timings(outcome.stats))
     text, special_text, thought = outcome.text, special.all(outcome.tokens) if special is not None else "", ""
     if asked.reasoning is not None:  # the thinking is the same text in both: its markers are no special tokens
@@ -99,7 +112,8 @@ def _response(asked: Asked, outcome: Outcome, model: str, special: SpecialText |
     if asked.plan is not None:
         message, finish = _message(asked.plan, special_text, text, finish)
     message.reasoning_content = thought or None
-    choice = ChatChoice(message=message, finish_reason=finish, spans=spans)  # type: ignore[assignment]
+    choice = ChatChoice(message=message, finish_reason=finish, spans=spans,  # type: ignore[assignment]
+                        logprobs=logprobs.chat(outcome.logprobs) if logprobs is not None else None)
     return ChatCompletion(model=model, choices=[choice], usage=usage(outcome.stats), timings=timings(outcome.stats))
 
 

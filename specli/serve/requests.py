@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
+from specli.decode.logprobs import MAX_TOP
 from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 from specli.llama.template import TEMPLATE_VARIABLES
@@ -228,11 +229,13 @@ class _Generation(BaseModel):
                 raise RequestError(f"{name} is not supported by specli serve", name)
         if self.n not in (None, 1):
             raise RequestError("n > 1 is not supported: one choice per request", "n")
-        if self.logprobs not in (None, False, 0):
-            raise RequestError("logprobs are not supported", "logprobs")
-        if self.top_logprobs:
-            raise RequestError("top_logprobs are not supported", "top_logprobs")
+        self.logprobs_asked()
         self.token_biases()
+
+    def logprobs_asked(self) -> int | None:
+        """How many alternatives each token's logprob comes with (None: no logprobs asked for),
+        read from each route's own form (ChatRequest, CompletionRequest)."""
+        raise NotImplementedError
 
     def token_biases(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, bias) pairs, each checked (the ids' range against the
@@ -317,6 +320,7 @@ class _Generation(BaseModel):
                        draft_tokens=self.draft_tokens or defaults.draft_tokens,
                        exact=defaults.exact if self.exact is None else self.exact,
                        prediction=self.prediction_text(),
+                       logprobs=self.logprobs_asked(),
                        constraint=write_constraint([*([tools] if tools else []), *self.constraint_sources()]))
 
 
@@ -331,6 +335,18 @@ class ChatRequest(_Generation):
     audio: Optional[dict[str, Any]] = None
     modalities: Optional[list[str]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None  # the template's own variables (enable_thinking)
+
+    def logprobs_asked(self) -> int | None:
+        """OpenAI's chat form: `logprobs: true`, with `top_logprobs` alternatives (0 to 20)."""
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise RequestError("logprobs: true or false (top_logprobs says how many alternatives)", "logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP:
+            raise RequestError(f"top_logprobs: from 0 to {MAX_TOP}", "top_logprobs")
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def refused(self) -> None:
         super().refused()
@@ -462,9 +478,17 @@ class CompletionRequest(_Generation):
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
+    def logprobs_asked(self) -> int | None:
+        """The completions form: `logprobs: N`, the chosen token's logprob and N alternatives (0 to 20)."""
+        if self.top_logprobs is not None:
+            raise RequestError("top_logprobs is a chat field: a completion takes logprobs: N", "top_logprobs")
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True or not 0 <= self.logprobs <= MAX_TOP:
+            raise RequestError(f"logprobs: a number of alternatives, from 0 to {MAX_TOP}", "logprobs")
+        return self.logprobs
+
     def refused(self) -> None:
-        if self.logprobs is not None and self.logprobs is not False:  # 0: the chosen token's own logprob
-            raise RequestError("logprobs are not supported", "logprobs")
         super().refused()
         if self.echo:
             raise RequestError("echo is not supported", "echo")

@@ -56,6 +56,33 @@ class Timings(BaseModel):
     draft_n_accepted: int
 
 
+class TopLogprob(BaseModel):
+    """OpenAI's: a token's text, its log-probability and its UTF-8 bytes (a piece may hold part of a character)."""
+
+    token: str
+    logprob: float
+    bytes: Optional[list[int]]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # the row's most likely tokens, most likely first
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]]
+    refusal: Optional[list[ChatTokenLogprob]] = None
+
+
+class TextLogprobs(BaseModel):
+    """The completions form: each token, its logprob, its row's alternatives by text, and
+    where it starts in the prompt and completion's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]  # None where the answer is only tool calls
@@ -75,6 +102,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
+    logprobs: Optional[ChatLogprobs] = None
     spans: list[Span]
 
 
@@ -82,7 +110,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str
-    logprobs: None = None
+    logprobs: Optional[TextLogprobs] = None
     spans: list[Span]
 
 
@@ -136,19 +164,22 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: Optional[str] = None
+    logprobs: Optional[ChatLogprobs] = None
     source: Optional[Literal["draft", "target"]] = None
     proposer: Optional[Proposer] = None
     tokens: Optional[int] = None  # how many tokens this chunk's text holds
+    drafted: Optional[int] = None  # draft tokens verified (kept or not) since the last chunk that said so
 
 
 class TextChunkChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Optional[str] = None
-    logprobs: None = None
+    logprobs: Optional[TextLogprobs] = None
     source: Optional[Literal["draft", "target"]] = None
     proposer: Optional[Proposer] = None
     tokens: Optional[int] = None  # how many tokens this chunk's text holds
+    drafted: Optional[int] = None  # draft tokens verified (kept or not) since the last chunk that said so
 
 
 class ChatChunk(BaseModel):

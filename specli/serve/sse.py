@@ -3,7 +3,9 @@ text completion's chunk from one `Piece`, and `EventStream` writes the generatio
 as those chunks.
 
 A streamed choice says which tokens the draft wrote: one chunk per run of a step's tokens
-from one source (`source`, `proposer`), with the number of tokens its text holds (`tokens`).
+from one source (`source`, `proposer`), with the number of tokens its text holds (`tokens`);
+the first chunk of a step that drafted says how many tokens were drafted (`drafted`, kept or
+not), so a reader counts the acceptance as it streams.
 """
 
 from __future__ import annotations
@@ -12,21 +14,24 @@ import asyncio
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Optional, Union
 
-from specli.decode.events import Stats, Token
+from specli.decode.events import Stats, StepRecord, Token
 from specli.serve.errors import CLIENT_LEFT, GenerationFailed, api_error
 from specli.serve.log import RequestLog
+from specli.serve.logprobs import LogprobWriter
 from specli.serve.responses import (
     ChatChunk,
     ChatChunkChoice,
+    ChatLogprobs,
     Delta,
     ErrorBody,
     ErrorResponse,
     FunctionCallDelta,
     TextChunk,
     TextChunkChoice,
+    TextLogprobs,
     ToolCallDelta,
     finish_reason,
     new_id,
@@ -56,6 +61,8 @@ class Piece:
     finish: Optional[str] = None
     reasoning: Optional[str] = None  # a chat's thinking, beside its content
     role: Optional[str] = None  # "assistant" on a chat's first chunk
+    logprobs: Union[ChatLogprobs, TextLogprobs, None] = None  # the logprobs of the tokens `tokens` counts
+    drafted: Optional[int] = None  # the draft tokens verified since the last chunk that counted them
 
 
 class Chunks:
@@ -67,7 +74,7 @@ class Chunks:
 
     def __call__(self, piece: Piece) -> str:
         shared = dict(finish_reason=piece.finish, source=piece.source, proposer=piece.proposer or None,
-                      tokens=piece.tokens)
+                      tokens=piece.tokens, logprobs=piece.logprobs, drafted=piece.drafted)
         data: Union[ChatChunk, TextChunk]
         if self.chat:
             delta = Delta(role=piece.role, content=piece.text, reasoning_content=piece.reasoning,
@@ -102,17 +109,21 @@ class EventStream:
     asked for, then [DONE]. With tools (`calls`, reading text with its special tokens written
     out by `special`), a run's text is read for calls: content until a call opens, then the
     call's id and name, then its arguments in pieces. A reasoning model's thinking (`reasoning`)
-    goes out as `reasoning_content`, and only what follows it is read as content and calls. If
-    the client goes away, Starlette stops `events()` and the generation is cancelled."""
+    goes out as `reasoning_content`, and only what follows it is read as content and calls.
+    Asked for (`logprobs`), the tokens' logprobs go in the chunk that counts them. If the client
+    goes away, Starlette stops `events()` and the generation is cancelled."""
 
     def __init__(self, chunks: Chunks, started: Started, log: RequestLog, *, usage: bool = False,
                  calls: ToolStream | None = None, special: SpecialText | None = None,
-                 reasoning: ReasoningStream | None = None) -> None:
+                 reasoning: ReasoningStream | None = None, logprobs: LogprobWriter | None = None) -> None:
         self.chunks, self.started, self.log, self.usage = chunks, started, log, usage
-        self.calls, self.special, self.reasoning = calls, special, reasoning
+        self.calls, self.special, self.reasoning, self.logprobs = calls, special, reasoning, logprobs
         # Tokens whose text is still held back (part of a character, a call being parsed):
-        # counted in the next chunk, so that the chunks' `tokens` add up to the answer's.
+        # counted in the next chunk, so that the chunks' `tokens` add up to the answer's; and
+        # their logprobs, which go with that count.
         self.held = 0
+        self._scored: list = []
+        self._drafted = 0  # draft tokens verified by steps whose chunks have not gone out yet
         self._pending: list[Token] = []  # the step's tokens, out when its record comes
         self._first = True  # the prompt decode's token: out at once, not after the first step's
 
@@ -142,6 +153,8 @@ class EventStream:
         if isinstance(event, Token):
             self._pending.append(event)
             return []
+        if isinstance(event, StepRecord):
+            self._drafted += event.drafted
         lines = [line for tokens in _runs(self._pending) for line in self._run(tokens)]
         self._pending = []
         return lines
@@ -149,6 +162,7 @@ class EventStream:
     def _run(self, tokens: list[Token]) -> list[str]:
         """Chunks for a run of tokens of one source and proposer."""
         self.held += sum(token.id >= 0 for token in tokens)  # id -1: text held back to the end, no token of its own
+        self._scored += [(token.id, token.logprob) for token in tokens if token.logprob is not None]
         source, proposer = tokens[0].source, tokens[0].proposer
         if self.special is None:
             text = "".join(token.text for token in tokens)
@@ -174,19 +188,33 @@ class EventStream:
 
     def _deltas(self, found: list[Union[ReasoningDelta, ContentDelta, CallDelta]], source: str | None,
                 proposer: str, tokens: int | None) -> list[str]:
-        """Chunks for what the readers found; the first carries the run's token count."""
+        """Chunks for what the readers found; the first carries the run's token count (and their logprobs)."""
         lines = []
+        logprobs = self._logprobs() if found else None
+        drafted = self._taken_drafted() if found else None
         for delta in found:
             if isinstance(delta, ReasoningDelta):
-                lines.append(self.chunks(Piece(None, source, proposer, tokens, reasoning=delta.text)))
+                piece = Piece(None, source, proposer, tokens, reasoning=delta.text)
             elif isinstance(delta, ContentDelta):
-                lines.append(self.chunks(Piece(delta.text, source, proposer, tokens)))
+                piece = Piece(delta.text, source, proposer, tokens)
             else:
                 call = ToolCallDelta(index=delta.index, id=delta.id, type="function" if delta.id else None,
                                      function=FunctionCallDelta(name=delta.name, arguments=delta.arguments))
-                lines.append(self.chunks(Piece(None, source, proposer, tokens, calls=[call])))
-            tokens = None
+                piece = Piece(None, source, proposer, tokens, calls=[call])
+            lines.append(self.chunks(replace(piece, logprobs=logprobs, drafted=drafted)))
+            tokens, logprobs, drafted = None, None, None
         return lines
+
+    def _taken_drafted(self) -> int | None:
+        drafted, self._drafted = self._drafted, 0
+        return drafted or None
+
+    def _logprobs(self) -> Union[ChatLogprobs, TextLogprobs, None]:
+        """The held tokens' logprobs, in the route's form, taken: they go out in one chunk."""
+        if self.logprobs is None or not self._scored:
+            return None
+        scored, self._scored = self._scored, []
+        return self.logprobs.chat(scored) if self.chunks.chat else self.logprobs.text(scored)
 
     def _end(self) -> list[str]:
         """After the last token: the rest of the calls, the finish reason and the usage; or an
@@ -208,7 +236,8 @@ class EventStream:
             self.held = self.held if not lines else 0
             if self.calls is not None and self.calls.ids and finish == "stop":
                 finish = "tool_calls"
-        lines.append(self.chunks(Piece(None, finish=finish, tokens=self.held or None)))
+        lines.append(self.chunks(Piece(None, finish=finish, tokens=self.held or None, logprobs=self._logprobs(),
+                                       drafted=self._taken_drafted())))
         if self.usage:
             lines.append(self.chunks.usage(stats))
         self.log.line(200, stats)  # before the end: a client may close as soon as it reads it

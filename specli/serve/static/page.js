@@ -100,6 +100,8 @@ class Answer {
     this.frame = null;
     this.tokens = 0;
     this.accepted = 0;
+    this.drafted = 0; // draft tokens verified, kept or not (the chunks' `drafted`)
+    this.kept = 0; // of those, kept (drafted tokens but the grammar's forced ones)
     this.steps = []; // [{draft, target}] tokens per step
     this.open = null;
     this.sent = performance.now();
@@ -110,7 +112,7 @@ class Answer {
     this.ended = false;
   }
 
-  add(text, source, proposer, tokens) {
+  add(text, source, proposer, tokens, drafted) {
     const now = performance.now();
     if (text) {
       this.runs.push({ start: this.text.length, end: this.text.length + text.length, source, proposer });
@@ -119,10 +121,12 @@ class Answer {
     }
     this.last = now;
     this.tokens += tokens;
+    this.drafted += drafted;
     if (source === "draft" || source === "target") {
       this.open = this.open || { draft: 0, target: 0 };
       this.open[source] += tokens;
       if (source === "draft") this.accepted += tokens;
+      if (source === "draft" && proposer !== "grammar") this.kept += tokens;
       else this.close();
     }
     if (this.frame === null) this.frame = requestAnimationFrame(() => this.show());
@@ -190,7 +194,7 @@ function handleChunk(data, answer) {
   if (data.timings) answer.timings = data.timings;
   for (const choice of data.choices || []) {
     const text = state.chat ? choice.delta && choice.delta.content : choice.text;
-    answer.add(text || "", choice.source, choice.proposer, choice.tokens || 0);
+    answer.add(text || "", choice.source, choice.proposer, choice.tokens || 0, choice.drafted || 0);
     if (choice.finish_reason) answer.finish = choice.finish_reason;
   }
 }
@@ -212,9 +216,9 @@ function setStat(name, text) {
   $("stat-" + name).textContent = text;
 }
 
-// Live from the chunks: speed, first token, tokens, accepted, the draft's share and the steps.
-// What was drafted (kept or not) only the server counts: its `timings` give drafted and
-// acceptance at the end. After an end without them (stopped, lost), "–".
+// Live from the chunks: speed, first token, tokens, accepted, the draft's share, the steps, and
+// what was drafted (kept or not) where the chunks say (`drafted`); the server's `timings` give
+// the final figures. Before any draft, "…"; after an end without timings (stopped, lost), "–".
 function showStats(answer) {
   const t = answer.timings;
   const pending = answer.ended ? "–" : "…";
@@ -229,8 +233,11 @@ function showStats(answer) {
   setStat("tokens", String(tokens));
   setStat("accepted", String(accepted));
   setStat("share", tokens > 0 ? Math.round((100 * accepted) / tokens) + "%" : "–");
-  setStat("drafted", t ? String(t.draft_n) : pending);
-  setStat("rate", t ? (t.draft_n > 0 ? Math.round((100 * t.draft_n_accepted) / t.draft_n) + "%" : "–") : pending);
+  const drafted = t ? t.draft_n : answer.drafted;
+  const kept = t ? t.draft_n_accepted : answer.kept;
+  const known = t || answer.drafted > 0;
+  setStat("drafted", known ? String(drafted) : pending);
+  setStat("rate", known ? (drafted > 0 ? Math.round((100 * kept) / drafted) + "%" : "–") : pending);
   showSteps(answer.steps.length + (answer.open ? 1 : 0), answer.tokens);
   setStat("finish", answer.finish || pending);
   drawChart(answer.steps.concat(answer.open ? [answer.open] : []));
