@@ -1,4 +1,5 @@
-"""--exact with drafting writes --exact --draft none's ids on generated cases (Gemma 3 270M).
+"""--exact with drafting writes --exact --draft none's ids on generated cases and on the public
+extraction prompts with their schemas (Gemma 3 270M).
 
 hypothesis draws small JSON schemas (strings, integers, booleans, enums, objects nested one
 level) and prompts of 250-600 tokens, which start where verify batches leave the KV cache's
@@ -10,7 +11,9 @@ real generations, so the counts stay small and shrinking is off.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from helpers import generated
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 
 from specli.decode.constraint import Constraint
 from specli.decode.request import AUTO, DraftKind, GenerationRequest
+from specli.prompt import prompt_tokens
 from specli.tools.formats import Hermes
 from specli.tools.plan import ToolPlan
 
@@ -114,3 +118,27 @@ def test_exact_tool_call_under_generated_parameters_writes_plain_decodings_ids(g
     drafted, plain = drafted_and_plain(session, tokens, request)
     assert drafted == plain
     assert len(plain) > 8, "the call's frame and more"
+
+
+EXTRACTION = Path(__file__).parent.parent / "benchmarks" / "prompts" / "extraction.toml"
+
+
+def extraction_prompts() -> list[dict]:
+    import tomllib
+
+    return tomllib.loads(EXTRACTION.read_text(encoding="utf-8"))["prompt"]
+
+
+def test_exact_writes_plain_decodings_ids_on_every_public_extraction_prompt(gemma_exact_session):
+    """benchmarks/prompts/extraction.toml: 20 prompts of 60-300 tokens (some cross 256), each
+    with its schema (or any JSON object), as structured.py runs them, -k auto."""
+    session = gemma_exact_session
+    parted = []
+    for entry in extraction_prompts():
+        schema = {"type": "object"} if entry.get("json_object") else json.loads(entry["schema"])
+        tokens = prompt_tokens(session.target, entry["prompt"], chat=False)
+        request = GenerationRequest(max_tokens=160, exact=True, constraint=Constraint.json_schema(schema))
+        drafted, plain = drafted_and_plain(session, tokens, request)
+        if drafted != plain:
+            parted.append(entry["name"])
+    assert not parted, parted
