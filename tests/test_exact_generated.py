@@ -124,8 +124,10 @@ EXTRACTION = Path(__file__).parent.parent / "benchmarks" / "prompts" / "extracti
 
 
 def extraction_prompts() -> list[dict]:
-    import tomllib
-
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
     return tomllib.loads(EXTRACTION.read_text(encoding="utf-8"))["prompt"]
 
 
