@@ -7,8 +7,9 @@ messages), streamed (so the time to the first token is seen), greedy:
   writes one JSON tool call per turn. The history is scripted (the same prompts reach every
   server); each turn's answer is measured, then the scripted answer is appended.
 - edit: code edits (rename a name in a function), sent without a Predicted Output, with one
-  (`prediction`: the edited code), and with the target's own answer as the prediction (one
-  that is right); llama-server has no `prediction`, so it gets the edits alone.
+  (`prediction`: the edited code, or the code before the edit, what an editor holds), and with
+  the target's own answer as the prediction (one that is right); llama-server has no
+  `prediction`, so it gets the edits alone.
 
 Configurations: specli plain (`--draft none`), specli with n-gram drafting and its suffix
 memory on and off, and llama-server plain and with each n-gram `--spec-type` (and the
@@ -21,6 +22,10 @@ specli plain's.
 
     python benchmarks/serve_bench.py --target gemma.gguf --llama-server PATH [--rounds 3] [--json OUT]
     python benchmarks/serve_bench.py --chat --target smollm2-instruct.gguf --llama-server PATH
+    python benchmarks/serve_bench.py --target gemma.gguf --exact --traffic edit,"edit + old code as prediction"
+
+--exact starts specli's servers with --exact and asks every request for `exact: true`
+(llama-server is left out); --traffic replays only the kinds named.
 
 Build llama-server from the llama.cpp that llama-cpp-python vendors:
     TARGETS=llama-server benchmarks/build_llama_cpp.sh
@@ -195,12 +200,15 @@ def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int) ->
             process.kill()
 
 
+EXTRA: dict = {}  # fields every request carries (--exact)
+
+
 def complete(url: str, prompt: str | list[dict], max_tokens: int, result: Result, extra: dict | None = None) -> str:
     """One streamed greedy completion of a raw prompt (a string: /v1/completions) or of chat
     messages (a list: /v1/chat/completions); adds its time, tokens and drafting to `result`."""
     chat = isinstance(prompt, list)
     body = {"messages" if chat else "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **(extra or {})}
+            "stream_options": {"include_usage": True}, **EXTRA, **(extra or {})}
     started = time.perf_counter()
     first = None
     pieces: list[str] = []
@@ -291,6 +299,11 @@ def edits(url: str, chat: bool, predictions: Sequence[str] | None = None) -> Res
     return result
 
 
+def old_code(chat: bool) -> list[str]:
+    """The code before each edit: what an editor sends when it predicts the file unchanged."""
+    return [f"```python\n{code}```" if chat else code for _, _, code in EDIT_SOURCES]
+
+
 def edited_code(chat: bool) -> list[str]:
     """The edits done right: each name renamed (fenced for chat, as an instruction model
     answers). What an editor sends as the prediction."""
@@ -298,11 +311,13 @@ def edited_code(chat: bool) -> list[str]:
     return [f"```python\n{code}```" if chat else code for code in edited]
 
 
-def configurations(target: Path, binary: Path | None, ctx: int):
-    """(name, server context manager factory, specli?) for every configuration."""
-    yield "specli plain", lambda: specli_server(target, "--draft", "none", "-c", str(ctx)), True
-    yield "specli ngram", lambda: specli_server(target, "-c", str(ctx)), True
-    yield "specli ngram, no memory", lambda: specli_server(target, "--no-memory", "-c", str(ctx)), True
+def configurations(target: Path, binary: Path | None, ctx: int, exact: bool = False):
+    """(name, server context manager factory, specli?) for every configuration (`exact`: specli
+    servers started with --exact, which loads the weights as exactness wants them)."""
+    common = ("-c", str(ctx), *(("--exact",) if exact else ()))
+    yield "specli plain", lambda: specli_server(target, "--draft", "none", *common), True
+    yield "specli ngram", lambda: specli_server(target, *common), True
+    yield "specli ngram, no memory", lambda: specli_server(target, "--no-memory", *common), True
     if binary is not None:
         yield "llama-server plain", lambda: llama_server(binary, target, None, ctx), False
         for spec_type in LLAMA_SPEC_TYPES:
@@ -318,9 +333,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chat", action="store_true",
                         help="Send chat messages to /v1/chat/completions (an instruction model with a chat template).")
     parser.add_argument("--json", type=Path, help="Write every measurement here.")
+    parser.add_argument("--exact", action="store_true", help="specli servers with --exact, every request exact: true (no llama-server).")
+    parser.add_argument("--traffic", help="Comma-separated kinds to replay (default: all): agent, edit, "
+                                          "edit + prediction, edit + old code as prediction, edit + its own text as prediction.")
     args = parser.parse_args(argv)
 
-    configs = list(configurations(args.target, args.llama_server, args.ctx_size))
+    configs = list(configurations(args.target, None if args.exact else args.llama_server, args.ctx_size, args.exact))
+    if args.exact:
+        EXTRA["exact"] = True
     chat = args.chat
     # The edits are sent three ways: alone; with the edit done right as the prediction (what an
     # editor sends, though a small model may not do the edit); and with the text the target
@@ -330,7 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         own_text = edits(url, chat).texts
     traffic = {"agent": lambda url: agent(url, chat), "edit": lambda url: edits(url, chat),
                "edit + prediction": lambda url: edits(url, chat, edited_code(chat)),
+               "edit + old code as prediction": lambda url: edits(url, chat, old_code(chat)),
                "edit + its own text as prediction": lambda url: edits(url, chat, own_text)}
+    if args.traffic:
+        named = [kind.strip() for kind in args.traffic.split(",")]
+        unknown = [kind for kind in named if kind not in traffic]
+        if unknown:
+            parser.error(f"unknown traffic {unknown[0]!r}: one of {', '.join(traffic)}")
+        traffic = {kind: traffic[kind] for kind in named}
     rounds: dict[tuple[str, str], list[Result]] = {}
     for round_index in range(args.rounds):
         shift = round_index % len(configs)
