@@ -12,7 +12,8 @@ With no draft the step is exactly one plain decode, so `--draft none` runs this 
 Under a constraint (a JSON schema, a grammar) every choice of the target is made from its
 row masked by the constraint's state before that position. Where the constraint forces
 tokens they are drafted first ("grammar") and need no verification: their rows ask
-llama.cpp for no logits. A draft token the constraint forbids ends the draft before it is
+llama.cpp for no logits (unless the request asks for logprobs, which come from each written
+token's raw row: decode/logprobs.py). A draft token the constraint forbids ends the draft before it is
 verified. So the output is what plain decoding under the same constraint writes.
 """
 
