@@ -577,6 +577,7 @@ def test_drafted_and_acceptance_count_live_from_the_chunks(browser, page_server)
     page.push(", blue", "draft", 2, drafted=4)
     page.push(" and", "target")
     assert stats("drafted", "rate") == ["7", "57%"]
+    assert stats("steps")[0].split()[0] == "4", "a forced run and the token after it are one step"
     page.end(drafted=7)
     assert stats("drafted", "rate") == ["7", "86%"], "at the end, the timings' figures"
 

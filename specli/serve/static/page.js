@@ -125,9 +125,10 @@ class Answer {
     if (source === "draft" || source === "target") {
       this.open = this.open || { draft: 0, target: 0 };
       this.open[source] += tokens;
-      if (source === "draft") this.accepted += tokens;
-      if (source === "draft" && proposer !== "grammar") this.kept += tokens;
-      else this.close();
+      if (source === "draft") {
+        this.accepted += tokens;
+        if (proposer !== "grammar") this.kept += tokens;
+      } else this.close();
     }
     if (this.frame === null) this.frame = requestAnimationFrame(() => this.show());
   }
