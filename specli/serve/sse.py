@@ -206,6 +206,7 @@ class EventStream:
         return lines
 
     def _taken_drafted(self) -> int | None:
+        """The steps' drafted tokens not yet counted in a chunk, taken (None: none)."""
         drafted, self._drafted = self._drafted, 0
         return drafted or None
 
