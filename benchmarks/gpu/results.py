@@ -229,6 +229,13 @@ def _table(header: list[str], rows: list[list[object]]) -> list[str]:
     return lines + [""]
 
 
+def _sweep_table(label: str, sweep: dict) -> list[str]:
+    """llama.cpp's speed and acceptance at each draft length a sweep tried."""
+    return _table([label, "t/s", "acceptance"],
+                  [[c["workload"]["k"], _f(c["median_tokens_per_second"], 1), _f(c["acceptance_rate"])]
+                   for c in sweep["candidates"]])
+
+
 def _f(value: object, digits: int = 2, suffix: str = "") -> str | None:
     return None if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -358,9 +365,7 @@ def _synthetic_section(results: dict) -> list[str]:
         lines += [f"Pair: {pair.get('shape')} shape, target {pair.get('target_mib')} MiB, draft "
                   f"{pair.get('draft_mib')} MiB, written in {pair.get('seconds')} s.", ""]
     if sweep:
-        lines += _table(["llama.cpp draft-simple K", "t/s", "acceptance"],
-                        [[c["workload"]["k"], _f(c["median_tokens_per_second"], 1), _f(c["acceptance_rate"])]
-                         for c in sweep["candidates"]])
+        lines += _sweep_table("llama.cpp draft-simple K", sweep)
     if compares:
         lines += ["Fresh processes, the draft model alone in both (`--no-ngram`):", ""]
         lines += _table(COMPARE_HEADER, [_compare_row(label, data) for label, data in compares.items()])
@@ -414,9 +419,7 @@ def _mtp_section(results: dict) -> list[str]:
         lines += [f"Target: {model.get('shape')} MiMo-2 with one NextN layer, {model.get('target_mib')} MiB, "
                   f"written in {model.get('seconds')} s.", ""]
     if sweep:
-        lines += _table(["llama.cpp draft-mtp depth", "t/s", "acceptance"],
-                        [[c["workload"]["k"], _f(c["median_tokens_per_second"], 1), _f(c["acceptance_rate"])]
-                         for c in sweep["candidates"]])
+        lines += _sweep_table("llama.cpp draft-mtp depth", sweep)
     header = ["comparison", *COMPARE_HEADER[1:]]
     header[3] = "specli t/s"
     rows = ([_compare_row("same depth, MTP alone", same)] if same else []) + \
