@@ -129,26 +129,28 @@ class Pricing:
         """Where the NextN layers' measurements are stored, beside their target's key."""
         return self.key + MTP_SUFFIX
 
-    def costs(self, *, measure: bool = True, mtp: bool = False) -> StepCosts:
+    def costs(self, *, measure: bool = True, mtp: bool = False, keep: bool = False) -> StepCosts:
         """The costs -k auto prices this session's generations with, fixed once read: the
         stored ones; where none can be used (none stored, or the stored curve is implausible
         or stale), a quick calibration made now and stored (measure=False: the prior instead);
         where the machine is too busy to measure, a conservative curve for this session only,
         and nothing stored. With a draft model (`mtp`: the target's NextN layers), its stored
         cost per token; where none is stored, its decode timed now and stored (measure=False:
-        priced by the share of the weights a drafted token reads)."""
+        priced by the share of the weights a drafted token reads). `keep`: what measure=False
+        reads is fixed as this session's costs too (a server that measures nothing)."""
         kept = self._mtp_costs if mtp else self._costs
-        if measure and kept is not None:
+        if (measure or keep) and kept is not None:
             return kept
         target = self._stored_costs(say=measure)
         if target is None and not measure:
-            return self._prior(mtp=mtp)
-        if target is None:
-            target = self._first_run_costs(mtp)
-        costs = self._with_mtp(target, measure) if mtp else self._with_draft(target, measure)
-        if measure and mtp:
+            costs = self._prior(mtp=mtp)
+        else:
+            if target is None:
+                target = self._first_run_costs(mtp)
+            costs = self._with_mtp(target, measure) if mtp else self._with_draft(target, measure)
+        if (measure or keep) and mtp:
             self._mtp_costs = costs
-        elif measure:
+        elif measure or keep:
             self._costs = costs
         return costs
 

@@ -9,12 +9,20 @@ holds, so a request decodes only what its prompt adds to the longest prefix it s
 the one before (an agent that resends its conversation prefills only the new turn); an
 exact request decodes its whole prompt.
 Drafting is priced with the costs stored when the server started: it never changes midway.
+
+Fair under pressure: a request refused because the queue is full (Busy, 503 with
+Retry-After) joins a line (`Line`), by its body's hash. A place that frees up is held for the
+first in that line; the others, and requests the line has not seen, are refused until it
+comes back (or stops coming back, for LINE_HOLD seconds). So a client that retries the same
+request keeps its place, and its turn comes after those refused before it, whoever else retries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -29,6 +37,11 @@ from specli.stream import Outcome, stream
 # MEMORY_TOKENS, it keeps the latest outputs that fit in half of it.
 MEMORY_TOKENS = 1 << 16
 WAIT_POLL = 0.2  # seconds between asking whether a waiting request's client has left
+# A refused request keeps its place in the line while its client retries within this many
+# seconds (Retry-After says 1); the line holds at most LINE_SIZE requests (more are refused
+# without a place, as before the line).
+LINE_HOLD = 10.0
+LINE_SIZE = 1024
 
 
 class Busy(Exception):
@@ -107,34 +120,68 @@ class MemoryIndex:
             self.index.append(text)
 
 
+class Line:
+    """Requests refused for a full queue, by key, in the order first refused, each with when
+    its client last asked. A key not heard of for `hold` seconds leaves the line."""
+
+    def __init__(self, hold: float = LINE_HOLD, size: int = LINE_SIZE, clock: Callable[[], float] = time.monotonic):
+        self.hold, self.size, self._clock = hold, size, clock
+        self._asked: OrderedDict[str, float] = OrderedDict()
+
+    def ahead(self, key: str) -> int:
+        """How many in the line come before `key` (all of them, for a key not in it)."""
+        now = self._clock()
+        for late in [k for k, asked in self._asked.items() if asked < now - self.hold]:
+            del self._asked[late]
+        return list(self._asked).index(key) if key in self._asked else len(self._asked)
+
+    def refuse(self, key: str) -> None:
+        """`key` was refused: it keeps its place (or takes the last one), as of now."""
+        if key in self._asked or len(self._asked) < self.size:
+            self._asked[key] = self._clock()
+
+    def admit(self, key: str) -> None:
+        self._asked.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._asked)
+
+
 class Worker:
-    def __init__(self, session: Session, *, queue: int, memory: bool) -> None:
+    def __init__(self, session: Session, *, queue: int, memory: bool, measure: bool = True) -> None:
         self.session = session
         self.queue = queue
         self.memory = MemoryIndex() if memory else None
         self.closing = threading.Event()  # set on SIGINT/SIGTERM: the generation in flight stops
-        # -k auto prices every request with the costs read (or, the first time, measured) now,
-        # before any request: a request may draft on a server started with --draft none, and a
-        # calibration between requests would leave the target's cache empty (see module doc).
-        session.pricing.costs()
+        # -k auto prices every request with the costs read now, before any request (a request
+        # may draft on a server started with --draft none, and a calibration between requests
+        # would leave the target's cache empty: see module doc). `measure`: where none are
+        # stored, measured now (a server whose own drafting is -k auto); else the prior's.
+        session.pricing.costs(measure=measure, keep=True)
         if session.nextn is not None:  # and the NextN layers', which a request may draft with
-            session.pricing.costs(mtp=True)
+            session.pricing.costs(measure=measure, keep=True, mtp=True)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn
+        self.line = Line()  # requests refused for a full queue, whose clients may retry
 
     async def start(self, job: Job, on_event: Callable[[object], None] | None,
-                    gone: Callable[[], Awaitable[bool]] | None = None) -> tuple[asyncio.Future, threading.Event]:
-        """Wait for the turn (Busy when the queue is full), then start the job in the worker
-        thread. Returns the future of its Outcome and the event that cancels it; the turn
-        passes on when the generation ends. `gone`: whether the client has left, asked while
-        the job waits (Gone: it gives up its place)."""
+                    gone: Callable[[], Awaitable[bool]] | None = None,
+                    key: str = "") -> tuple[asyncio.Future, threading.Event]:
+        """Wait for the turn (Busy when the queue is full, or its free places are held for
+        requests refused before: `key` names this one in that line), then start the job in
+        the worker thread. Returns the future of its Outcome and the event that cancels it;
+        the turn passes on when the generation ends. `gone`: whether the client has left,
+        asked while the job waits (Gone: it gives up its place)."""
         if self.closing.is_set():
             raise Closing
         if self._turn is None:
             self._turn = asyncio.Lock()  # FIFO: waiters are woken in the order they came
-        if self._admitted > self.queue:  # one generating and `queue` waiting
+        free = self.queue + 1 - self._admitted  # one generating and `queue` waiting
+        if free <= self.line.ahead(key):
+            self.line.refuse(key)
             raise Busy(self.queue)
+        self.line.admit(key)
         self._admitted += 1
         future = None
         try:
