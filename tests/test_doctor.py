@@ -92,3 +92,34 @@ def test_the_device_probe_sees_the_cpu_and_the_fingerprint_is_stable():
     assert len(fingerprint) == 12 and devices.compute_fingerprint() == fingerprint
     report = diagnostics.check_backend()
     assert report.error is None and report.devices == found
+
+
+def _doctor_at(columns: int, monkeypatch) -> list[str]:
+    from typer.testing import CliRunner
+
+    from specli.commands.app import app
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def test_doctor_lists_the_pairs_on_disk_and_counts_the_others_in_one_line(monkeypatch):
+    from specli.models.registry import load_registry
+
+    lines = _doctor_at(100, monkeypatch)
+    names = list(load_registry().pairs)  # an empty Hugging Face cache: only the embedded pair is on disk
+    assert [line.split()[:2] for line in lines if line.startswith("gemma-3-270m ")] == [["gemma-3-270m", "downloaded"]]
+    for name in names[1:]:
+        assert not any(line.split()[:1] == [name] for line in lines), name
+    assert not any("missing" in line for line in lines)
+    assert f"not downloaded: {len(names) - 1} pairs (`specli list` shows them, `specli pull PAIR` downloads one)" in lines
+
+
+def test_every_line_of_doctor_fits_100_columns(monkeypatch):
+    lines = _doctor_at(100, monkeypatch)
+    assert any(line.startswith("build ") for line in lines)  # llama.cpp's system info, longer than 100 whole
+    assert [line for line in lines if len(line) > 100] == []
+    assert lines == [line.rstrip() for line in lines]  # no padding
+

@@ -12,7 +12,7 @@ import typer
 
 from specli.commands import options as opt
 from specli.commands.app import Command, app
-from specli.commands.tables import facts_table, report_console
+from specli.commands.tables import WHOLE, facts_table, output_width
 
 if TYPE_CHECKING:
     from specli.diagnostics import ModelState, Report, StoredCurve
@@ -38,18 +38,31 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        print_report(report, report_console())
+        _echo_report(report)
     raise typer.Exit(1 if report.problems else 0)
 
 
+def _echo_report(report: Report) -> None:
+    """The report at the terminal's width (or COLUMNS); in a pipe without COLUMNS, whole lines.
+    Lines are echoed without the spaces Rich pads them with."""
+    from rich.console import Console
+
+    console = Console(highlight=False, width=output_width() or WHOLE)
+    with console.capture() as captured:
+        print_report(report, console)
+    for line in captured.get().splitlines():
+        typer.echo(line.rstrip())
+
+
 def print_report(report: Report, console) -> None:
-    """A two-column table of facts, then the pairs, then what to fix (a rich Console)."""
+    """A two-column table of facts, then the pairs on disk, then what to fix (a rich Console)."""
     from rich.text import Text
 
     console.print(_facts(report))
     if report.registry.pairs:
         console.print()
-        console.print(_pairs(report))
+        for part in _pairs(report):
+            console.print(part)
     if report.model is not None:
         print_model(report.model, console)
     if report.costs:
@@ -112,19 +125,30 @@ def _facts(report: Report):
     return facts
 
 
-def _pairs(report: Report):
+def _pairs(report: Report) -> list:
+    """The pairs with files on disk, one row each (as `ollama list` shows what is pulled), then
+    one line counting the rest: `specli list` shows those."""
     from rich.table import Table
     from rich.text import Text
 
     from specli.models.hub import format_size
 
-    pairs = Table(box=None, pad_edge=False, header_style="bold")
-    pairs.add_column("PAIR", no_wrap=True)
-    pairs.add_column("STATUS", no_wrap=True)
-    pairs.add_column("SIZE", no_wrap=True, justify="right")
-    for pair in report.registry.pairs:
-        pairs.add_row(Text(pair.name), pair.status, format_size(pair.size_bytes) if pair.size_bytes else "-")
-    return pairs
+    present = [pair for pair in report.registry.pairs if pair.status != "missing"]
+    parts: list = []
+    if present:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        table.add_column("PAIR", no_wrap=True)
+        table.add_column("STATUS", overflow="fold")  # "unknown (why)" may be long
+        table.add_column("SIZE", no_wrap=True, justify="right")
+        for pair in present:
+            table.add_row(Text(pair.name), Text(pair.status), format_size(pair.size_bytes) if pair.size_bytes else "-")
+        parts.append(table)
+    missing = len(report.registry.pairs) - len(present)
+    if missing:
+        pairs = "pair" if missing == 1 else "pairs"
+        parts.append(Text(f"not downloaded: {missing} {pairs} (`specli list` shows them, "
+                          f"`specli pull PAIR` downloads one)"))
+    return parts
 
 
 def print_model(model: ModelState, console) -> None:
