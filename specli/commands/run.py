@@ -15,7 +15,7 @@ import typer
 from specli.commands import options as opt
 from specli.commands.app import Command, app
 from specli.decode.adaptive import AdaptiveDraftPolicy
-from specli.decode.engine import Engine
+from specli.decode.engine import Engine, check_prompt_fits
 from specli.decode.proposers import NoProposer
 from specli.decode.request import GenerationRequest
 from specli.errors import UsageError
@@ -108,15 +108,17 @@ def warn_without_gpu(stderr: IO[str]) -> None:
 
 def execute(spec: SessionSpec, prompt: Prompt, request: GenerationRequest, output: Output = Output(),
             stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
-    """Run one generation, streaming to stdout. Returns the exit code."""
+    """Run one generation, streaming to stdout. Returns the exit code. A prompt the context
+    cannot hold is refused before anything is measured."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     notice = notifier(stderr, quiet=output.quiet or output.json)
     with open_session(spec, notice) as session:
+        tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
+        check_prompt_fits(len(tokens), session.target.n_ctx)  # before engine_for, which may measure costs
         reason = session.plain_reason(request)
         if reason is not None:
             notice(reason)
-        tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
         engine = session.engine_for(request)
         if output.json:
             sink = JsonRenderer(stdout, metadata(session, engine))
