@@ -123,3 +123,29 @@ def test_every_line_of_doctor_fits_100_columns(monkeypatch):
     assert [line for line in lines if len(line) > 100] == []
     assert lines == [line.rstrip() for line in lines]  # no padding
 
+
+def test_a_report_with_long_values_fits_100_columns_and_names_the_pairs_on_disk():
+    import io
+
+    from rich.console import Console
+
+    report = diagnostics.diagnose()
+    pairs = report.registry.pairs
+    pairs[1].status, pairs[1].size_bytes = "partial", 4_000_000_000
+    pairs[2].status = "unknown (cannot read " + "/very/long/path" * 8 + ": Permission denied)"
+    report.costs = [
+        diagnostics.StoredCurve("deepseek-r1-distill-qwen-32b-q4_k_m.gguf", "-ngl 20 -c 8192 --rpc 10.0.0.2:50052,10.0.0.3:50052",
+                                "calibrated", None, 123.4, "stale: a run's verify steps took 1.37x its price (the next run measures again)",
+                                "specli doctor --calibrate --target /models/deepseek.gguf -ngl 20"),
+        diagnostics.StoredCurve("Qwen3-Coder-30B-A3B-Instruct-UD-Q4_K_XL-00001-of-00002.gguf", "", "first run", None, 13.4,
+                                "another build or devices: not used", "-"),
+    ]
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=100, highlight=False))
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    assert [line for line in lines if len(line) > 100] == []
+    rows = [line.split()[:2] for line in lines if line.split()[:1] in ([pair.name] for pair in pairs)]
+    assert rows == [[pairs[0].name, "downloaded"], [pairs[1].name, "partial"], [pairs[2].name, "unknown"]]
+    assert f"not downloaded: {len(pairs) - 3} pairs (`specli list` shows them, `specli pull PAIR` downloads one)" in lines
+    assert any(line.endswith("stale") for line in lines) and any(line.endswith("other build") for line in lines)
+    assert "other build: measured by another llama.cpp build or on other devices; not used here" in lines

@@ -180,23 +180,45 @@ def print_model(model: ModelState, console) -> None:
     console.print(facts)
 
 
+# Curves this installation does not use, by the label the table gives them.
+_NOT_USED = {
+    "another": ("other build", "other build: measured by another llama.cpp build or on other devices; not used here"),
+    "an earlier": ("old specli", "old specli: stored by an earlier specli; not used"),
+}
+
+
 def print_costs(curves: list[StoredCurve], console) -> None:
-    """The stored verify-cost curves, and the command that measures again each one that does not hold."""
+    """The stored verify-cost curves, each state in a word or two (the table fits 100 columns);
+    then why each stale or implausible one does not hold and the command that measures it now,
+    and what a curve not used means."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(box=None, pad_edge=False, header_style="bold", title="stored verify costs", title_justify="left")
-    for name in ("MODEL", "SETTINGS", "SOURCE", "AGE", "1 TOKEN", "STATE"):
-        table.add_column(name, overflow="fold")
+    table.add_column("MODEL", overflow="fold")
+    table.add_column("SETTINGS", overflow="fold")
+    for name in ("SOURCE", "AGE", "1 TOKEN", "STATE"):
+        table.add_column(name, no_wrap=True)
     for curve in curves:
         age = _age(time.time() - curve.measured_at) if curve.measured_at else "-"
-        table.add_row(Text(curve.model), curve.settings or "defaults", curve.source, age,
-                      f"{curve.one_token_ms:.1f} ms", Text(curve.state, style="" if curve.state == "ok" else "yellow"))
+        table.add_row(Text(curve.model), curve.settings or "defaults", curve.source, age, f"{curve.one_token_ms:.1f} ms",
+                      Text(_state_label(curve.state), style="" if curve.state == "ok" else "yellow"))
     console.print()
     console.print(table)
     for curve in curves:
-        if curve.state != "ok" and not curve.state.startswith(("an earlier", "another")):
-            console.print(Text(f"to measure {curve.model} again now: {curve.refresh}"))
+        if _state_label(curve.state) in ("stale", "implausible"):
+            console.print(Text(f"{curve.model}: {curve.state}; to measure it again now: {curve.refresh}"))
+    for start, (label, meaning) in _NOT_USED.items():
+        if any(curve.state.startswith(start) for curve in curves):
+            console.print(Text(meaning))
+
+
+def _state_label(state: str) -> str:
+    """The state in a word or two: ok, stale, implausible, or why the curve is not used."""
+    for start, (label, _) in _NOT_USED.items():
+        if state.startswith(start):
+            return label
+    return state.partition(":")[0]
 
 
 def _age(seconds: float) -> str:
