@@ -7,6 +7,11 @@ verify steps were far from its price. It also measures a draft model, and the ta
 layers as one: its cost per token, its catch-up, its greedy agreement with the target, and
 (`drafts --measure`) its speed-up.
 
+A fixed draft length measures nothing (measure=False). Where a first run finds the machine
+too busy to measure, it leaves a BusyMark under `busy_key`: until the mark's window ends,
+later runs draft on the conservative curve without timing anything. The explicit
+calibrations ignore the mark, and a stored calibration clears it.
+
 Everything is stored in one CostStore, keyed by the model file, its load settings, the
 llama.cpp build and its devices (`settings_key`), so no other machine's or build's timings
 steer a run. The cost maths itself (curves, timing, judging a calibration) is
@@ -33,6 +38,7 @@ from specli.decode.costs import (
     PRIOR_LOOP,
     STALE_RANGE,
     STALE_STEPS,
+    BusyMark,
     Calibration,
     CostSource,
     CostStore,
@@ -57,6 +63,7 @@ from specli.llama.devices import compute_fingerprint
 
 CATCH_UP_BATCH = 16  # a draft model's catch-up is priced per token of a batch this long
 MTP_SUFFIX = "|mtp"  # the NextN layers' measurements: their target's key, then this
+BUSY_SUFFIX = "|busy"  # a first run found the machine too busy to measure (BusyMark): the target's key, then this
 MTP_SHARE_FLOOR = 0.02  # a NextN layer's decode is never priced below this share of a plain one
 MEASURE_TOKENS = 96  # a timed generation of `specli drafts --measure`
 MEASURE_ROUNDS = 3
@@ -129,11 +136,17 @@ class Pricing:
         """Where the NextN layers' measurements are stored, beside their target's key."""
         return self.key + MTP_SUFFIX
 
+    @property
+    def busy_key(self) -> str:
+        """Where a first run's busy finding is stored (BusyMark), beside the target's key."""
+        return self.key + BUSY_SUFFIX
+
     def costs(self, *, measure: bool = True, mtp: bool = False, keep: bool = False) -> StepCosts:
         """The costs -k auto prices this session's generations with, fixed once read: the
         stored ones; where none can be used (none stored, or the stored curve is implausible
         or stale), a quick calibration made now and stored (measure=False: the prior instead);
-        where the machine is too busy to measure, a conservative curve for this session only,
+        where the machine is too busy to measure, or a recent run found it so (a BusyMark
+        within its window: nothing is timed), a conservative curve for this session only,
         and nothing stored. With a draft model (`mtp`: the target's NextN layers), its stored
         cost per token; where none is stored, its decode timed now and stored (measure=False:
         priced by the share of the weights a drafted token reads). `keep`: what measure=False
@@ -141,7 +154,7 @@ class Pricing:
         kept = self._mtp_costs if mtp else self._costs
         if (measure or keep) and kept is not None:
             return kept
-        target = self._stored_costs(say=measure)
+        target = self._stored_costs(say=measure and self._busy_mark() is None)
         if target is None and not measure:
             costs = self._prior(mtp=mtp)
         else:
@@ -282,14 +295,33 @@ class Pricing:
         return None
 
     def _first_run_costs(self, mtp: bool = False) -> StepCosts:
-        """A quick calibration, stored; or, where the machine is too busy, the conservative curve."""
+        """A quick calibration, stored; or the conservative curve: at once where a recent run
+        found the machine too busy (its mark's window), else where this calibration finds it
+        so, marking it (one more busy finding in a row)."""
+        name, mark = self.target.path.name, self._busy_mark()
+        if mark is not None:
+            self._say(f"the machine was too busy to measure {name}'s verify costs {_ago(time.time() - mark.found_at)}: "
+                      f"drafting cautiously without measuring until {_clock(mark.until)} "
+                      "(`specli doctor --calibrate` measures now)")
+            return self._prior(conservative=True, mtp=mtp)
         outcome = self._time_target(FIRST_RUN_SIZES, PASSES)
         if outcome.problem is not None:
-            if self._notice is not None:
-                self._notice(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
-                             f"({outcome.problem}): drafting cautiously this run, measuring again on the next")
+            earlier = self.store.busy_mark(self.busy_key)  # one whose window has ended: the row goes on
+            mark = BusyMark(time.time(), 1 if earlier is None else earlier.count + 1)
+            self.store.put_busy_mark(self.busy_key, mark)
+            self._say(f"the machine is too busy to measure {name}'s verify costs ({outcome.problem}): "
+                      f"drafting cautiously without measuring until {_clock(mark.until)}")
             return self._prior(conservative=True, mtp=mtp)
         return self._store_target(outcome, "first run")
+
+    def _busy_mark(self) -> BusyMark | None:
+        """The target's busy mark while its window lasts (None: none, or it has ended)."""
+        mark = self.store.busy_mark(self.busy_key)
+        return mark if mark is not None and time.time() < mark.until else None
+
+    def _say(self, line: str) -> None:
+        if self._notice is not None:
+            self._notice(line)
 
     def _with_mtp(self, target: StepCosts, measure: bool) -> StepCosts:
         """The target's costs with its NextN layers' (measured, or priced by the share of the
@@ -367,6 +399,7 @@ class Pricing:
         loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
         costs = StepCosts(verify, 0.0, loop, source, measured_at=time.time(), shape_change=outcome.shape_change)
         self.store.put_costs(self.key, costs)
+        self.store.remove(self.busy_key)  # measured: the machine is not too busy now
         return costs
 
     def _draft_size_ratio(self) -> float:
@@ -374,6 +407,16 @@ class Pricing:
         if draft is None or self.draft is None:
             return 0.0
         return draft.stat().st_size / max(1, self.target.path.stat().st_size)
+
+
+def _ago(seconds: float) -> str:
+    """How long ago, in the unit a person reads it in."""
+    return f"{max(0, round(seconds))} s ago" if seconds < 60 else f"{round(seconds / 60)} min ago"
+
+
+def _clock(moment: float) -> str:
+    """A Unix time as the local time of day."""
+    return time.strftime("%H:%M", time.localtime(moment))
 
 
 def greedy_agreement(target: Model, draft: Model, sample: str = AGREEMENT_SAMPLE) -> float:

@@ -27,10 +27,12 @@ def isolated_homes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def quiet_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every calibration counts as made on a quiet machine: for tests of what a stored
     calibration does, which a busy CI host (other VMs' load shows as lost CPU time and spread)
-    would otherwise turn into a conservative, unstored curve. What load does to a calibration
-    is tested in test_costs.py with the real thresholds."""
+    would otherwise turn into a conservative, unstored curve (and a busy mark that an earlier
+    test left in the shared cache would skip the measurement). What load does to a calibration
+    is tested in test_costs.py with the real thresholds, the busy mark in test_busy_machine.py."""
     from specli.decode import costs
 
+    monkeypatch.setattr(costs, "BUSY_BACKOFF", 0.0)
     monkeypatch.setattr(costs, "BUSY_CPU_SHARE", 0.0)
     monkeypatch.setattr(costs, "BUSY_SPREAD", float("inf"))
     monkeypatch.setattr(costs, "PLAIN_RANGE", (0.0, float("inf")))

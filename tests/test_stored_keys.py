@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from specli import pricing
-from specli.decode.costs import Calibration, CostStore, StepCosts
+from specli.decode.costs import BusyMark, Calibration, CostStore, StepCosts
 from specli.decode.exact import BatchCap
 from specli.llama.backend import LoadSettings
-from specli.pricing import draft_key, exact_key, parse_settings_key, settings_key
+from specli.pricing import BUSY_SUFFIX, draft_key, exact_key, parse_settings_key, settings_key
 from specli.session import SessionSpec, open_session
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
@@ -27,6 +27,7 @@ KEYED = ("gpu_layers", "threads", "repack", "ctx_size", "rpc")  # the load setti
 COSTS = StepCosts({1: 0.0125, 2: 0.02, 4: 0.03125, 16: 0.0875}, 0.0015, 0.00025, "calibrated", 0.625, 0.00075,
                   1_700_000_000.5, 1.75)
 EXACT = BatchCap(((0, 256, 3), (256, 1024, 1)))
+BUSY = BusyMark(1_700_000_000.25, 2)  # two first runs in a row found the machine too busy to measure
 
 
 def _compare(name: str, text: str) -> None:
@@ -54,6 +55,7 @@ def test_the_keys_and_fields_of_stored_costs_are_unchanged(tmp_path):
         store.put(exact_key(target, load, BUILD), EXACT.to_json())
         for suffix, value in (("", 0.0015), ("|catch_up", 0.00075), ("|acceptance", 0.625), ("|speedup", 1.25)):
             store.put(drafted + suffix, value)
+    store.put_busy_mark(keys[0] + BUSY_SUFFIX, BUSY)
     parsed = []
     for key in keys:
         costs_key = parse_settings_key(key)
@@ -66,6 +68,7 @@ def test_the_keys_and_fields_of_stored_costs_are_unchanged(tmp_path):
     text = json.dumps(report, indent=1, sort_keys=True).replace(str(tmp_path.resolve()), "<tmp>") + "\n"
     _compare("costs_keys.json", text)
     assert StepCosts.from_json(json.loads(written)[keys[0]]) == COSTS, "read back as written"
+    assert BusyMark.from_json(json.loads(written)[keys[0] + BUSY_SUFFIX]) == BUSY
 
 
 def _masked(key: str, model: Path) -> str:

@@ -10,9 +10,12 @@ A calibration is only stored where it can be trusted: every size is warmed up, t
 in passes that alternate their order, and the fastest time of each kept (load only ever adds
 time); where the passes disagree, or the curve is not one a batch can have (`curve_problem`),
 or one token is priced far from a plain step (PLAIN_RANGE), the machine was too busy: nothing
-is stored, the run drafts on `prior_costs(..., conservative=True)`, and the next run measures
-again. A stored
-curve that a run finds far from its own verify times is marked stale, and measured again.
+is stored, the run drafts on `prior_costs(..., conservative=True)`, and it leaves a
+`BusyMark`: until the mark's window ends (`BusyMark.until`, longer with each busy finding in
+a row), later runs draft on that curve too without measuring, so a machine that stays busy
+costs each run nothing rather than a calibration that will not be stored. A stored
+calibration clears the mark. A stored curve that a run finds far from its own verify times
+is marked stale, and measured again.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ BUSY_CPU_SHARE = 0.85
 # least STALE_STEPS priced steps, the stored curve is marked stale and measured again.
 STALE_RANGE = (0.67, 1.5)
 STALE_STEPS = 30
+# After a first run found the machine too busy to measure, later runs do not measure for
+# BUSY_BACKOFF seconds, doubled with each consecutive busy finding, at most BUSY_BACKOFF_MOST.
+BUSY_BACKOFF = 300.0
+BUSY_BACKOFF_MOST = 3600.0
 
 
 @dataclass(frozen=True)
@@ -331,6 +338,31 @@ def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float 
     return Calibration(verify, plain_step, spread, problem, cpu_share=cpu_share)
 
 
+@dataclass(frozen=True)
+class BusyMark:
+    """First runs found the machine too busy to measure: `count` in a row (no stored
+    calibration between), the last at `found_at` (Unix time)."""
+
+    found_at: float
+    count: int = 1
+
+    @property
+    def until(self) -> float:
+        """When later runs measure again: BUSY_BACKOFF after the last finding, doubled for
+        each earlier one in the row, at most BUSY_BACKOFF_MOST."""
+        return self.found_at + min(BUSY_BACKOFF * 2 ** min(self.count - 1, 16), BUSY_BACKOFF_MOST)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> BusyMark:
+        count = int(data.get("count", 1))
+        if count < 1:
+            raise ValueError("no busy finding")
+        return cls(float(data["found_at"]), count)
+
+
 @dataclass
 class CostStore:
     """Stored costs and exactness records, one JSON file, written atomically."""
@@ -355,6 +387,16 @@ class CostStore:
         self._data[key] = costs.to_json()
         self._save()
 
+    def busy_mark(self, key: str) -> BusyMark | None:
+        try:
+            return BusyMark.from_json(self._data[key])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def put_busy_mark(self, key: str, mark: BusyMark) -> None:
+        self._data[key] = mark.to_json()
+        self._save()
+
     def get(self, key: str) -> object:
         return self._data.get(key)
 
@@ -364,6 +406,10 @@ class CostStore:
     def put(self, key: str, value: object) -> None:
         self._data[key] = value
         self._save()
+
+    def remove(self, key: str) -> None:
+        if self._data.pop(key, None) is not None:
+            self._save()
 
     def _save(self) -> None:
         try:
