@@ -61,6 +61,8 @@ class Constraint:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
+            except RecursionError:
+                raise ConstraintError(f"the {where} nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
             except json.JSONDecodeError as error:
                 raise ConstraintError(f"the {where} is not JSON: {error.msg} at line {error.lineno} column {error.colno}",
                                       "give a JSON schema object, e.g. '{\"type\": \"object\"}'") from None
@@ -68,10 +70,13 @@ class Constraint:
             schema = {}
         if not isinstance(schema, dict):
             raise ConstraintError(f"the {where} must be a JSON object, not {type(schema).__name__}")
+        if _depth(schema) > MAX_SCHEMA_DEPTH:
+            raise ConstraintError(f"the {where} nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                  "name a repeated part once under $defs and $ref it")
         problem = _schema_problem(schema)
         if problem is not None:
             path, message = problem
-            raise ConstraintError(f"the {where} is not usable at {path or '/'}: {message}")
+            raise ConstraintError(f"the {where} is not usable at {_short(path) or '/'}: {message}")
         return cls("json_schema", json.dumps(schema), _compile_schema(schema))
 
     @classmethod
@@ -88,12 +93,14 @@ class Constraint:
             grammar = llguidance.grammar_from("grammar", text)
         except ValueError as error:
             message = str(error).replace("Failed to convert the grammar from GBNF to Lark: ", "")
-            raise ConstraintError(f"the {where} is not valid GBNF: {_one_line(message)}") from None
+            raise ConstraintError(f"the {where} is not valid GBNF: {_one_line(message)}", GBNF_HINT) from None
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
-            raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}")
+            raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}", GBNF_HINT)
+        if not _writes_text(grammar):
+            raise ConstraintError(f"the {where} admits only the empty text: it would let nothing be written",
+                                  "give root a rule that writes something, e.g. root ::= \"yes\" | \"no\"")
         return cls("grammar", text, grammar)
-
 
     def lark_part(self) -> str:
         """A JSON schema constraint as part of a Lark grammar (what calls stand beside)."""
@@ -123,6 +130,33 @@ class Constraint:
         if is_error:
             raise ConstraintError(f"the {where} is not valid: {_one_line(messages[0])}")
         return cls("grammar", text, grammar)
+
+
+GBNF_HINT = "GBNF as llama.cpp reads it: rules like root ::= \"yes\" | \"no\" (llama.cpp's grammars/README.md)"
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token: what a grammar admits, whatever the model."""
+
+    eos_token_id, bos_token_id = 256, None
+    tokens = [bytes([i]) for i in range(256)] + [b"</s>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+_BYTES: LLTokenizer | None = None
+
+
+def _writes_text(grammar: str) -> bool:
+    """Whether the grammar admits any text but the empty one: at its start, some byte is allowed."""
+    global _BYTES
+    if _BYTES is None:
+        _BYTES = LLTokenizer(llguidance.TokenizerWrapper(_Bytes()), slices=[])
+    matcher = LLMatcher(_BYTES, grammar, log_level=0)
+    mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return matcher.is_error() or bool(np.unpackbits(mask, bitorder="little")[:256].any())
 
 
 def json_lark(schema: dict) -> str:
@@ -217,6 +251,28 @@ def _descendants(node: Any, path: str):
         yield from _descendants(value, here)
 
 
+MAX_SCHEMA_DEPTH = 128  # objects and lists within each other (what the schema's walks recurse through)
+SHOWN_PATH = 100  # a longer JSON pointer is shown by its two ends
+
+
+def _depth(value: Any) -> int:
+    """How deeply objects and lists nest in `value`, without recursion (stops past MAX_SCHEMA_DEPTH)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= MAX_SCHEMA_DEPTH:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def _short(path: str) -> str:
+    """A JSON pointer of at most about SHOWN_PATH characters: its start and its end."""
+    if len(path) <= SHOWN_PATH:
+        return path
+    return path[: SHOWN_PATH // 3].rsplit("/", 1)[0] + "/…" + "/" + path[-2 * SHOWN_PATH // 3:].split("/", 1)[-1]
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -238,22 +294,41 @@ class Vocabulary:
 
 class Matcher:
     """One generation's place in a constraint. Tokens are consumed as they are committed or
-    accepted; a generation starts again with `reset`."""
+    accepted; a generation starts again with `reset`.
+
+    A constraint may force text that never ends (`root ::= "a" root`, a schema whose object
+    requires itself): it is written as plain masked decoding writes it, token by token until
+    the token limit. A forced run longer than LONG_RUN tokens is computed once and handed out
+    token by token. After computing so long a run, or the mask before it, llguidance's parser
+    may refuse the next token (its item limit): the matcher is then rebuilt at the same place
+    (the tokens consumed so far, consumed again) and takes it. Where llguidance gives up
+    computing a run at all, the matcher is rebuilt likewise and forces nothing more: the mask
+    still allows exactly the tokens plain decoding may write."""
 
     def __init__(self, vocabulary: Vocabulary, constraint: Constraint) -> None:
         self.constraint = constraint
+        self._vocabulary = vocabulary
         self._size = vocabulary.size
-        self._matcher = LLMatcher(vocabulary.tokenizer, constraint.grammar, log_level=0)
+        self._matcher = self._new_matcher()
+        self._consumed: list[int] = []  # the tokens consumed since the last reset, for a rebuild
+        self._forces = True  # False once llguidance has given up on a forced run
+        self._run: list[int] = []  # a long forced run, reversed: the next forced token last
         # The mask of the current state, one bit per token id: computed into this one buffer
         # at most once per state (consume, rollback and reset make it stale).
         self._words = np.zeros((vocabulary.size + 31) // 32, dtype=np.uint32)
         self._fresh = False
-        if self._matcher.is_error():
-            raise ConstraintError(f"the {constraint.kind.replace('_', ' ')} cannot be used: "
-                                  f"{_one_line(self._matcher.get_error())}")
+
+    def _new_matcher(self) -> LLMatcher:
+        matcher = LLMatcher(self._vocabulary.tokenizer, self.constraint.grammar, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(f"the {self.constraint.kind.replace('_', ' ')} cannot be used: "
+                                  f"{_one_line(matcher.get_error())}")
+        return matcher
 
     def reset(self) -> None:
         self._matcher.reset()
+        self._consumed.clear()
+        self._run.clear()
         self._fresh = False
 
     @property
@@ -263,8 +338,25 @@ class Matcher:
 
     def forced(self) -> int | None:
         """The one token the constraint allows next, where it forces bytes; else None."""
+        if self._run:
+            return self._run[-1]
+        if not self._forces:
+            return None
         tokens = self._matcher.compute_ff_tokens()
+        if self._matcher.is_error():  # llguidance gave up on an endless run: from here, masks only
+            self._forces = False
+            self._rebuild()
+            return None
+        if len(tokens) > LONG_RUN:
+            self._run = tokens[::-1]
         return tokens[0] if tokens else None
+
+    def _rebuild(self) -> None:
+        """A fresh llguidance matcher at the same place: the tokens consumed so far, consumed again."""
+        self._fresh = False
+        self._matcher = self._new_matcher()
+        if self._consumed and not self._matcher.consume_tokens(self._consumed):
+            raise RuntimeError(f"the constraint refused its own tokens again: {self._matcher.get_error()}")
 
     def allows(self, token: int) -> bool:
         """Whether the mask allows `token` next. (Not validate_tokens: where bytes are forced,
@@ -292,10 +384,25 @@ class Matcher:
 
     def consume(self, token: int) -> None:
         self._fresh = False
+        if self._run:
+            if self._run[-1] == token:
+                self._run.pop()
+            else:
+                self._run.clear()
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"the constraint refused token {token}: {self._matcher.get_error()}")
+            self._rebuild()  # a parser left full by an endless run's mask or forced bytes: afresh, once
+            if not self._matcher.consume_token(token):
+                raise RuntimeError(f"the constraint refused token {token}: {_one_line(self._matcher.get_error())}")
+        self._consumed.append(token)
 
     def rollback(self, count: int) -> None:
         if count > 0:
             self._fresh = False
+            self._run.clear()
             self._matcher.rollback(count)
+            del self._consumed[-count:]
+
+
+# A forced run longer than this (a constraint whose forced text never ends, or a very long
+# const) is computed once, not again for each of its tokens: computing one costs time in its length.
+LONG_RUN = 256
