@@ -45,7 +45,12 @@ def _read_file(path: Path, what: str) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError as error:
-        raise PromptError(f"{what} not found: {path}") from error
+        folder = path.parent.resolve()
+        hint = (f"{folder} holds no file of that name" if folder.is_dir() else
+                f"there is no folder {folder} (a relative path starts at {Path.cwd()})")
+        raise PromptError(f"{what} not found: {path}", hint) from error
+    except IsADirectoryError as error:
+        raise PromptError(f"{what} {path} is a directory", "give the path of a file in it") from error
     except OSError as error:
         raise PromptError(f"cannot read {what} {path}: {error.strerror or error}") from error
     return _decode_prompt(data, f"{what} {path}")
