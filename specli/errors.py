@@ -58,3 +58,9 @@ class CalibrationError(SpecliError):
 class MtpUnavailableError(UsageError):
     """Drafting with a target's own NextN (multi-token prediction) layers cannot work: this
     build of llama.cpp lacks its MTP API, or the target has no NextN layers."""
+
+
+class Interrupted(SpecliError):
+    """Ctrl-C before there was anything to stop gracefully (a server still loading): exits 130."""
+
+    exit_code = 130

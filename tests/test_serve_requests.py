@@ -142,7 +142,7 @@ class FailingOnceWorker:
         self.session = SimpleNamespace(target=target, draft=None)
         self.started = 0
 
-    async def start(self, job, on_event, gone=None):
+    async def start(self, job, on_event, gone=None, key=""):
         future = asyncio.get_running_loop().create_future()
         self.started += 1
         if self.started in (1, 3):
@@ -157,7 +157,7 @@ def test_an_error_inside_a_generation_ends_that_request_only():
     log = io.StringIO()
     worker = FailingOnceWorker()
     info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(), 0)
-    with TestClient(create_app(worker, info, log)) as client:
+    with TestClient(create_app(worker, info, log), base_url="http://localhost") as client:
         failed = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         served = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         streamed = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "stream": True})
@@ -305,7 +305,7 @@ def test_every_400_names_the_field_as_sent_and_logs_its_reason_in_one_line(body,
     stderr, not only in the body."""
     log = io.StringIO()
     info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(), 0)
-    with TestClient(create_app(FailingOnceWorker(), info, log)) as client:
+    with TestClient(create_app(FailingOnceWorker(), info, log), base_url="http://localhost") as client:
         answer = client.post("/v1/chat/completions", json={"messages": MESSAGES, **body})
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["param"] == param and message in error["message"], error

@@ -23,8 +23,11 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt._not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
+    allow_host: Annotated[Optional[list[str]], typer.Option("--allow-host", metavar="NAME", rich_help_panel=SERVER, help="Also answer requests whose Host is NAME (repeatable; * any). IP addresses, localhost and this machine's name are always answered.")] = None,
+    allow_origin: Annotated[Optional[list[str]], typer.Option("--allow-origin", metavar="ORIGIN", rich_help_panel=SERVER, help="Let web pages from ORIGIN (https://app.example) use the API (repeatable; * any). The page at / and pages on localhost always may.")] = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API, with a chat page at /; sampling options are defaults a request may override."""
+    from specli.serve.guard import Access
     from specli.serve.server import ServeSettings
     from specli.serve.server import serve as run_server
 
@@ -32,7 +35,8 @@ def serve(
 
     models = opt.models(ctx.params)
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
-    settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults)
+    access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
+    settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access)
     spec = opt.session_spec(models, ctx.params)
     # A request may ask for draft "mtp" wherever the target's NextN layers can draft.
     spec = replace(spec, mtp=spec.mtp or (mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0))

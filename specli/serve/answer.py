@@ -67,7 +67,8 @@ class Answerer:
 
     async def _stream(self, asked: Asked, request: Request, log: RequestLog) -> StreamingResponse:
         events: asyncio.Queue = asyncio.Queue()
-        future, cancel = await self.worker.start(asked.job, events.put_nowait, gone=request.is_disconnected)
+        future, cancel = await self.worker.start(asked.job, events.put_nowait, gone=request.is_disconnected,
+                                                 key=asked.key)
         future.add_done_callback(lambda _: events.put_nowait(None))  # also ends a generation that failed
         calls = ToolStream(asked.plan) if asked.plan is not None else None
         stream = EventStream(Chunks(asked.chat, self.model), Started(future, cancel, events), log,
@@ -78,7 +79,7 @@ class Answerer:
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _whole(self, asked: Asked, request: Request, log: RequestLog) -> dict:
-        future, cancel = await self.worker.start(asked.job, None, gone=request.is_disconnected)
+        future, cancel = await self.worker.start(asked.job, None, gone=request.is_disconnected, key=asked.key)
         while not future.done():  # a client that goes away cancels its generation within a step
             await asyncio.wait({future}, timeout=DISCONNECT_POLL)
             if not future.done() and await request.is_disconnected():

@@ -1,20 +1,26 @@
 """`specli serve`'s HTTP API on FastAPI: OpenAI's chat and text completions, the model list, a
 health check, and the page.
 
-Each completion route reads its body into a generation (generation.py) and answers it
-(answer.py); every error has OpenAI's shape, answered by one handler from one table
-(errors.py). Each response says which tokens the draft wrote: a streamed chunk's choice
+Each completion route reads its body (body.py) into a generation (generation.py) in a
+thread of its own, so the event loop never waits on a request's parsing, templating,
+tokenising or schema compiling, and answers it (answer.py); every error has OpenAI's shape,
+answered by one handler from one table (errors.py). Every request passes serve.guard's Host
+and Origin check first. Until the pair has loaded and its costs are read (`Backend`),
+`/health` answers 503 {"status": "loading"} and the API 503 with Retry-After. Each response says which tokens the draft wrote: a streamed chunk's choice
 carries `source` (one chunk per run of tokens from one source), a whole response's choice
 carries `spans`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import json
 import sys
 import traceback
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import IO, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -24,8 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specli.config import debug_enabled
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.serve.answer import Answerer
-from specli.serve.errors import CLIENT_LEFT, ERRORS, ApiError, api_error, error_response
-from specli.serve.generation import read
+from specli.serve.body import parse
+from specli.serve.errors import ERRORS, RETRY_AFTER_SECONDS, ApiError, api_error, error_response
+from specli.serve.generation import Asked, read
+from specli.serve.guard import Access, Guard
 from specli.serve.log import RequestLog
 from specli.serve.page import add_page
 from specli.serve.requests import ChatRequest, CompletionRequest
@@ -33,6 +41,7 @@ from specli.serve.responses import ErrorBody, ErrorResponse, ModelCard, ModelLis
 from specli.serve.worker import Worker
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
+READERS = 2  # threads that read bodies into generations beside the one that generates
 
 
 @dataclass(frozen=True)
@@ -45,12 +54,31 @@ class ServerInfo:
     started: int
 
 
-def create_app(worker: Worker, info: ServerInfo, log: IO[str] = sys.stderr) -> FastAPI:
+class Backend:
+    """The server's worker, once the pair has loaded and its costs are read; None until then."""
+
+    def __init__(self, worker: Worker | None = None) -> None:
+        self.worker = worker
+
+    def ready(self) -> Worker:
+        """The worker; while loading, a 503 with Retry-After."""
+        if self.worker is None:
+            raise ApiError(503, "the model is still loading: retry in a moment", "server_error", code="loading",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return self.worker
+
+
+def create_app(worker: Worker | Backend, info: ServerInfo, log: IO[str] = sys.stderr,
+               access: Access | None = None) -> FastAPI:
+    """The app over `worker` (a Backend: one that may still be loading). `access`: the hosts
+    and origins allowed beyond the server's own (none)."""
+    backend = worker if isinstance(worker, Backend) else Backend(worker)
     app = FastAPI(title="specli", docs_url=None, redoc_url=None, openapi_url=None)
     _answer_errors(app, log)
-    _add_api(app, worker, info, log)
+    _add_api(app, backend, info, log)
     add_page(app)
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES, log=log)
+    app.add_middleware(Guard, access=access or Access(), log=log)  # added last: runs first
     return app
 
 
@@ -66,25 +94,37 @@ def _answer_errors(app: FastAPI, log: IO[str]) -> None:
         app.add_exception_handler(kind, answer)  # type: ignore[arg-type]
 
 
-def _add_api(app: FastAPI, worker: Worker, info: ServerInfo, log: IO[str]) -> None:
+def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> None:
     authorised = Depends(_authorisation(info.api_key))
-    answer = Answerer(worker, info.name, log)
+    readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="specli-read")
+
+    async def asked(model: type[ChatRequest] | type[CompletionRequest], request: Request) -> Asked:
+        """The request's body as a generation, read in a reader thread (`key`: the body's
+        hash, by which a client that retries keeps its place in the line, worker.Line)."""
+        worker = backend.ready()
+        raw = await request.body()
+        reading = asyncio.get_running_loop().run_in_executor(
+            readers, lambda: read(parse(raw, model), worker.session, info.defaults))
+        return replace(await reading, key=hashlib.sha256(raw).hexdigest())
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health():
+        if backend.worker is None:
+            return JSONResponse({"status": "loading"}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return {"status": "ok"}
 
     @app.get("/v1/models", dependencies=[authorised])
     async def models() -> dict:
-        return _models(worker, info).model_dump()
+        return _models(backend.ready(), info).model_dump()
 
     @app.post("/v1/chat/completions", dependencies=[authorised])
-    async def chat_completions(body: ChatRequest, request: Request):
-        return await answer(read(body, worker.session, info.defaults), request)
+    async def chat_completions(request: Request):
+        return await Answerer(backend.ready(), info.name, log)(await asked(ChatRequest, request), request)
 
     @app.post("/v1/completions", dependencies=[authorised])
-    async def completions(body: CompletionRequest, request: Request):
-        return await answer(read(body, worker.session, info.defaults), request)
+    async def completions(request: Request):
+        return await Answerer(backend.ready(), info.name, log)(await asked(CompletionRequest, request), request)
 
 
 def _authorisation(api_key: str | None) -> Callable[[Request], None]:

@@ -29,12 +29,14 @@ REASONING_TAIL = 8  # the prompt's last tokens, read for a think block the gener
 @dataclass(frozen=True)
 class Asked:
     """What one request asks for: its body, the generation, its tools' plan (None: no
-    tools, or tool_choice "none"), and how its thinking is read (None: the template does not think)."""
+    tools, or tool_choice "none"), how its thinking is read (None: the template does not
+    think), and the key a client that retries it keeps its place in the line by (worker.Line)."""
 
     body: Body
     job: Job
     plan: ToolPlan | None = None
     reasoning: Reasoning | None = None
+    key: str = ""
 
     @property
     def chat(self) -> bool:

@@ -164,6 +164,7 @@ def _check_text(value: Any, where: str) -> None:
 
 
 RESPONSE_SCHEMA = "response_format.json_schema.schema"
+MAX_ID_DIGITS = 9  # no vocabulary has a billion tokens
 
 
 class _Generation(BaseModel):
@@ -242,8 +243,10 @@ class _Generation(BaseModel):
         vocabulary is the generation's to check)."""
         biases = []
         for key, bias in (self.logit_bias or {}).items():
-            if not key.isdigit():
-                raise RequestError(f"logit_bias: {key!r} is not a token id", "logit_bias")
+            if not (key.isascii() and key.isdigit() and len(key) <= MAX_ID_DIGITS):
+                shown = key if len(key) <= 20 else key[:20] + "…"
+                raise RequestError(f"logit_bias: {shown!r} is not a token id (a token id is written in the digits "
+                                   "0-9, as \"1234\")", "logit_bias")
             if not -100.0 <= bias <= 100.0:
                 raise RequestError(f"logit_bias[{key}]: a bias runs from -100 to 100", "logit_bias")
             biases.append((int(key), float(bias)))

@@ -1,9 +1,11 @@
 """The server: the pair loaded, its HTTP API (app.py) on uvicorn, one generation at a time
 (worker.py).
 
-The pair is loaded once, before the socket opens; one line on stderr gives the URL once it
-is ready, and one line per request follows. SIGINT or SIGTERM cancels the generation in
-flight (within one step) and stops the server with exit code 0.
+The port answers from the start: while the pair loads and its costs are read, `/health` is
+503 {"status": "loading"} and the API 503 with Retry-After, as llama-server does. One line
+on stderr gives the URL once it is ready, and one line per request follows. SIGINT or
+SIGTERM cancels the generation in flight (within one step) and stops the server with exit
+code 0; Ctrl-C while loading is "interrupted", exit 130.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import IO, Iterator
 
 import uvicorn
 
-from specli.decode.request import GenerationRequest
-from specli.errors import SpecliError
+from specli.decode.request import AUTO, GenerationRequest
+from specli.errors import Interrupted, SpecliError
 from specli.render import notifier
-from specli.serve.app import ServerInfo, create_app
+from specli.serve.app import Backend, ServerInfo, create_app
+from specli.serve.guard import Access
 from specli.serve.worker import Worker
 from specli.session import SessionSpec, open_session
 
@@ -43,6 +46,7 @@ class ServeSettings:
     # What a request gets for the fields it does not give: the server's drafting and sampling
     # options, and no token limit (until the end, or the context's).
     defaults: GenerationRequest = GenerationRequest(max_tokens=1 << 30)
+    access: Access = Access()  # hosts and origins allowed beyond the server's own (--allow-host, --allow-origin)
 
 
 def is_loopback(host: str) -> bool:
@@ -55,39 +59,24 @@ def is_loopback(host: str) -> bool:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, with one "ready" line naming the URL, and a signal that first cancels the
-    generation in flight so the graceful shutdown does not wait for it to finish."""
+    """uvicorn, answering from before the pair has loaded (the app's Backend says "loading"
+    until then), in a thread of its own: the main thread loads, and then waits for it.
+    `handle_exit` first cancels the generation in flight, so the graceful shutdown does not
+    wait for it to finish."""
 
-    def __init__(self, config: uvicorn.Config, worker, err: IO[str]) -> None:
+    def __init__(self, config: uvicorn.Config, backend: Backend) -> None:
         super().__init__(config)
-        self._worker, self._err = worker, err
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            host, port = self.servers[0].sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            self._err.write(f"specli: serving {self._worker.session.spec.target.name} at http://{shown}:{port}/v1, "
-                            f"its page at http://{shown}:{port}/ (Ctrl-C stops)\n")
-            self._err.flush()
+        self._backend = backend
 
     def handle_exit(self, sig, frame) -> None:
-        self._worker.closing.set()
+        if self._backend.worker is not None:
+            self._backend.worker.closing.set()
         super().handle_exit(sig, frame)
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """SIGINT and SIGTERM stop the server; once it has stopped, the process exits 0
-        (uvicorn's own handling raises the signal again, ending it by the signal)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        """None here: the main thread takes SIGINT and SIGTERM (`_serving`)."""
+        yield
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -108,25 +97,64 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None) -> int:
-    """Load the pair, then serve until SIGINT or SIGTERM. Returns the exit code."""
+    """Answer on the port at once ("loading"), load the pair and read its costs, then serve
+    until SIGINT or SIGTERM. Returns the exit code; Ctrl-C while loading is a KeyboardInterrupt."""
     err = err or sys.stderr
     notice = notifier(err)
     if not is_loopback(settings.host) and not settings.api_key:
         notice(f"warning: serving on {settings.host} without --api-key: anyone who can reach this port can use it")
+    if "*" in settings.access.origins and not settings.api_key:
+        notice("warning: --allow-origin '*' without --api-key: any web page a browser here opens can use this server")
     sock = listen(settings.host, settings.port)
-    with sock, open_session(spec, notice) as session:
-        reason = session.plain_reason(settings.defaults)
-        if reason is not None:
-            notice(reason)
-        worker = Worker(session, queue=settings.queue, memory=settings.memory)
-        draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft.value
-        info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
-                          settings.defaults, int(time.time()))
-        app = create_app(worker, info, err)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=5, lifespan="off")
+    draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft.value
+    info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
+                      settings.defaults, int(time.time()))
+    backend = Backend()
+    config = uvicorn.Config(create_app(backend, info, err, settings.access), host=settings.host, port=settings.port,
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")
+    server = _Server(config, backend)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="specli-http", daemon=True)
+    with sock:
+        thread.start()
         try:
-            _Server(config, worker, err).run(sockets=[sock])
+            with _loading(spec), open_session(spec, notice) as session:
+                reason = session.plain_reason(settings.defaults)
+                if reason is not None:
+                    notice(reason)
+                backend.worker = Worker(session, queue=settings.queue, memory=settings.memory,
+                                        measure=settings.defaults.draft_tokens == AUTO and settings.defaults.drafts)
+                try:
+                    _serving(server, thread, spec, sock, err)
+                finally:
+                    backend.worker.close()
         finally:
-            worker.close()
+            server.should_exit = True
+            thread.join(timeout=10)
     return 0
+
+
+@contextmanager
+def _loading(spec: SessionSpec) -> Iterator[None]:
+    """Ctrl-C while the pair loads or its costs are read: one line ("interrupted"), exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while loading {spec.target.name}") from None
+
+
+def _serving(server: _Server, thread: threading.Thread, spec: SessionSpec, sock: socket.socket, err: IO[str]) -> None:
+    """The ready line, then wait for the HTTP thread to end: SIGINT and SIGTERM stop it."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    err.write(f"specli: serving {spec.target.name} at http://{shown}:{port}/v1, its page at http://{shown}:{port}/ "
+              "(Ctrl-C stops)\n")
+    err.flush()
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise SpecliError(f"the HTTP server on {shown}:{port} stopped before it started")
