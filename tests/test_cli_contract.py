@@ -292,7 +292,7 @@ def test_an_empty_prompt_is_refused_before_loading(prompt):
 
 def test_prompt_problems(tmp_path):
     assert_one_line_error(invoke("run", "-f", tmp_path / "nope.txt"), 1, "prompt file not found")
-    assert_one_line_error(invoke("run", "-f", tmp_path), 1, "cannot read prompt file")
+    assert_one_line_error(invoke("run", "-f", tmp_path), 1, "is a directory", "give the path of a file in it")
     assert_one_line_error(invoke("run", "-f", tmp_path / "nope.txt", "hi"), 1, "not both")
     assert_one_line_error(invoke("run", "-", stdin=b"caf\xe9 au lait"), 1, "not UTF-8", "0xe9 at offset 3")
     # An argument that is not UTF-8 reaches Python as surrogate escapes.

@@ -182,7 +182,7 @@ def test_a_run_far_from_its_stored_curve_marks_it_stale_and_the_next_run_measure
                                                                                   in measured.verify.items()}))
     notices: list[str] = []
     with open_session(spec, notices.append) as session:
-        engine = session.engine_for(GenerationRequest(max_tokens=STALE_STEPS + 10))
+        engine = session.engine_for(GenerationRequest(max_tokens=3 * STALE_STEPS))
         outcome = stream(engine, prompt_tokens(session.target, "The history of the printing press", chat=False),
                          _Quiet())
         assert outcome.stats.priced_steps >= STALE_STEPS and outcome.stats.costs_ratio > 1.5

@@ -63,7 +63,10 @@ def test_llama_servers_json_schema_field_gives_run_json_schemas_text_with_gramma
     assert "".join(span["text"] for span in spans) == text
     forced = "".join(span["text"] for span in spans if span["proposer"] == "grammar")
     assert all(span["source"] == "draft" for span in spans if span["proposer"] == "grammar")
-    assert '"customer' in forced and '"currency' in forced, spans
+    # A key's name is forced, unless the target wrote it right after a draft it accepted (a step's
+    # own token is always the target's; the n-gram may draft the `, "` before a key).
+    assert forced.startswith('invoice"'), spans
+    assert sum(name in forced for name in INVOICE["properties"]) >= 3, spans
     # Streamed: the chunks join to the same text, and name the grammar's.
     chunks = list(client.completions.create(model="x", prompt=GEMMA_PROMPT, max_tokens=120, stream=True,
                                             extra_body={"json_schema": INVOICE, "exact": True}))

@@ -9,8 +9,9 @@ token counts, error messages and params) is what a client reads, and must not ch
 
 Each server answers its requests in order, in one test: the KV cache a request finds holds the
 request before it (`cached_tokens`, and the batches its prompt is decoded in). Drafting is
-fixed (`draft_tokens`, no memory of earlier answers), so the same requests are drafted the
-same way on every run. SPECLI_UPDATE_GOLDEN=1 writes the files from the server instead.
+fixed (the server's `-k 4` or a request's `draft_tokens`, no memory of earlier answers), so the
+same requests are drafted the same way on every run, whatever this machine's timings.
+SPECLI_UPDATE_GOLDEN=1 writes the files from the server instead.
 """
 
 # ruff: noqa: F811
@@ -184,12 +185,13 @@ def check(base: str, requests: dict, key: str | None = None, keyless: tuple[str,
 
 
 def test_the_base_models_answers_are_the_golden_ones(gemma_path):
-    with serving("--target", gemma_path, "--no-memory") as server:
+    with serving("--target", gemma_path, "--no-memory", "-k", 4) as server:
         check(server.url.removesuffix("/v1"), GEMMA_REQUESTS)
 
 
 def test_the_chat_models_answers_are_the_golden_ones(smollm_path):
-    with serving("--target", smollm_path, "--chat-template-file", HERMES, "--no-memory", "--api-key", KEY) as server:
+    with serving("--target", smollm_path, "--chat-template-file", HERMES, "--no-memory", "-k", 4,
+                 "--api-key", KEY) as server:
         check(server.url.removesuffix("/v1"), SMOL_REQUESTS, KEY, keyless=("chat_no_key",))
 
 
