@@ -51,7 +51,10 @@ def _field_path(location: tuple) -> str | None:
     """An error's place in the body as the client wrote it: fields and indices, no union members."""
     where = [str(part) for part in location[1:] if isinstance(part, int) or not (
         part[:1].isupper() or "[" in part or part in _MEMBER_TAGS)]
-    return ".".join(where) or None
+    return ".".join(part if len(part) <= SHOWN_KEY else part[:SHOWN_KEY] + "…" for part in where) or None
+
+
+SHOWN_KEY = 24  # a longer key in an error's place (a logit_bias key of 5,000 digits) is cut
 
 
 def _invalid(error: RequestValidationError, path: str) -> ApiError:
