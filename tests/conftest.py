@@ -126,6 +126,19 @@ def gemma_server(gemma_path):
         yield server
 
 
+@pytest.fixture(scope="session")
+def mtp_files(tmp_path_factory):
+    """Tiny GGUFs with NextN layers (benchmarks/synthetic_mtp.py): one layer, three chained, one
+    whose head is closed (its output scaled to 0), a hybrid target (Qwen3.5's shape) and
+    Qwen3-Next's (which this llama.cpp cannot roll back)."""
+    from benchmarks.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
+
+    folder = tmp_path_factory.mktemp("mtp")
+    return {"one": write_tiny_mtp(folder), "chained": write_tiny_mtp(folder, heads=3),
+            "closed": write_tiny_mtp(folder, head_scale=0.0), "hybrid": write_tiny_hybrid(folder),
+            "next": write_tiny_hybrid(folder, HybridSpec(arch=QWEN3NEXT))}
+
+
 @pytest.fixture(scope="module")
 def smol_server(smollm_path):
     with serving("--target", smollm_path) as server:
@@ -134,8 +147,8 @@ def smol_server(smollm_path):
 
 @pytest.fixture(scope="module")
 def smol_tools(smollm_path):
-    """SmolLM2 with the Hermes tool-calling template (tests/data/templates)."""
-    with serving("--target", smollm_path, "--chat-template-file", HERMES) as server:
+    """SmolLM2 with the Hermes tool-calling template (tests/data/templates), room for an agent's turns."""
+    with serving("--target", smollm_path, "--chat-template-file", HERMES, "-c", "4096") as server:
         yield server
 
 

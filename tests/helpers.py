@@ -94,6 +94,38 @@ def generated(engine, prompt: list[int]) -> tuple[list[int], Stats]:
     return [token.id for token in tokens], finished.stats
 
 
+def traced(session, tokens: list[int], request) -> tuple[list[int], str, list[str], str, Stats]:
+    """(token ids, text, per-token proposer or source, finish reason, stats) of the generation
+    `session.engine_for(request)` writes after `tokens`; the text includes held-back text."""
+    ids, text, who = [], "", []
+    for event in session.engine_for(request).generate(tokens):
+        if isinstance(event, Token):
+            if event.id >= 0:
+                ids.append(event.id)
+                who.append(event.proposer or event.source)
+            text += event.text
+        elif isinstance(event, Finished):
+            return ids, text, who, event.reason, event.stats
+    raise AssertionError("no Finished event")
+
+
+def assert_lossless(plain: list[int], margins: list[float], output: list[int]) -> None:
+    """`output` is `plain`, or departs from it only where the target's two best tokens were
+    within NEAR_TIE of each other (a verify batch rounds otherwise than a one-token decode)."""
+    if output == plain:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(plain, output)) if a != b) if output[: len(plain)] != plain else len(plain)
+    assert first < len(margins) and margins[first] < NEAR_TIE, (
+        f"diverged at token {first} where the target's margin was {margins[first]:.3f}: not a near-tie"
+    )
+
+
+# Logits. With the real-model tests' prompts and fixed Ks (the same batch shapes every run) every
+# flip falls under this bound; elsewhere a batch was measured to lower a margin by up to 0.89
+# (benchmarks/batch_margins.py), so other prompts could need a looser one.
+NEAR_TIE = 0.5
+
+
 # --- processes -------------------------------------------------------------------------
 
 

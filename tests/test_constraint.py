@@ -13,16 +13,15 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from helpers import assert_one_line_error, traced
 
 from specli.decode.constraint import Constraint, ConstraintError, Matcher
 from specli.decode.draft_model import DraftModel, DraftModelProposer
-from specli.decode.events import Finished, Token
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.llama.backend import LoadSettings
 from specli.prompt import prompt_tokens
 from specli.session import SessionSpec, open_session
-from tests.helpers import assert_one_line_error
 
 PERSON = {
     "type": "object",
@@ -55,21 +54,6 @@ ORDER_PROMPT = ("Order A-1042 from 2026-03-14: 2x blue mug, 1x teapot. Total 37.
 LOAD = LoadSettings(ctx_size=1024)
 
 
-
-
-def run(session, tokens, request: GenerationRequest):
-    """(token ids, text, per-token proposer or source, finish reason, stats) of one generation."""
-    ids, text, who = [], "", []
-    engine = session.engine_for(request)
-    for event in engine.generate(tokens):
-        if isinstance(event, Token):
-            if event.id >= 0:
-                ids.append(event.id)
-                who.append(event.proposer or event.source)
-            text += event.text
-        elif isinstance(event, Finished):
-            return ids, text, who, event.reason, event.stats
-    raise AssertionError("no Finished event")
 
 
 def tokens_of(session, prompt: str) -> list[int]:
@@ -132,12 +116,12 @@ def test_the_cli_refuses_a_bad_schema_with_one_line_and_exit_2(tmp_path):
 def test_lookup_under_a_schema_writes_valid_json_in_fewer_steps(gemma_session, schema, prompt):
     tokens = tokens_of(gemma_session, prompt)
     request = GenerationRequest(max_tokens=160, constraint=Constraint.json_schema(schema))
-    plain = run(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
+    plain = traced(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
     assert plain[3] == "eog", plain[1]
     jsonschema.validate(json.loads(plain[1]), schema)
     assert set(plain[2]) == {"target"}, "plain decoding forces nothing: one token a step"
     for draft_tokens in (1, 4, 16):
-        ids, text, who, reason, stats = run(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM,
+        ids, text, who, reason, stats = traced(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM,
                                                                      draft_tokens=draft_tokens))
         assert reason == "eog"
         jsonschema.validate(json.loads(text), schema)
@@ -154,16 +138,16 @@ def test_lookup_under_a_schema_writes_plain_decodings_text(gemma_session):
     compares the ids on both prompts."""
     tokens = tokens_of(gemma_session, PERSON_PROMPT)
     request = GenerationRequest(max_tokens=160, constraint=Constraint.json_schema(PERSON))
-    plain = run(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
+    plain = traced(gemma_session, tokens, replace(request, draft=DraftKind.NONE))
     for draft_tokens in (1, 4, 16):
-        text = run(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM, draft_tokens=draft_tokens))[1]
+        text = traced(gemma_session, tokens, replace(request, draft=DraftKind.NGRAM, draft_tokens=draft_tokens))[1]
         assert text == plain[1], draft_tokens
 
 
 @pytest.mark.slow
 def test_forced_tokens_are_the_keys_and_punctuation(gemma_session):
     tokens = tokens_of(gemma_session, PERSON_PROMPT)
-    ids, text, who, reason, stats = run(gemma_session, tokens, GenerationRequest(
+    ids, text, who, reason, stats = traced(gemma_session, tokens, GenerationRequest(
         max_tokens=160, constraint=Constraint.json_schema(PERSON), draft=DraftKind.NGRAM, draft_tokens=4))
     forced = "".join(gemma_session.target.piece(token).decode() for token, w in zip(ids, who) if w == "grammar")
     for key in PERSON["properties"]:
@@ -176,9 +160,9 @@ def test_forced_tokens_are_the_keys_and_punctuation(gemma_session):
 def test_a_token_limit_inside_the_structure_ends_with_length_and_the_partial_text(gemma_session):
     tokens = tokens_of(gemma_session, PERSON_PROMPT)
     request = GenerationRequest(max_tokens=9, constraint=Constraint.json_schema(PERSON), draft=DraftKind.NGRAM)
-    ids, text, who, reason, stats = run(gemma_session, tokens, request)
+    ids, text, who, reason, stats = traced(gemma_session, tokens, request)
     assert reason == "length" and len(ids) == 9
-    whole = run(gemma_session, tokens, replace(request, max_tokens=160))[1]
+    whole = traced(gemma_session, tokens, replace(request, max_tokens=160))[1]
     assert whole.startswith(text) and text != whole
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
@@ -189,7 +173,7 @@ def test_a_gbnf_grammar_constrains_and_ends_the_answer(gemma_session):
     tokens = tokens_of(gemma_session, "Is the sky green? Answer yes or no:")
     request = GenerationRequest(max_tokens=20, constraint=Constraint.gbnf('root ::= " yes" | " no"'))
     for draft in (DraftKind.NONE, DraftKind.NGRAM):
-        ids, text, who, reason, stats = run(gemma_session, tokens, replace(request, draft=draft))
+        ids, text, who, reason, stats = traced(gemma_session, tokens, replace(request, draft=draft))
         assert text in (" yes", " no") and reason == "eog"
 
 
@@ -205,11 +189,11 @@ def test_a_seed_writes_one_text_under_a_schema_whatever_drafts_it(gemma_path):
         tokens = tokens_of(session, ORDER_PROMPT)
         texts = {}
         for draft, draft_tokens in ((DraftKind.NONE, "auto"), (DraftKind.NGRAM, 2), (DraftKind.NGRAM, "auto")):
-            ids, text, who, reason, stats = run(session, tokens, replace(request, draft=draft, draft_tokens=draft_tokens))
+            ids, text, who, reason, stats = traced(session, tokens, replace(request, draft=draft, draft_tokens=draft_tokens))
             texts[(draft, draft_tokens)] = ids
             if reason == "eog":
                 jsonschema.validate(json.loads(text), ORDER)
-        greedy = run(session, tokens, replace(request, sampling=SamplingSettings(), draft=DraftKind.NONE))[0]
+        greedy = traced(session, tokens, replace(request, sampling=SamplingSettings(), draft=DraftKind.NONE))[0]
     assert len({tuple(ids) for ids in texts.values()}) == 1, texts
     assert texts[(DraftKind.NONE, "auto")] != greedy, "the seed was used"
 
@@ -223,9 +207,9 @@ def test_exact_under_a_schema_is_plain_decoding_at_every_draft_length(gemma_path
     request = GenerationRequest(max_tokens=120, exact=True, constraint=Constraint.json_schema(schema))
     with open_session(spec) as session:
         tokens = tokens_of(session, prompt)
-        plain = run(session, tokens, replace(request, draft=DraftKind.NONE))[0]
+        plain = traced(session, tokens, replace(request, draft=DraftKind.NONE))[0]
         for draft_tokens in (*range(1, session.exact_cap.largest), "auto"):
-            ids, text, who, reason, stats = run(session, tokens, replace(request, draft=DraftKind.NGRAM,
+            ids, text, who, reason, stats = traced(session, tokens, replace(request, draft=DraftKind.NGRAM,
                                                                            draft_tokens=draft_tokens))
             assert ids == plain, draft_tokens
             assert stats.forced > 0 or session.exact_cap.largest == 1
@@ -238,10 +222,10 @@ def test_a_draft_model_drafts_under_the_mask_and_writes_plain_decodings_text(smo
     with open_session(SessionSpec(smollm_path, smollm_path, LOAD, LOAD)) as session:
         tokens = prompt_tokens(session.target, PERSON_PROMPT + "Reply with the JSON only.", chat=True)
         request = GenerationRequest(max_tokens=120, constraint=Constraint.json_schema(PERSON), lookup=False)
-        plain = run(session, tokens, replace(request, draft=DraftKind.NONE))
+        plain = traced(session, tokens, replace(request, draft=DraftKind.NONE))
         assert plain[3] == "eog"
         jsonschema.validate(json.loads(plain[1]), PERSON)
-        ids, text, who, reason, stats = run(session, tokens, replace(request, draft=DraftKind.MODEL, draft_tokens=6))
+        ids, text, who, reason, stats = traced(session, tokens, replace(request, draft=DraftKind.MODEL, draft_tokens=6))
         assert ids == plain[0]
         assert stats.accepted_by.get("draft", 0) > 0 and stats.forced > 0
 
@@ -259,8 +243,8 @@ def test_a_draft_model_of_another_vocabulary_drafts_through_text_under_a_schema(
         assert session.translated
         tokens = tokens_of(session, ORDER_PROMPT)
         request = GenerationRequest(max_tokens=120, constraint=Constraint.json_schema(ORDER), draft_tokens=4)
-        plain = run(session, tokens, replace(request, draft=DraftKind.NONE))
-        ids, text, who, reason, stats = run(session, tokens, replace(request, draft=DraftKind.MODEL))
+        plain = traced(session, tokens, replace(request, draft=DraftKind.NONE))
+        ids, text, who, reason, stats = traced(session, tokens, replace(request, draft=DraftKind.MODEL))
         assert ids == plain[0]
         assert stats.forced > 0
 
@@ -298,7 +282,7 @@ def test_every_generated_schema_gets_valid_json(gemma_session, schema):
     parses and validates. (Shrinking is off: each example is a real generation.)"""
     tokens = tokens_of(gemma_session, "Ticket 7781 opened by Dana Reyes (Berlin): the red build is failing again.\nJSON:\n")
     request = GenerationRequest(max_tokens=200, constraint=Constraint.json_schema(schema), draft_tokens=6)
-    ids, text, who, reason, stats = run(gemma_session, tokens, request)
+    ids, text, who, reason, stats = traced(gemma_session, tokens, request)
     assert reason == "eog", text
     jsonschema.validate(json.loads(text), schema)
 

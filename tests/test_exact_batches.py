@@ -16,13 +16,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import traced
 
 from specli.decode.constraint import Constraint
 from specli.decode.exact import BatchCap, measure_cap
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.llama.backend import LoadSettings
 from specli.session import SessionSpec, open_session
-from tests.test_constraint import run
 
 
 def test_a_batch_keeps_to_the_span_it_starts_in():
@@ -148,7 +148,7 @@ def test_exact_past_256_tokens_under_a_schema_reads_plain_decodings_rows(gemma_p
             session.target.decode = log
             session.clear_cache()
             try:
-                log.ids = run(session, tokens, replace(request, draft=draft, draft_tokens=draft_tokens))[0]
+                log.ids = traced(session, tokens, replace(request, draft=draft, draft_tokens=draft_tokens))[0]
             finally:
                 del session.target.decode  # the class's own again
     plain = logs.pop((DraftKind.NONE, "auto"))

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from helpers import generation
 
-from benchmarks.synthetic_mtp import (TINY_MTP, head_logits, output_logits, write_mtp_model, write_tiny_hybrid,
-                                      write_tiny_mtp)
+from benchmarks.synthetic_mtp import TINY_MTP, head_logits, output_logits, write_mtp_model
 from specli.decode.engine import Engine
 from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.policy import FixedDraftPolicy
@@ -31,17 +30,6 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Then"
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mtp")
-    return {
-        "one": write_tiny_mtp(folder),
-        "chained": write_tiny_mtp(folder, heads=3),
-        "closed": write_tiny_mtp(folder, head_scale=0.0),
-        "hybrid": write_tiny_hybrid(folder),
-    }
-
-
 def load(path, snapshots: int = 0):
     settings = LoadSettings(ctx_size=512, batch_size=64, threads=1, recurrent_snapshots=snapshots)
     target = mtp.load_target(path, settings)
@@ -49,8 +37,8 @@ def load(path, snapshots: int = 0):
 
 
 @pytest.fixture(scope="module", params=["one", "chained"])
-def loaded(request, files):
-    target, heads = load(files[request.param])
+def loaded(request, mtp_files):
+    target, heads = load(mtp_files[request.param])
     yield target, heads
     heads.close()
     target.close()
@@ -65,10 +53,10 @@ def generate(target, proposer, k: int, prompt: list[int], request: GenerationReq
 # --- the build and the file ------------------------------------------------------------------
 
 
-def test_this_build_has_the_mtp_api_and_the_files_declare_their_layers(files, smollm_path):
+def test_this_build_has_the_mtp_api_and_the_files_declare_their_layers(mtp_files, smollm_path):
     assert mtp.unsupported_reason() is None and mtp.supports_mtp()
-    assert mtp.nextn_layers(files["one"]) == 1
-    assert mtp.nextn_layers(files["chained"]) == 3
+    assert mtp.nextn_layers(mtp_files["one"]) == 1
+    assert mtp.nextn_layers(mtp_files["chained"]) == 3
     assert mtp.nextn_layers(smollm_path) == 0
 
 
@@ -86,31 +74,31 @@ def test_a_target_whose_nextn_layers_are_in_another_file_is_refused_in_one_line(
         mtp.load_target(path)
 
 
-def test_a_build_without_the_api_is_refused_naming_what_it_lacks(files, monkeypatch):
+def test_a_build_without_the_api_is_refused_naming_what_it_lacks(mtp_files, monkeypatch):
     monkeypatch.delattr(mtp.llama, "llama_model_n_layer_nextn")
     assert "llama_model_n_layer_nextn" in mtp.unsupported_reason()
     assert not mtp.supports_mtp()
     with pytest.raises(MtpUnavailableError) as raised:
-        mtp.load_target(files["one"])
+        mtp.load_target(mtp_files["one"])
     assert raised.value.exit_code == 2 and "llama_model_n_layer_nextn" in raised.value.message
 
 
 # --- what the NextN layers read ----------------------------------------------------------------
 
 
-def test_the_hidden_rows_kept_are_the_targets_own_at_each_position(files):
+def test_the_hidden_rows_kept_are_the_targets_own_at_each_position(mtp_files):
     """The output head over each kept row gives the target's logits at that position: the
     rows are the trunk's hidden states, by position, through chunked decodes and a rewind."""
-    target, heads = load(files["closed"])
+    target, heads = load(mtp_files["closed"])
     try:
         tokens = target.tokenize(PROMPT * 8)
         assert len(tokens) > target.batch_size  # the prompt's decode takes two llama_decodes
         target.decode(tokens[:-8])
         target.rewind(len(tokens) - 12)
         rows = np.array(target.decode(tokens[-12:], all_logits=True))
-        expected = output_logits(files["closed"], heads.target_hidden(len(tokens) - 12, 12))
+        expected = output_logits(mtp_files["closed"], heads.target_hidden(len(tokens) - 12, 12))
         np.testing.assert_allclose(rows, expected, rtol=1e-3, atol=1e-3)
-        first = output_logits(files["closed"], heads.target_hidden(0, 1))
+        first = output_logits(mtp_files["closed"], heads.target_hidden(0, 1))
         target.rewind(0)
         np.testing.assert_allclose(np.array(target.decode(tokens[:1])), first, rtol=1e-3, atol=1e-3)
     finally:
@@ -118,15 +106,15 @@ def test_the_hidden_rows_kept_are_the_targets_own_at_each_position(files):
         target.close()
 
 
-def test_a_draft_reads_the_last_token_with_the_targets_state_before_it(files):
-    target, heads = load(files["closed"])
+def test_a_draft_reads_the_last_token_with_the_targets_state_before_it(mtp_files):
+    target, heads = load(mtp_files["closed"])
     try:
         draft = NextnDraft(heads)
         tokens = target.tokenize(PROMPT)
         target.decode(tokens[:-1])
         draft.prepare(tokens[:-1])
         logits = draft.row_after(tokens)
-        expected = head_logits(files["closed"], tokens[-1], heads.target_hidden(len(tokens) - 2, 1)[0])
+        expected = head_logits(mtp_files["closed"], tokens[-1], heads.target_hidden(len(tokens) - 2, 1)[0])
         np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3)
         assert int(np.argmax(logits)) == int(np.argmax(expected))
     finally:
@@ -152,8 +140,8 @@ def test_greedy_with_mtp_drafts_equals_plain_decoding_and_keeps_drafts(loaded, k
     assert {t.proposer for t in tokens if t.source == "draft"} == {"mtp"}
 
 
-def test_drafts_stop_at_the_number_of_chained_layers(files):
-    target, heads = load(files["chained"])
+def test_drafts_stop_at_the_number_of_chained_layers(mtp_files):
+    target, heads = load(mtp_files["chained"])
     try:
         assert heads.depth == 3
         _, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 8, target.tokenize(PROMPT))
@@ -192,11 +180,11 @@ def test_seeded_sampling_with_mtp_drafts_writes_plain_sampling_s_tokens(loaded):
 # --- a hybrid target (Qwen3.5: gated delta net layers beside attention layers) ---------------------
 
 
-def test_a_hybrid_target_without_state_snapshots_decodes_again_to_rewind(files):
+def test_a_hybrid_target_without_state_snapshots_decodes_again_to_rewind(mtp_files):
     """A recurrent layer's state holds every token it read: without snapshots llama.cpp cannot
     take the last tokens back, so a rewind empties the cache and decodes the kept tokens again
     (greedy still equals plain), and the target says why drafting on it does not pay."""
-    target, heads = load(files["hybrid"])
+    target, heads = load(mtp_files["hybrid"])
     try:
         assert target.recurrent and target.max_rewind == 0
         assert "without snapshots" in target.rewind_problem
@@ -211,8 +199,8 @@ def test_a_hybrid_target_without_state_snapshots_decodes_again_to_rewind(files):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_with_snapshots_a_hybrid_target_removes_rejected_drafts_and_greedy_equals_plain(files, k):
-    target, heads = load(files["hybrid"], snapshots=3)
+def test_with_snapshots_a_hybrid_target_removes_rejected_drafts_and_greedy_equals_plain(mtp_files, k):
+    target, heads = load(mtp_files["hybrid"], snapshots=3)
     try:
         prompt = target.tokenize(PROMPT)
         plain, _ = generate(target, NoProposer(), 0, prompt)

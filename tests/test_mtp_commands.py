@@ -8,27 +8,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
-from benchmarks.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
 from specli.commands.cli import app
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.llama import mtp
 from specli.llama.backend import LoadSettings
 from specli.session import SessionSpec, open_session
-from tests.helpers import assert_one_line_error
 
 pytestmark = pytest.mark.slow  # loads models
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Then"
 SMALL = ("--no-chat", "-c", "256", "-t", "1", "--temp", "0", "-n", "32")
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mtp-commands")
-    return {"mtp": write_tiny_mtp(folder, heads=3), "hybrid": write_tiny_hybrid(folder),
-            "next": write_tiny_hybrid(folder, HybridSpec(arch=QWEN3NEXT))}
 
 
 def invoke(*args: object):
@@ -47,38 +39,38 @@ def texts(tokens: list[dict]) -> list[int]:
 
 
 @pytest.mark.parametrize("k", ["1", "3"])
-def test_greedy_run_with_mtp_writes_plain_decoding_s_tokens_and_names_its_proposer(files, k):
-    plain, _, _ = run_json(files["mtp"], "--draft", "none")
-    tokens, stats, _ = run_json(files["mtp"], "--draft", "mtp", "--no-ngram", "-k", k)
+def test_greedy_run_with_mtp_writes_plain_decoding_s_tokens_and_names_its_proposer(mtp_files, k):
+    plain, _, _ = run_json(mtp_files["chained"], "--draft", "none")
+    tokens, stats, _ = run_json(mtp_files["chained"], "--draft", "mtp", "--no-ngram", "-k", k)
     assert texts(tokens) == texts(plain)
     assert stats["draft"] == "mtp" and stats["proposer"] == "mtp" and stats["accepted"] > 0
     assert {t.get("proposer") for t in tokens if t["source"] == "draft"} == {"mtp"}
 
 
-def test_exact_mtp_writes_what_exact_plain_decoding_writes(files):
-    plain, _, _ = run_json(files["mtp"], "--draft", "none", "--exact")
-    tokens, stats, _ = run_json(files["mtp"], "--draft", "mtp", "-k", "2", "--exact")
+def test_exact_mtp_writes_what_exact_plain_decoding_writes(mtp_files):
+    plain, _, _ = run_json(mtp_files["chained"], "--draft", "none", "--exact")
+    tokens, stats, _ = run_json(mtp_files["chained"], "--draft", "mtp", "-k", "2", "--exact")
     assert texts(tokens) == texts(plain) and stats["exact"] is True
 
 
-def test_seeded_sampling_with_mtp_writes_plain_sampling_s_tokens(files):
+def test_seeded_sampling_with_mtp_writes_plain_sampling_s_tokens(mtp_files):
     args = ("--temp", "0.8", "--seed", "7")
-    plain, _, _ = run_json(files["mtp"], "--draft", "none", *args)
-    tokens, _, _ = run_json(files["mtp"], "--draft", "mtp", "-k", "2", *args)
+    plain, _, _ = run_json(mtp_files["chained"], "--draft", "none", *args)
+    tokens, _, _ = run_json(mtp_files["chained"], "--draft", "mtp", "-k", "2", *args)
     assert texts(tokens) == texts(plain)
 
 
 @pytest.mark.parametrize("k", ["2", "6"])
-def test_a_hybrid_target_drafts_within_its_snapshots_and_greedy_equals_plain(files, k):
-    plain, _, _ = run_json(files["hybrid"], "--draft", "none")
-    tokens, stats, _ = run_json(files["hybrid"], "--draft", "mtp", "--no-ngram", "-k", k)
+def test_a_hybrid_target_drafts_within_its_snapshots_and_greedy_equals_plain(mtp_files, k):
+    plain, _, _ = run_json(mtp_files["hybrid"], "--draft", "none")
+    tokens, stats, _ = run_json(mtp_files["hybrid"], "--draft", "mtp", "--no-ngram", "-k", k)
     assert texts(tokens) == texts(plain)
     assert 0 < stats["accepted"] < stats["drafted"], "drafts were kept and rejected ones taken back"
 
 
-def test_a_target_llama_cpp_cannot_roll_back_decodes_plainly_saying_why(files):
-    plain, _, _ = run_json(files["next"], "--draft", "none")
-    result = invoke("run", "--target", files["next"], *SMALL, "--draft", "ngram", PROMPT)
+def test_a_target_llama_cpp_cannot_roll_back_decodes_plainly_saying_why(mtp_files):
+    plain, _, _ = run_json(mtp_files["next"], "--draft", "none")
+    result = invoke("run", "--target", mtp_files["next"], *SMALL, "--draft", "ngram", PROMPT)
     assert result.exit_code == 0, result.output
     said = [line for line in result.stderr.splitlines() if "roll back" in line]
     assert len(said) == 1 and "decoding plainly" in said[0]
@@ -89,29 +81,29 @@ def test_mtp_on_a_target_without_nextn_layers_is_one_line_exit_2(smollm_path):
     assert_one_line_error(invoke("run", "--target", smollm_path, "--draft", "mtp", "hi"), 2, "NextN")
 
 
-def test_a_build_without_the_mtp_api_is_refused_in_one_line_and_doctor_says_so(files, monkeypatch):
+def test_a_build_without_the_mtp_api_is_refused_in_one_line_and_doctor_says_so(mtp_files, monkeypatch):
     monkeypatch.setattr(mtp, "unsupported_reason", lambda: "this llama.cpp lacks llama_model_load_mtp")
     monkeypatch.setattr(mtp, "supports_mtp", lambda: False)
-    result = invoke("run", "--target", files["mtp"], *SMALL, "--draft", "mtp", PROMPT)
+    result = invoke("run", "--target", mtp_files["chained"], *SMALL, "--draft", "mtp", PROMPT)
     assert_one_line_error(result, 2, "llama_model_load_mtp")
     from specli.diagnostics import check_backend
 
     assert "llama_model_load_mtp" in check_backend().mtp_unsupported
 
 
-def test_doctor_names_a_target_s_nextn_layers(files, smollm_path):
+def test_doctor_names_a_target_s_nextn_layers(mtp_files, smollm_path):
     from specli.diagnostics import check_backend, check_model
 
     assert check_backend().mtp_unsupported is None
-    spec = SessionSpec(target=files["mtp"], target_load=LoadSettings(ctx_size=256, threads=1))
+    spec = SessionSpec(target=mtp_files["chained"], target_load=LoadSettings(ctx_size=256, threads=1))
     assert check_model(spec).nextn_layers == 3
     assert check_model(SessionSpec(target=smollm_path, target_load=LoadSettings(ctx_size=256))).nextn_layers == 0
-    state = check_model(SessionSpec(target=files["next"], target_load=LoadSettings(ctx_size=256, threads=1)))
+    state = check_model(SessionSpec(target=mtp_files["next"], target_load=LoadSettings(ctx_size=256, threads=1)))
     assert "roll back" in state.rewind_problem
 
 
-def test_k_auto_prices_mtp_by_its_layers_and_measures_them(files, quiet_calibration):
-    spec = SessionSpec(target=files["mtp"], target_load=LoadSettings(ctx_size=256, threads=1), mtp=True)
+def test_k_auto_prices_mtp_by_its_layers_and_measures_them(mtp_files, quiet_calibration):
+    spec = SessionSpec(target=mtp_files["chained"], target_load=LoadSettings(ctx_size=256, threads=1), mtp=True)
     with open_session(spec) as session:
         session.pricing.costs(measure=True)  # the target's curve first: seconds, not the prior's units
         priced = session.pricing.costs(measure=True, mtp=True)
@@ -125,13 +117,13 @@ def test_k_auto_prices_mtp_by_its_layers_and_measures_them(files, quiet_calibrat
         assert tokens
 
 
-def test_draft_auto_takes_mtp_unless_a_measured_draft_beats_it(files, tmp_path):
+def test_draft_auto_takes_mtp_unless_a_measured_draft_beats_it(mtp_files, tmp_path):
     from specli.models.resolve import takes_mtp
 
     said: list[str] = []
-    assert takes_mtp(files["mtp"], said.append, speedup=lambda target, draft: None)
+    assert takes_mtp(mtp_files["chained"], said.append, speedup=lambda target, draft: None)
     assert "NextN" in said[-1]
-    assert not takes_mtp(files["mtp"], said.append, speedup=lambda target, draft: 0.9 if draft is None else None)
+    assert not takes_mtp(mtp_files["chained"], said.append, speedup=lambda target, draft: 0.9 if draft is None else None)
     assert "lose" in said[-1]
 
 
@@ -144,11 +136,11 @@ def test_the_registry_takes_draft_mtp(tmp_path):
     assert pair.draft_kind is DraftKind.MTP and pair.models() == [("target", pair.target)]
 
 
-def test_serve_drafts_with_mtp_on_request_and_lists_it(files):
+def test_serve_drafts_with_mtp_on_request_and_lists_it(mtp_files):
     from tests.test_serve import serving, specli_run
 
-    plain = specli_run("--target", files["mtp"], "--no-chat", "--temp", "0", "-n", "24", "--draft", "none", PROMPT)
-    with serving("--target", files["mtp"], "--draft", "ngram") as server:
+    plain = specli_run("--target", mtp_files["chained"], "--no-chat", "--temp", "0", "-n", "24", "--draft", "none", PROMPT)
+    with serving("--target", mtp_files["chained"], "--draft", "ngram") as server:
         client = server.client()
         card = client.models.list().data[0]
         assert card.model_extra["drafts"] == ["ngram", "mtp", "none"]
@@ -158,7 +150,7 @@ def test_serve_drafts_with_mtp_on_request_and_lists_it(files):
         assert "mtp" in {span.get("proposer") for span in whole.choices[0].spans}
 
 
-def test_drafts_lists_the_target_s_own_layers(files, smollm_path):
-    listing = json.loads(invoke("drafts", files["mtp"], "--json").stdout)
+def test_drafts_lists_the_target_s_own_layers(mtp_files, smollm_path):
+    listing = json.loads(invoke("drafts", mtp_files["chained"], "--json").stdout)
     assert listing["mtp"] == {"nextn_layers": 3, "speedup": None}
     assert "mtp" not in json.loads(invoke("drafts", smollm_path, "--json").stdout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import generated
+from helpers import assert_lossless, generated
 
 from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
@@ -27,10 +27,6 @@ from specli.llama.vocab import check_vocab_compatible
 
 pytestmark = pytest.mark.slow  # loads real models
 
-# Logits. With these prompts and fixed Ks (the same batch shapes every run) every flip falls
-# under this bound; elsewhere a batch was measured to lower a margin by up to 0.89
-# (benchmarks/batch_margins.py), so other prompts could need a looser one.
-NEAR_TIE = 0.5
 MAX_TOKENS = 40
 PROMPTS = [
     "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,",
@@ -52,15 +48,6 @@ def plain_runs(gemma_model):
 def speculative(target, proposer, prompt_tokens, k):
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens=MAX_TOKENS))
     return generated(engine, prompt_tokens)
-
-
-def assert_lossless(plain, margins, output):
-    if output == plain:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(plain, output)) if a != b) if output[: len(plain)] != plain else len(plain)
-    assert first < len(margins) and margins[first] < NEAR_TIE, (
-        f"diverged at token {first} where the target's margin was {margins[first]:.3f}: not a near-tie"
-    )
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])

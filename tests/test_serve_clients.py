@@ -14,8 +14,6 @@ import os
 import pytest
 from pydantic import BaseModel
 
-from helpers import HERMES, serving
-
 pytestmark = pytest.mark.slow  # real models, real processes
 
 
@@ -32,12 +30,6 @@ class User(BaseModel):
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
     return f"The weather in {city} is sunny, 21 degrees."
-
-
-@pytest.fixture(scope="module")
-def smol_tools(smollm_path):
-    with serving("--target", smollm_path, "--chat-template-file", HERMES, "-c", "4096") as server:
-        yield server
 
 
 @pytest.fixture(autouse=True)

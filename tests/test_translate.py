@@ -15,8 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import generated
-from test_real_models import assert_lossless
+from helpers import assert_lossless, generated
 
 from specli.comparison import plain_greedy
 from specli.decode.draft_model import DraftModel, DraftModelProposer
