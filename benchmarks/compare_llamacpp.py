@@ -421,7 +421,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     prompt.add_argument("-p", "--prompt", help="Prompt text, used as is (no chat template).")
     prompt.add_argument("-f", "--prompt-file", type=Path, help="Read the prompt from this file.")
     prompt.add_argument("-w", "--workload", help="A workload's prompt (and its token budget, unless -n is given) "
-                        "from benchmarks/workloads.toml, by name.")
+                        "from specli/workloads.toml, by name.")
     parser.add_argument("-k", "--draft-tokens", type=int, default=4, help="Draft length K (default: 4).")
     parser.add_argument(
         "--specli-k", default=None,
@@ -498,11 +498,10 @@ def tool_commands(args: argparse.Namespace, work: Workload) -> dict[str, tuple]:
 
 
 def load_prompt_sets(paths: Sequence[Path]) -> list[dict]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    return [workload for path in paths for workload in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]]
+    """The workloads of each file, in order, as dicts (read as `specli bench` reads them)."""
+    from specli.comparison import load_workloads
+
+    return [dataclasses.asdict(workload) for path in paths for workload in load_workloads(path)]
 
 
 def agrees(a: str | None, b: str | None) -> bool:
@@ -776,18 +775,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def shipped_workload(name: str) -> tuple[str, int]:
-    """(prompt, max_tokens) of a workload in benchmarks/workloads.toml."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    path = Path(__file__).resolve().parent / "workloads.toml"
-    workloads = tomllib.loads(path.read_text(encoding="utf-8")).get("workload", [])
+    """(prompt, max_tokens) of a workload `specli bench` ships (specli/workloads.toml)."""
+    from specli.comparison import load_workloads
+
+    workloads = load_workloads()
     for workload in workloads:
-        if workload.get("name") == name:
-            return workload["prompt"], int(workload.get("max_tokens", 128))
-    names = ", ".join(w.get("name", "?") for w in workloads)
-    raise SystemExit(f"error: no workload named {name!r} in {path} (there are: {names})")
+        if workload.name == name:
+            return workload.prompt, workload.max_tokens
+    names = ", ".join(w.name for w in workloads)
+    raise SystemExit(f"error: no workload named {name!r} in specli/workloads.toml (there are: {names})")
 
 
 if __name__ == "__main__":

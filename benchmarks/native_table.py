@@ -18,10 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from specli.comparison import load_workloads
 
 
 def load_rows(path: Path) -> dict[str, dict]:
@@ -36,7 +33,7 @@ def load_rows(path: Path) -> dict[str, dict]:
 
 def prompt_set(path: Path) -> list[tuple[str, str]]:
     """(name, kind) of each workload in a prompt set, in order."""
-    return [(w["name"], w.get("kind", "")) for w in tomllib.loads(path.read_text(encoding="utf-8"))["workload"]]
+    return [(workload.name, workload.kind) for workload in load_workloads(path)]
 
 
 def _geo(values: list[float]) -> float | None:

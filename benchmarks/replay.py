@@ -13,7 +13,7 @@ verify time plus Python's share. Optional noise (lognormal, per step, several se
 those costs; `-k auto` does not see them, so it moves the timing only.
 
     python benchmarks/replay.py record -m gemma.gguf -o benchmarks/out/replay.json \\
-        --prompts benchmarks/workloads.toml --prompts benchmarks/heldout.toml
+        --prompts specli/workloads.toml --prompts benchmarks/heldout.toml
     python benchmarks/replay.py replay benchmarks/out/replay.json --seeds 12
     python benchmarks/replay.py hazard benchmarks/out/replay.json   # the data behind the n-gram prior
     python benchmarks/replay.py native replay-200.json --rows native-rows.jsonl --equal equal-rows.jsonl

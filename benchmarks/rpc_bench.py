@@ -31,6 +31,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -166,15 +167,14 @@ def scenario(target: Path, rtt_ms: float | str | None, args, out: Path) -> dict:
 
 
 def grounded_workloads(out: Path) -> Path:
-    import tomllib
+    from specli.comparison import load_workloads
 
-    data = tomllib.loads((REPO / "benchmarks" / "workloads.toml").read_text())
     path = out / "grounded.toml"
     lines = []
-    for workload in data["workload"]:
-        if workload["name"] in GROUNDED:
+    for workload in load_workloads():
+        if workload.name in GROUNDED:
             lines.append("[[workload]]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in workload.items()]
+            lines += [f"{key} = {json.dumps(value)}" for key, value in asdict(workload).items() if value is not None]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Union
 
@@ -74,10 +73,8 @@ class Workload:
 
 
 def default_workloads_file() -> Path:
-    packaged = files("specli").joinpath("workloads.toml")
-    if packaged.is_file():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / "benchmarks" / "workloads.toml"
+    """The workloads specli ships (`specli bench`'s default), inside the package."""
+    return Path(__file__).resolve().parent / "workloads.toml"
 
 
 def load_workloads(path: Path | None = None) -> list[Workload]:

@@ -651,7 +651,7 @@ step_replay() {
     install_models
     local recording="$RESULTS/replay-recording.json" prompts=()
     if gpu; then
-        prompts=(--prompts "$repo/benchmarks/workloads.toml" --prompts "$repo/benchmarks/heldout.toml")
+        prompts=(--prompts "$repo/specli/workloads.toml" --prompts "$repo/benchmarks/heldout.toml")
     else
         printf '[[workload]]\nname = "copy"\nkind = "grounded"\nmax_tokens = 24\nprompt = """%s"""\n' \
             "$(head -c 600 "$repo/benchmarks/prompts/copy.txt")" >"$WORK/replay-smoke.toml"
