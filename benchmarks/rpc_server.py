@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.harness import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "ggml-rpc-server"
 CMAKE_ARGS = "-DGGML_RPC=ON"
@@ -46,11 +48,6 @@ def binary() -> Path:
     shutil.copy2(built, partial)
     os.replace(partial, cached)  # never a half-copied binary under the final name
     return cached
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.create_server((host, 0)) as probe:
-        return probe.getsockname()[1]
 
 
 class Server:

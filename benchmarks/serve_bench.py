@@ -37,8 +37,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
+from benchmarks.harness import free_port, stop, wait_healthy  # noqa: E402
 
 LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod,ngram-simple")
 
@@ -141,32 +142,18 @@ class Result:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def specli_server(target: Path, *extra: str) -> Iterator[str]:
     port = free_port()
+    # stderr is not read while the benchmark runs: a pipe would fill with request lines and stall it
     process = subprocess.Popen([sys.executable, "-m", "specli", "serve", "--target", str(target), "--port", str(port),
-                                *extra], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
+                                *extra], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line:
-                raise RuntimeError("specli serve exited before it was ready")
-            if "serving" in line:
-                break
-        else:
-            raise RuntimeError("specli serve did not start in 120 s")
-        yield f"http://127.0.0.1:{port}"
+        wait_healthy(process, url, 120, "specli serve")
+        yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+        stop(process, timeout=60)
 
 
 @contextmanager
@@ -179,25 +166,10 @@ def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int) ->
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({process.returncode}): {' '.join(command)}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("llama-server did not start in 120 s")
+        wait_healthy(process, url, 120, f"llama-server ({' '.join(command)})")
         yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
 
 
 EXTRA: dict = {}  # fields every request carries (--exact)

@@ -64,7 +64,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,6 +76,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
 from benchmarks.compare_llamacpp import json_lines  # noqa: E402
+from benchmarks.harness import free_port, stop, wait_healthy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LLAMA_SERVER_ENV = "LLAMA_SERVER_BIN"
@@ -206,12 +206,6 @@ def server_spec_types(binary: str) -> set[str]:
     return set(found.group(1).split(",")) if found else set()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Server:
     """One llama-server process: started, waited for (/health), asked, stopped."""
 
@@ -223,32 +217,17 @@ class Server:
         with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RunError(f"{self.name}: llama-server exited with {self.process.returncode}:\n{self.log_tail()}"
-                               f"\ncommand: {shlex.join(self.command)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass  # not listening yet, or 503 while the model loads
-            time.sleep(0.5)
-        raise RunError(f"{self.name}: no healthy llama-server after {timeout:.0f} s:\n{self.log_tail()}")
+        try:
+            wait_healthy(self.process, f"http://127.0.0.1:{self.port}", timeout, "llama-server")
+        except RuntimeError as error:
+            raise RunError(f"{self.name}: {error}:\n{self.log_tail()}\ncommand: {shlex.join(self.command)}") from None
 
     def complete(self, body: dict, timeout: float) -> dict:
         return post(self.port, "/completion", body, timeout, self.name, self.log_tail)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=15)
+        if self.process is not None:
+            stop(self.process, timeout=15)
 
     def log_tail(self, lines: int = 15) -> str:
         try:

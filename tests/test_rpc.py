@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from benchmarks.harness import free_port
 from specli.errors import UsageError
 from specli.llama import rpc
 from specli.llama.rpc import Endpoint, RpcError
@@ -103,11 +104,6 @@ def server_of():
     yield start
     for server in servers:
         server.close()
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
 
 
 def test_a_server_of_this_protocol_answers_with_its_devices(server_of):

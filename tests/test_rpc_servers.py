@@ -19,7 +19,8 @@ import time
 import pytest
 from helpers import assert_lossless, assert_one_line_error
 
-from benchmarks.rpc_server import Server, free_port
+from benchmarks.harness import free_port
+from benchmarks.rpc_server import Server
 
 pytestmark = pytest.mark.slow  # builds and starts servers, loads a real model
 

@@ -20,7 +20,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from helpers import generated, serving
 
+from benchmarks.harness import free_port
 from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.events import Stats
 from specli.decode.request import DraftKind, GenerationRequest
@@ -28,7 +30,6 @@ from specli.serve.app import ServerInfo, create_app
 from specli.serve.guard import Access
 from specli.serve.worker import Busy, Job, Line, Worker
 from specli.stream import Outcome
-from helpers import generated, serving
 
 ENDLESS_GRAMMAR = 'root ::= "a" root'
 SELF_REQUIRING = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
@@ -265,7 +266,7 @@ def _poll_health(url: str, until: float, seen: list[tuple[float, int, dict]], st
 @pytest.mark.slow
 def test_health_says_loading_at_once_and_ctrl_c_while_loading_exits_130(gemma_path, tmp_path):
     """--exact on a fresh cache measures the exact batches before serving: seconds of loading."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "SPECLI_CACHE": str(tmp_path / "cache")}
     process = subprocess.Popen([sys.executable, "-m", "specli", "serve", "--target", str(gemma_path), "--port",
                                 str(port), "-c", "1024", "--exact"], stdin=subprocess.DEVNULL,
@@ -288,12 +289,6 @@ def test_health_says_loading_at_once_and_ctrl_c_while_loading_exits_130(gemma_pa
     assert "Traceback" not in err
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
