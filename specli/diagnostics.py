@@ -159,7 +159,7 @@ def check_costs() -> list[StoredCurve]:
     plausible shape, not marked stale by a run, measured by this build), with the command
     that measures it again."""
     from specli.decode.costs import curve_problem
-    from specli.pricing import COSTS_VERSION, build_key, cost_store, parse_settings_key
+    from specli.pricing.keys import COSTS_VERSION, build_key, cost_store, parse_settings_key
 
     try:
         build = build_key()

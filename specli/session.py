@@ -3,7 +3,7 @@
 The session holds load-time facts only: the target, a draft model (with its KV cache),
 whether it drafts through text, the target's NextN layers (with their caches) where MTP
 drafting was asked for, the exact verify batches, what the target's KV cache holds, and the
-pair's pricing (specli/pricing.py). A GenerationRequest says everything else; `engine_for`
+pair's pricing (specli/pricing/). A GenerationRequest says everything else; `engine_for`
 turns it into the proposer, the draft-length policy and the engine that run it.
 """
 

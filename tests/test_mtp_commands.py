@@ -108,7 +108,7 @@ def test_k_auto_prices_mtp_by_its_layers_and_measures_them(mtp_files, quiet_cali
         session.pricing.costs(measure=True)  # the target's curve first: seconds, not the prior's units
         priced = session.pricing.costs(measure=True, mtp=True)
         # Measured and stored (a timing, so no ordering against the verify's is asserted: under load it flips).
-        stored = session.pricing.store.get(session.pricing.mtp_key)
+        stored = session.pricing.store.get(session.pricing.drafter(mtp=True).key)
         assert priced.draft_per_token is not None and 0 < priced.draft_per_token == stored
         assert priced.draft_acceptance is not None and priced.draft_acceptance > 0.5
         engine = session.engine_for(GenerationRequest(max_tokens=24, draft=DraftKind.MTP))

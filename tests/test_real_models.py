@@ -171,7 +171,7 @@ def test_stored_costs_are_read_only_by_the_same_build(smollm_path, monkeypatch, 
         calibrated = opened.pricing.calibrate()
         assert calibrated.source == "calibrated" and 1 in calibrated.verify and 49 in calibrated.verify
         assert opened.pricing.costs() == calibrated
-        monkeypatch.setattr(pricing, "compute_fingerprint", lambda: "another-build")
+        monkeypatch.setattr(pricing.keys, "compute_fingerprint", lambda: "another-build")
         assert opened.pricing.costs(measure=False).source == "prior"
 
 
@@ -189,6 +189,6 @@ def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_cali
         by_size = opened.pricing.costs(measure=False).draft_per_token
         assert by_size > 0.9  # the prior: file sizes, in units of a one-token verify
         calibrated = opened.pricing.calibrate()
-        stored = opened.pricing.store.get(opened.pricing.draft_key)
+        stored = opened.pricing.store.get(opened.pricing.drafter().key)
         assert isinstance(stored, float) and 0 < stored < 1  # seconds, as timed
         assert calibrated.draft_per_token == stored

@@ -129,10 +129,8 @@ def test_the_first_run_from_an_empty_cache_writes_what_later_runs_write(gemma_pa
     assert len(texts) == 1
     import json
 
-    from specli.pricing import BUSY_SUFFIX
-
     stored = json.loads((tmp_path / "cache" / "costs.json").read_text())
-    busy = [key for key in stored if key.endswith(BUSY_SUFFIX)]
+    busy = [key for key in stored if key.endswith("|busy")]
     # Stored once, by the first run; where it found the machine too busy, its mark alone (the
     # later runs within the mark's window measure nothing).
     assert [entry["source"] for key, entry in stored.items() if key not in busy] == ([] if busy else ["first run"])

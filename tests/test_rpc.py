@@ -192,7 +192,7 @@ def test_stored_costs_are_kept_per_set_of_servers(tmp_path):
     """A decode over a network costs what that network makes it cost: -k auto must not read
     the local costs for it, nor one network's for another."""
     from specli.llama.backend import LoadSettings
-    from specli.pricing import settings_key
+    from specli.pricing.keys import settings_key
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")

@@ -15,7 +15,7 @@ from specli import pricing
 from specli.decode.costs import BusyMark, Calibration, CostStore, StepCosts
 from specli.decode.exact import BatchCap
 from specli.llama.backend import LoadSettings
-from specli.pricing import BUSY_SUFFIX, draft_key, exact_key, parse_settings_key, settings_key
+from specli.pricing.keys import draft_key, exact_key, parse_settings_key, settings_key
 from specli.session import SessionSpec, open_session
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
@@ -53,9 +53,10 @@ def test_the_keys_and_fields_of_stored_costs_are_unchanged(tmp_path):
     for key, drafted, load in zip(keys, drafts, LOADS):
         store.put_costs(key, COSTS)
         store.put(exact_key(target, load, BUILD), EXACT.to_json())
-        for suffix, value in (("", 0.0015), ("|catch_up", 0.00075), ("|acceptance", 0.625), ("|speedup", 1.25)):
-            store.put(drafted + suffix, value)
-    store.put_busy_mark(keys[0] + BUSY_SUFFIX, BUSY)
+        store.put(drafted, 0.0015)
+        for beside, value in (("catch_up", 0.00075), ("acceptance", 0.625), ("speedup", 1.25)):
+            store.put(drafted.beside(beside), value)
+    store.put_busy_mark(keys[0].beside("busy"), BUSY)
     parsed = []
     for key in keys:
         costs_key = parse_settings_key(key)
@@ -68,7 +69,7 @@ def test_the_keys_and_fields_of_stored_costs_are_unchanged(tmp_path):
     text = json.dumps(report, indent=1, sort_keys=True).replace(str(tmp_path.resolve()), "<tmp>") + "\n"
     _compare("costs_keys.json", text)
     assert StepCosts.from_json(json.loads(written)[keys[0]]) == COSTS, "read back as written"
-    assert BusyMark.from_json(json.loads(written)[keys[0] + BUSY_SUFFIX]) == BUSY
+    assert BusyMark.from_json(json.loads(written)[keys[0].beside("busy")]) == BUSY
 
 
 def _masked(key: str, model: Path) -> str:

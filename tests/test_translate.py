@@ -215,7 +215,7 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
         assert opened.translated
         draft = opened.draft.model
         # (the round trip through both tokenizers is timed each time: a little noise)
-        assert opened.pricing.calibrate_draft() == pytest.approx(cost_per_target_token(opened.target, draft, 0.010),
+        assert opened.pricing.calibrate_drafter(opened.pricing.drafter()) == pytest.approx(cost_per_target_token(opened.target, draft, 0.010),
                                                                  rel=0.02)
-        catch_up = opened.pricing.store.get(opened.pricing.draft_key + "|catch_up")
+        catch_up = opened.pricing.store.get(opened.pricing.drafter().key.beside("catch_up"))
         assert catch_up == pytest.approx(0.048 / pricing.CATCH_UP_BATCH)

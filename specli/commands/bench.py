@@ -23,8 +23,8 @@ def bench(
     *,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="PATH", rich_help_panel=opt.MODEL, help="Workloads: a TOML file of [\\[workload]] tables (default: the shipped ones).")] = None,
     draft_tokens: opt.DraftTokensList = f"{AUTO},2,4,8,16",
-    runs: Annotated[int, typer.Option("--runs", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Measured runs of each configuration, after a warm-up.")] = 5,
-    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Override every workload's token budget.")] = None,
+    runs: Annotated[int, typer.Option("--runs", metavar="N", callback=opt.positive, rich_help_panel=opt.SAMPLING, help="Measured runs of each configuration, after a warm-up.")] = 5,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", metavar="N", callback=opt.positive, rich_help_panel=opt.SAMPLING, help="Override every workload's token budget.")] = None,
     json_output: Annotated[bool, typer.Option("--json", rich_help_panel=opt.OUTPUT, help="The report as one JSON object.")] = False,
     verify_on_device: opt.VerifyOnDevice = False,
 ) -> None:

@@ -31,8 +31,8 @@ from specli.session import SessionSpec
 MODEL, DRAFTING, SAMPLING, FORMAT, OUTPUT, HARDWARE = "Model", "Drafting", "Sampling", "Format", "Output", "Hardware"
 
 
-def _check(test, requirement: str):
-    """An option callback: the value (None passes) must meet `test`, else exit 2 saying why."""
+def check(test, requirement: str):
+    """An option callback (shared by the commands, as are `positive` and `not_negative`): the value (None passes) must meet `test`, else exit 2 saying why."""
 
     def callback(value):
         if value is not None and not test(value):
@@ -42,11 +42,11 @@ def _check(test, requirement: str):
     return callback
 
 
-_positive = _check(lambda v: v > 0, "must be above 0")
-_not_negative = _check(lambda v: v >= 0, "must be 0 or more")
-_probability = _check(lambda v: 0 <= v <= 1, "must be between 0 and 1")
-_layers = _check(lambda v: v >= -1, "must be -1 (all) or more")
-_context = _check(lambda v: v >= 32, "must be at least 32")
+positive = check(lambda v: v > 0, "must be above 0")
+not_negative = check(lambda v: v >= 0, "must be 0 or more")
+_probability = check(lambda v: 0 <= v <= 1, "must be between 0 and 1")
+_layers = check(lambda v: v >= -1, "must be -1 (all) or more")
+_context = check(lambda v: v >= 32, "must be at least 32")
 
 
 def _servers(value: Optional[str]) -> tuple[str, ...]:
@@ -95,22 +95,20 @@ Exact = Annotated[bool, typer.Option("--exact", rich_help_panel=DRAFTING, help="
 NoLookup = Annotated[bool, typer.Option("--no-ngram", rich_help_panel=DRAFTING,
                                         help="No lookup before a draft model.")]
 # --- Sampling --------------------------------------------------------------------
-Temperature = Annotated[float, typer.Option("--temp", metavar="T", callback=_not_negative, rich_help_panel=SAMPLING,
+Temperature = Annotated[float, typer.Option("--temp", metavar="T", callback=not_negative, rich_help_panel=SAMPLING,
                                             show_default=False, help="Temperature (default 0: greedy).")]
-TopK = Annotated[int, typer.Option("--top-k", metavar="K", callback=_not_negative, rich_help_panel=SAMPLING,
+TopK = Annotated[int, typer.Option("--top-k", metavar="K", callback=not_negative, rich_help_panel=SAMPLING,
                                    show_default=False, help="Top-k (default 40; 0: off).")]
 TopP = Annotated[float, typer.Option("--top-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING,
                                      show_default=False, help="Top-p (default 0.95; 1: off).")]
 MinP = Annotated[float, typer.Option("--min-p", metavar="P", callback=_probability, rich_help_panel=SAMPLING,
                                      show_default=False, help="Min-p (default 0.05; 0: off).")]
-RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", metavar="X", callback=_positive, rich_help_panel=SAMPLING,
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", metavar="X", callback=positive, rich_help_panel=SAMPLING,
                                               show_default=False, help="Repeat penalty (default 1: off).")]
-RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING,
+RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", metavar="N", callback=not_negative, rich_help_panel=SAMPLING,
                                           show_default=False, help="Tokens it looks back (default 64).")]
-Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callback=_not_negative, rich_help_panel=SAMPLING,
+Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callback=not_negative, rich_help_panel=SAMPLING,
                                              help="Seed; the same seed repeats a run.")]
-MaxTokens = Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=_positive,
-                                                 rich_help_panel=SAMPLING, help="Tokens to write.")]
 # --- Format: the chat template, and a constraint (llama.cpp's spellings) ----------
 ChatTemplateFile = Annotated[Optional[Path], typer.Option("--chat-template-file", metavar="FILE", rich_help_panel=FORMAT,
                                                           help="Use this Jinja chat template instead.")]
@@ -132,7 +130,7 @@ DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", "-n
                                                        rich_help_panel=HARDWARE, help="Draft layers on the GPU (default: as the target).")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE,
                                       help="Context size in tokens.")]
-Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=_positive, rich_help_panel=HARDWARE,
+Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=positive, rich_help_panel=HARDWARE,
                                                 help="CPU threads (default: all cores).")]
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")]
 Servers = Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE,

@@ -57,7 +57,7 @@ def run(
     file: Annotated[Optional[Path], typer.Option("-f", "--file", metavar="PATH", rich_help_panel=opt.MODEL, help="Read the prompt from this file.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", rich_help_panel=opt.MODEL, help="Use the target's chat template (default: if it has one).")] = None,
     system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", rich_help_panel=opt.MODEL, help="System message for chat models.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=opt._positive, rich_help_panel=opt.SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=opt.positive, rich_help_panel=opt.SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", rich_help_panel=opt.SAMPLING, help="Stop at this text, not printed (repeatable).")] = None,
     color: Annotated[ColorMode, typer.Option("--color", metavar="WHEN", rich_help_panel=opt.OUTPUT, help="auto, always or never.")] = ColorMode.auto,
     json_output: Annotated[bool, typer.Option("--json", rich_help_panel=opt.OUTPUT, help="JSON Lines: each token, then stats.")] = False,

@@ -1,0 +1,332 @@
+"""What a loaded pair's steps cost, measured on this machine and kept between runs.
+
+`Pricing` gives `-k auto` the costs a session's generations are priced with: the stored ones,
+or a quick calibration on a model's first run, or a full one on demand (`specli bench`,
+`doctor --calibrate`); and after a generation it marks a stored curve stale where the run's
+verify steps were far from its price. It also measures whatever drafts with a model (a draft
+model, the target's NextN layers: a Drafter each, specli/pricing/drafters.py) one way: its cost
+per token, its catch-up, its greedy agreement with the target, and (`drafts --measure`) its
+speed-up.
+
+A fixed draft length measures nothing (measure=False). Where a first run finds the machine
+too busy to measure, it leaves a BusyMark under `busy_key`: until the mark's window ends,
+later runs draft on the conservative curve without timing anything. The explicit
+calibrations ignore the mark, and a stored calibration clears it.
+
+Everything is stored in one CostStore, keyed by the model file, its load settings, the
+llama.cpp build and its devices (specli/pricing/keys.py), so no other machine's or build's
+timings steer a run. The cost maths itself (curves, timing, judging a calibration) is
+specli/decode/costs.py; this module times the models the session loaded (exact_caps
+alone loads the target, once per repacking setting, before the session does).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+from specli.decode.adaptive import MAX_DRAFT
+from specli.decode.costs import (
+    CALIBRATION_SIZES,
+    FIRST_RUN_SIZES,
+    PASSES,
+    PRIOR_LOOP,
+    STALE_RANGE,
+    STALE_STEPS,
+    BusyMark,
+    Calibration,
+    CostSource,
+    CostStore,
+    StepCosts,
+    calibrate,
+    curve_problem,
+    prior_costs,
+)
+from specli.decode.draft_model import DraftModel
+from specli.decode.engine import Engine
+from specli.decode.events import Stats
+from specli.decode.exact import CPU_ROWS, BatchCap, measure_cap
+from specli.decode.mtp import NextnDraft
+from specli.decode.request import GenerationRequest
+from specli.errors import CalibrationError
+from specli.llama.backend import LoadSettings, Model, supports_gpu_offload
+from specli.pricing.drafters import CATCH_UP_BATCH, Drafter, model_drafter, nextn_drafter, timed_speedup
+from specli.pricing.keys import StoreKey, build_key, cost_store, draft_key, exact_key, settings_key
+
+class LoadedFiles(Protocol):
+    """What pricing reads of a session's spec: the model files, and how they were loaded."""
+
+    @property
+    def target(self) -> Path: ...
+    @property
+    def draft_model(self) -> Path | None: ...
+    @property
+    def target_load(self) -> LoadSettings: ...
+    @property
+    def draft_load(self) -> LoadSettings: ...
+    @property
+    def verbose(self) -> bool: ...
+
+
+class Pricing:
+    """The costs of a loaded target, and of its draft model or its NextN layers where they
+    draft. The costs a session's generations are priced with are fixed once read (`costs`);
+    what a run's steps take never prices them, so a model's first run drafts as every later
+    one does."""
+
+    def __init__(self, spec: LoadedFiles, target: Model, draft: DraftModel | None = None, *,
+                 translated: bool = False, notice: Callable[[str], None] | None = None,
+                 nextn: NextnDraft | None = None) -> None:
+        self.spec = spec
+        self.target = target
+        self.draft = draft
+        self.nextn = nextn  # the target's NextN layers, where MTP drafting was asked for
+        self.translated = translated  # the draft drafts through text: its agreement is not measured
+        self._notice = notice  # hears of a calibration the machine was too busy for, or of stale costs
+        self._store: CostStore | None = None
+        # The costs generations are priced with, once read: with the draft model's; with the NextN layers'.
+        self._costs: StepCosts | None = None
+        self._mtp_costs: StepCosts | None = None
+
+    @property
+    def store(self) -> CostStore:
+        if self._store is None:
+            self._store = cost_store()
+        return self._store
+
+    @property
+    def key(self) -> StoreKey:
+        """The target's stored costs' key (read anew: the build and devices are part of it)."""
+        return settings_key(self.target.path, self.spec.target_load, build_key())
+
+    @property
+    def busy_key(self) -> StoreKey:
+        """Where a first run's busy finding is stored (BusyMark), beside the target's key."""
+        return self.key.beside("busy")
+
+    def drafter(self, mtp: bool = False) -> Drafter | None:
+        """The loaded model that drafts, as it is priced: the target's NextN layers (`mtp`), or
+        the draft model (None: neither is loaded)."""
+        if mtp:
+            return None if self.nextn is None else nextn_drafter(self.key.beside("mtp"), self.target, self.nextn)
+        if self.draft is None or self.spec.draft_model is None:
+            return None
+        key = draft_key(self.key, self.spec.draft_model, self.spec.draft_load)  # beside its target's
+        return model_drafter(key, self.target, self.draft, self.spec.draft_model, self.translated)
+
+    def costs(self, *, measure: bool = True, mtp: bool = False, keep: bool = False) -> StepCosts:
+        """The costs -k auto prices this session's generations with, fixed once read: the
+        stored ones; else a quick calibration, stored (measure=False: the prior); where the
+        machine is too busy, or a recent run found it so (a BusyMark), a conservative curve,
+        nothing stored. With the drafter's (`mtp`: the NextN layers), stored or timed now
+        (measure=False: priced by its share). `keep`: what measure=False reads is fixed as
+        this session's costs too (a server that measures nothing)."""
+        kept = self._mtp_costs if mtp else self._costs
+        if (measure or keep) and kept is not None:
+            return kept
+        target = self._stored_costs(say=measure and self._busy_mark() is None)
+        if target is None and not measure:
+            costs = self._prior(mtp=mtp)
+        else:
+            if target is None:
+                target = self._first_run_costs(mtp)
+            costs = self._with_drafter(target, self.drafter(mtp), measure)
+        if (measure or keep) and mtp:
+            self._mtp_costs = costs
+        elif measure or keep:
+            self._costs = costs
+        return costs
+
+    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES + 1) -> StepCosts:
+        """Time the target's verify batches and its drafters now, and store them (`specli
+        bench`, `doctor --calibrate`). CalibrationError, nothing stored, on a busy machine."""
+        outcome = self._time_target(sizes, passes)
+        if outcome.problem is not None:
+            raise CalibrationError(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
+                                   f"({outcome.problem}); nothing was stored", "measure again when it is quieter")
+        self._store_target(outcome, "calibrated")
+        for drafter in (self.drafter(), self.drafter(mtp=True)):
+            if drafter is not None:
+                self.calibrate_drafter(drafter)
+        self._costs = self._mtp_costs = None
+        return self.costs()
+
+    def review(self, stats: Stats) -> bool:
+        """After a generation whose verify steps took far from their price (costs_ratio outside
+        STALE_RANGE over STALE_STEPS steps or more), mark the stored curve stale and say so:
+        the next run measures it again (this session's choices stay as they were)."""
+        ratio, costs = stats.costs_ratio, self._costs if self._costs is not None else self._mtp_costs
+        if ratio is None or stats.priced_steps < STALE_STEPS or costs is None or costs.source in ("prior", "conservative") \
+                or STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
+            return False
+        stored = self.store.costs(self.key)
+        if stored is None or stored.stale is not None:
+            return False
+        self.store.put_costs(self.key, replace(stored, stale=ratio))
+        self._say(f"this run's verify steps took {ratio:.2f}x what the stored costs priced them at: "
+                  "they will be measured again on the next run")
+        return True
+
+    def calibrate_drafter(self, drafter: Drafter) -> float:
+        """Time a drafter's one-token decode and catch-up (per token of CATCH_UP_BATCH) where
+        it runs (its share says nothing when the target's decodes cross a network, --rpc),
+        and store them with its agreement: its cost per drafted token. Too busy: 0.0, nothing
+        stored. Its cache is left empty."""
+        drafter.forget()
+        timed = calibrate(drafter.decode, drafter.rewind, drafter.token, (1, CATCH_UP_BATCH), passes=4)
+        drafter.forget()
+        if timed.problem is not None:  # too busy: priced by its share this time, measured again next
+            return 0.0
+        return drafter.store(self.store, timed.verify[1], timed.verify[CATCH_UP_BATCH] / CATCH_UP_BATCH)
+
+    def measure_speedup(self, engine_for: Callable[[GenerationRequest], Engine], *, mtp: bool = False) -> float | None:
+        """The draft model's (`mtp`: the NextN layers') speed-up, timed and stored (drafters.timed_speedup)
+        after its costs are measured or read as a first run with it does; None: none loaded."""
+        drafter = self.drafter(mtp)
+        return None if drafter is None else timed_speedup(drafter, self.costs(mtp=mtp), self.target, self.store,
+                                                          engine_for)
+
+    def _stored_costs(self, *, say: bool) -> StepCosts | None:
+        """The target's stored costs, unless they are implausible or marked stale (`say`: a
+        line says they will be measured again)."""
+        stored = self.store.costs(self.key)
+        if stored is None or stored.source in ("prior", "conservative"):
+            return None
+        problem = curve_problem(stored.verify)
+        if problem is None and stored.stale is None:
+            return stored
+        if say:
+            why = problem or f"a run's verify steps took {stored.stale:.2f}x their price"
+            self._say(f"the stored verify costs of {self.target.path.name} no longer hold ({why}): measuring them again")
+        return None
+
+    def _first_run_costs(self, mtp: bool = False) -> StepCosts:
+        """A quick calibration, stored; or the conservative curve: at once where a recent run
+        found the machine too busy (its mark's window), else where this calibration finds it
+        so, marking it (one more busy finding in a row)."""
+        name, mark = self.target.path.name, self._busy_mark()
+        if mark is not None:
+            self._say(f"the machine was too busy to measure {name}'s verify costs {_ago(time.time() - mark.found_at)}: "
+                      f"drafting cautiously without measuring until {_clock(mark.until)} "
+                      "(`specli doctor --calibrate` measures now)")
+            return self._prior(conservative=True, mtp=mtp)
+        outcome = self._time_target(FIRST_RUN_SIZES, PASSES)
+        if outcome.problem is not None:
+            earlier = self.store.busy_mark(self.busy_key)  # one whose window has ended: the row goes on
+            mark = BusyMark(time.time(), 1 if earlier is None else earlier.count + 1)
+            self.store.put_busy_mark(self.busy_key, mark)
+            self._say(f"the machine is too busy to measure {name}'s verify costs ({outcome.problem}): "
+                      f"drafting cautiously without measuring until {_clock(mark.until)}")
+            return self._prior(conservative=True, mtp=mtp)
+        return self._store_target(outcome, "first run")
+
+    def _busy_mark(self) -> BusyMark | None:
+        """The target's busy mark while its window lasts (None: none, or it has ended)."""
+        mark = self.store.busy_mark(self.busy_key)
+        return mark if mark is not None and time.time() < mark.until else None
+
+    def _say(self, line: str) -> None:
+        if self._notice is not None:
+            self._notice(line)
+
+    def _with_drafter(self, target: StepCosts, drafter: Drafter | None, measure: bool) -> StepCosts:
+        """The target's costs with the drafter's: stored, timed now where they are not
+        (`measure`), else priced by its share. Prior and conservative costs are in relative
+        units: a drafter is priced by its share there already."""
+        if drafter is None or target.source in ("prior", "conservative"):
+            return target
+        if measure and drafter.measurements(self.store) is None:
+            self.calibrate_drafter(drafter)  # the target's costs are stored, this drafter's not yet
+        return drafter.priced(target, self.store)
+
+    def _prior(self, *, conservative: bool = False, mtp: bool = False) -> StepCosts:
+        gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
+        drafter = self.drafter(mtp) or (self.drafter() if mtp else None)
+        return prior_costs(gpu, drafter.share if drafter is not None else 0.0, conservative=conservative)
+
+    def _time_target(self, sizes: tuple[int, ...], passes: int) -> Calibration:
+        target = self.target
+        sizes = tuple(size for size in sizes if size < min(target.n_ctx, target.batch_size))
+        target.rewind(0)
+        token = target.bos if target.bos >= 0 else 0
+        load = self.spec.target_load
+        on_cpu = not load.rpc and (load.gpu_layers == 0 or not supports_gpu_offload())
+        threads = min(load.threads or os.cpu_count() or 1, usable_cpus()) if on_cpu else None
+        return calibrate(lambda tokens: target.decode(tokens, all_logits=True), target.rewind, token, sizes, passes,
+                         threads, steady=target.on_gpu)
+
+    def _store_target(self, outcome: Calibration, source: CostSource) -> StepCosts:
+        stored = self.store.costs(self.key)
+        verify = outcome.verify
+        loop = stored.loop if stored is not None and stored.source != "prior" else PRIOR_LOOP * verify[1]
+        costs = StepCosts(verify, 0.0, loop, source, measured_at=time.time(), shape_change=outcome.shape_change)
+        self.store.put_costs(self.key, costs)
+        self.store.remove(self.busy_key)  # measured: the machine is not too busy now
+        return costs
+
+
+def _ago(seconds: float) -> str:
+    """How long ago, in the unit a person reads it in."""
+    return f"{max(0, round(seconds))} s ago" if seconds < 60 else f"{round(seconds / 60)} min ago"
+
+
+def _clock(moment: float) -> str:
+    """A Unix time as the local time of day."""
+    return time.strftime("%H:%M", time.localtime(moment))
+
+
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
+    """The draft's speed-up that `specli drafts --measure` timed and stored (None: not
+    measured); `draft` None: the target's NextN layers' (MTP drafting)."""
+    try:
+        key = settings_key(target, load, build_key())
+        key = (key.beside("mtp") if draft is None else draft_key(key, draft, load)).beside("speedup")
+    except OSError:
+        return None
+    value = cost_store().get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *, measure: bool = True,
+               again: bool = False, repacks: tuple[bool, ...] = (True, False)) -> dict[bool, BatchCap]:
+    """The exact verify batch sizes along the context (BatchCap) with repacking on (True) and
+    off (False) (or only those in `repacks`), measured once per model, settings and build and
+    stored with the costs. measure=False: only what is stored; again=True: measured anew."""
+    store = cost_store()
+    caps: dict[bool, BatchCap] = {}
+    for repack in repacks:
+        load = replace(spec.target_load, repack=repack)
+        key = exact_key(spec.target, load, build_key())
+        stored = BatchCap.from_json(store.get(key))
+        if stored is not None and not again:
+            caps[repack] = stored
+            continue
+        if not measure:
+            continue
+        if notice is not None:
+            notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'}, "
+                   "at several depths of the context (once per model and settings)")
+        with Model(spec.target, load, verbose=spec.verbose) as model:
+            largest = MAX_DRAFT + 1 if model.on_gpu else CPU_ROWS
+            caps[repack] = measure_cap(model, min(largest, model.batch_size))
+        store.put(key, caps[repack].to_json())
+    return caps
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on at once: its affinity, and a cgroup's CPU quota (a
+    container's `--cpus`) where one is set."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
