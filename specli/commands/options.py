@@ -32,7 +32,8 @@ MODEL, DRAFTING, SAMPLING, FORMAT, OUTPUT, HARDWARE = "Model", "Drafting", "Samp
 
 
 def check(test, requirement: str):
-    """An option callback (shared by the commands, as are `positive` and `not_negative`): the value (None passes) must meet `test`, else exit 2 saying why."""
+    """An option callback: the value (None passes) must meet `test`, else exit 2 saying why
+    (shared by the commands, as are `positive` and `not_negative`)."""
 
     def callback(value):
         if value is not None and not test(value):
