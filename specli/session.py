@@ -177,22 +177,6 @@ class Session:
             return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft, shapes=self._cache.shapes)
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
-    def warm_up(self) -> None:
-        """On a GPU, decode each verify batch size once, and a token on the draft model, before
-        the first timed step: the first use of a size allocates and picks its kernels, which a
-        fresh run would otherwise pay for inside its steps. Both caches are left empty."""
-        target = self.target
-        if target.on_gpu:
-            token = target.bos if target.bos >= 0 else 0
-            for size in GPU_SIZES:
-                if size < min(target.n_ctx, target.batch_size):
-                    target.decode([token] * size, all_logits=True)
-                    target.rewind(0)
-        if self.draft is not None and self.draft.on_gpu:
-            self.draft.forget()
-            self.draft.choice_after([0, 0])
-            self.draft.forget()
-
     def close(self) -> None:
         if self.draft is not None:
             self.draft.close()
@@ -227,7 +211,7 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         heads = mtp.MtpHeads(target) if spec.mtp else None
         session = Session(spec, target, draft, translated=translated, exact_cap=exact_cap, notice=notice,
                           nextn=NextnDraft(heads) if heads is not None else None)
-        session.warm_up()
+        _warm_up(target, draft)
     except BaseException:
         if draft is not None:
             draft.close()
@@ -236,6 +220,22 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         target.close()
         raise
     return session
+
+
+def _warm_up(target: Model, draft: DraftModel | None) -> None:
+    """On a GPU, decode each verify batch size once, and a token on the draft model, before
+    the first timed step: the first use of a size allocates and picks its kernels, which a
+    fresh run would otherwise pay for inside its steps. Both caches are left empty."""
+    if target.on_gpu:
+        token = target.bos if target.bos >= 0 else 0
+        for size in GPU_SIZES:
+            if size < min(target.n_ctx, target.batch_size):
+                target.decode([token] * size, all_logits=True)
+                target.rewind(0)
+    if draft is not None and draft.on_gpu:
+        draft.forget()
+        draft.choice_after([0, 0])
+        draft.forget()
 
 
 def _exact_settings(spec: SessionSpec, notice: Callable[[str], None] | None) -> tuple[SessionSpec, BatchCap]:

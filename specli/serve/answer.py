@@ -30,7 +30,7 @@ from specli.serve.responses import (
     timings,
     usage,
 )
-from specli.serve.sse import Chunks, EventStream, Started
+from specli.serve.sse import Chunks, EventStream, Readers, Started
 from specli.serve.worker import Worker
 from specli.stream import Outcome
 from specli.tools.plan import SpecialText, ToolPlan, ToolStream, answer_content
@@ -71,11 +71,10 @@ class Answerer:
                                                  key=asked.key)
         future.add_done_callback(lambda _: events.put_nowait(None))  # also ends a generation that failed
         calls = ToolStream(asked.plan) if asked.plan is not None else None
+        readers = Readers(calls, self._special(asked) if calls is not None else None,
+                          ReasoningStream(asked.reasoning) if asked.reasoning is not None else None, self._logprobs(asked))
         stream = EventStream(Chunks(asked.chat, self.model), Started(future, cancel, events), log,
-                             usage=asked.body.include_usage, calls=calls,
-                             special=self._special(asked) if calls is not None else None,
-                             reasoning=ReasoningStream(asked.reasoning) if asked.reasoning is not None else None,
-                             logprobs=self._logprobs(asked))
+                             usage=asked.body.include_usage, readers=readers)
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _whole(self, asked: Asked, request: Request, log: RequestLog) -> dict:

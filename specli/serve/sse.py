@@ -103,6 +103,18 @@ class Started:
     events: asyncio.Queue
 
 
+@dataclass(frozen=True)
+class Readers:
+    """What reads a stream's text besides the chunks: tool calls (`calls`, reading text with its
+    special tokens written out by `special`), a reasoning model's thinking, and logprobs;
+    each None where the request does not ask for it."""
+
+    calls: ToolStream | None = None
+    special: SpecialText | None = None
+    reasoning: ReasoningStream | None = None
+    logprobs: LogprobWriter | None = None
+
+
 class EventStream:
     """The first token as soon as the prompt's decode writes it, then one chunk per run of a
     step's tokens from one source, a last chunk with the finish reason, the usage chunk when
@@ -114,10 +126,10 @@ class EventStream:
     goes away, Starlette stops `events()` and the generation is cancelled."""
 
     def __init__(self, chunks: Chunks, started: Started, log: RequestLog, *, usage: bool = False,
-                 calls: ToolStream | None = None, special: SpecialText | None = None,
-                 reasoning: ReasoningStream | None = None, logprobs: LogprobWriter | None = None) -> None:
+                 readers: Readers = Readers()) -> None:
         self.chunks, self.started, self.log, self.usage = chunks, started, log, usage
-        self.calls, self.special, self.reasoning, self.logprobs = calls, special, reasoning, logprobs
+        self.calls, self.special, self.reasoning, self.logprobs = (readers.calls, readers.special, readers.reasoning,
+                                                                   readers.logprobs)
         # Tokens whose text is still held back (part of a character, a call being parsed):
         # counted in the next chunk, so that the chunks' `tokens` add up to the answer's; and
         # their logprobs, which go with that count.
