@@ -129,22 +129,22 @@ class AdaptiveDraftPolicy:
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+    def choose(self, key: object, extent: int, most: int, support: Sequence[float] = (),
                behind: int = 0, agreeing: Sequence[int] = ()) -> int:
-        """How many of the `available` draft tokens to verify (0: a plain step). key None: a
+        """How many draft tokens to verify, `most` at most (0: a plain step). key None: a
         draft model's tokens, priced at its cost per token after catching up with the `behind`
         tokens committed since it last drafted; any other key is n-gram lookup's, free to make,
         with `support` its vote share per token and `agreeing` the occurrences behind each
         (Proposal.support, .agreeing)."""
         self._behind = behind if key is None else 0
         state = self._state(key)
-        limit = min(self.max_draft, available)
+        most = min(self.max_draft, most)
         if key is not None:  # n-gram lookup: a long match can promise far more than it keeps
-            limit = self._affordable(key, limit)
-        if limit <= 0:
+            most = self._affordable(key, most)
+        if most <= 0:
             return 0
-        best_k, best_rate = self._best(key, extent, limit, support, agreeing)
-        if best_k == 0:
+        k, best_rate = self._best(key, extent, most, support, agreeing)
+        if k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
                 # A short probe refreshes the estimate; gaps grow until drafting pays again on
@@ -153,43 +153,43 @@ class AdaptiveDraftPolicy:
                 # nor when a rejected one would take drafting over its loss budget.
                 state.idle_steps = 0
                 state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
-                probe = min(limit, PROBE_LENGTH)
-                if self._could_pay(key, limit, best_rate) and self._affords(probe, key):
+                probe = min(most, PROBE_LENGTH)
+                if self._could_pay(key, most, best_rate) and self._affords(probe, key):
                     return probe
         else:
             state.probe_gap = min(state.probe_gap, 8)
-        return best_k
+        return k
 
-    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
+    def prefers(self, free: Proposal, most: int, behind: int = 0) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
-        limit = self._affordable(free.key, min(self.max_draft, len(free.tokens)))
-        free_k, free_rate = (self._best(free.key, free.extent, limit, free.support, free.agreeing)
-                             if limit > 0 else (0, 0.0))
+        most = self._affordable(free.key, min(self.max_draft, len(free.tokens)))
+        free_k, free_rate = (self._best(free.key, free.extent, most, free.support, free.agreeing)
+                             if most > 0 else (0, 0.0))
         self._behind = behind
-        _, model_rate = self._best(None, 0, min(self.max_draft, available))
+        _, model_rate = self._best(None, 0, min(self.max_draft, most))
         self._behind = 0
         return free_k > 0 and free_rate >= model_rate
 
-    def _best(self, key: object, extent: int, limit: int, support: Sequence[float] = (),
+    def _best(self, key: object, extent: int, most: int, support: Sequence[float] = (),
               agreeing: Sequence[int] = ()) -> tuple[int, float]:
         """The draft length with the most expected tokens a second, and that rate (k = 0: a
         plain step)."""
         ratio = self._hazard_ratio(self._state(key), MODEL_WEIGHT if key is None and self._measured else KEY_WEIGHT)
         rates = [1.0 / self._step_cost(0)]
         expected, chain = 1.0, 1.0
-        for k, hazard in enumerate(self._hazards(key, extent, limit, support, agreeing), start=1):
+        for k, hazard in enumerate(self._hazards(key, extent, most, support, agreeing), start=1):
             chain *= max(0.0, 1.0 - ratio * hazard)
             expected += chain
             rates.append(expected / self._step_cost(k, key))
-        best_k = max(range(len(rates)), key=rates.__getitem__)
-        if rates[best_k] <= (1.0 + MARGIN) * rates[0]:
-            best_k = 0
-        return best_k, rates[best_k]
+        k = max(range(len(rates)), key=rates.__getitem__)
+        if rates[k] <= (1.0 + MARGIN) * rates[0]:
+            k = 0
+        return k, rates[k]
 
-    def _hazards(self, key: object, extent: int, count: int, support: Sequence[float] = (),
+    def _hazards(self, key: object, extent: int, most: int, support: Sequence[float] = (),
                  agreeing: Sequence[int] = ()) -> list[float]:
-        """The prior chance that each of `count` drafted positions is rejected once the
+        """The prior chance that each of the first `most` drafted positions is rejected once the
         ones before it were kept. In a copy in progress (extent > 0) position i follows a
         match of extent + i tokens; otherwise every position gets the key's prior (short
         matches are often coincidences: a kept token does not make them a copy). Where
@@ -197,9 +197,9 @@ class AdaptiveDraftPolicy:
         lowered (AGREEMENT_POWER); where they split their vote, its acceptance is scaled by
         the share its token won (its support)."""
         if self._prior is None or key is None:  # a draft model's tokens
-            return [1.0 - self._model_acceptance] * count
-        table = self._hazard_table(key, extent + count)
-        hazards = [table[0]] * count if extent <= 0 else table[extent : extent + count]
+            return [1.0 - self._model_acceptance] * most
+        table = self._hazard_table(key, extent + most)
+        hazards = [table[0]] * most if extent <= 0 else table[extent : extent + most]
         if agreeing:
             hazards = [h * (2.0 / (m + 1)) ** AGREEMENT_POWER if m >= 2 else h
                        for h, m in zip(hazards, agreeing)] + hazards[len(agreeing) :]
@@ -256,9 +256,9 @@ class AdaptiveDraftPolicy:
             k += 1
         return k
 
-    def _could_pay(self, key: object, limit: int, plain_rate: float) -> bool:
+    def _could_pay(self, key: object, most: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
-        return any((k + 1) / self._step_cost(k, key) > plain_rate for k in range(1, limit + 1))
+        return any((k + 1) / self._step_cost(k, key) > plain_rate for k in range(1, most + 1))
 
     def _state(self, key: object) -> _KeyState:
         state = self._keys.get(key)

@@ -180,7 +180,7 @@ class DraftModelProposer:
         self.draft_min_p = draft_min_p
         self.keyed = keyed
 
-    def lookup(self, tokens: list[int], count: int) -> Proposal:
+    def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
     def _greedy_on_device(self) -> bool:
@@ -190,9 +190,9 @@ class DraftModelProposer:
         return (self.draft.on_gpu and (sampling.greedy or not self.keyed) and not sampling.penalises
                 and self.constraint is None and self.draft_min_p <= 0.0)
 
-    def _draft_on_device(self, tokens: list[int], count: int) -> list[int]:
+    def _draft_on_device(self, tokens: list[int], most: int) -> list[int]:
         drafted = [self.draft.choice_after(tokens)]
-        while len(drafted) < count:
+        while len(drafted) < most:
             drafted.append(self.draft.extend_choice(drafted[-1]))
         return drafted
 
@@ -202,15 +202,15 @@ class DraftModelProposer:
     def prepare(self, prompt: list[int]) -> None:
         self.draft.prepare(prompt)
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
+    def propose(self, tokens: list[int], most: int) -> Proposal:
         if not tokens:
             return Proposal()  # nothing to continue (drafting through text before any text)
-        count = min(count, self.draft.n_ctx - len(tokens))  # the draft's own context
-        if count <= 0:
+        most = min(most, self.draft.n_ctx - len(tokens))  # the draft's own context
+        if most <= 0:
             return Proposal()
         decoded = self.draft.decode_seconds
         if self._greedy_on_device():
-            return Proposal(self._draft_on_device(tokens, count), proposer=self.name,
+            return Proposal(self._draft_on_device(tokens, most), proposer=self.name,
                             decode_seconds=self.draft.decode_seconds - decoded)
         row = self.draft.row_after(tokens)
         drafted: list[int] = []
@@ -238,7 +238,7 @@ class DraftModelProposer:
                         break
                     token = keyed_choice(dist, self.seed, len(tokens) + len(drafted))
                 drafted.append(token)
-                if len(drafted) == count:
+                if len(drafted) == most:
                     break
                 if constraint is not None:
                     constraint.consume(token)

@@ -275,12 +275,12 @@ class Engine:
             self.matcher.consume(token)
         return token
 
-    def _forced_run(self, limit: int) -> list[int]:
-        """The tokens the constraint forces from here, at most `limit`, consumed: certain,
+    def _forced_run(self, most: int) -> list[int]:
+        """The tokens the constraint forces from here, at most `most`, consumed: certain,
         whatever the target's logits."""
         forced: list[int] = []
         matcher = self.matcher
-        while self._forces and len(forced) < limit and matcher is not None:
+        while self._forces and len(forced) < most and matcher is not None:
             token = matcher.forced()
             if token is None:
                 break
@@ -293,21 +293,21 @@ class Engine:
         budget, the context and the batch leave), and how many tokens the draft model was
         asked for."""
         policy = self.policy
-        available = min(room, policy.max_draft)
-        if available <= 0:
+        most = min(room, policy.max_draft)
+        if most <= 0:
             return Proposal(), [], 0
         # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
         # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
-        proposal = self._allowed(self.proposer.lookup(tokens, available))
+        proposal = self._allowed(self.proposer.lookup(tokens, most))
         behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
         # The model drafts at most its depth (chained NextN layers); lookup's match is not held to it.
         depth = self.proposer.depth
-        model_room = available if depth is None else min(available, depth)
-        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, model_room, behind)):
+        most = most if depth is None else min(most, depth)
+        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, most, behind)):
             k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
                               agreeing=proposal.agreeing) if proposal.tokens else 0
             return proposal, proposal.tokens[:k], 0
-        k = policy.choose(None, 0, model_room, behind=behind)
+        k = policy.choose(None, 0, most, behind=behind)
         proposal = self._allowed(self.proposer.propose(tokens, k)) if k > 0 else Proposal()
         return proposal, proposal.tokens[:k], k
 

@@ -147,5 +147,5 @@ class MtpProposer(DraftModelProposer):
         super().__init__(draft, sampling, seed, draft_min_p, constraint=constraint)
         self.depth = draft.depth
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
-        return super().propose(tokens, count if self.depth is None else min(count, self.depth))
+    def propose(self, tokens: list[int], most: int) -> Proposal:
+        return super().propose(tokens, most if self.depth is None else min(most, self.depth))

@@ -70,10 +70,10 @@ class NGramProposer:
             self._predicted = TokenIndex(opening + self.prediction, self.lengths)
             self._searched = (self._predicted, *self.references)
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
+    def propose(self, tokens: list[int], most: int) -> Proposal:
         self._extend_index(tokens)
         self.last_match_extent = 0
-        if count <= 0:
+        if most <= 0:
             return Proposal()
         end = len(tokens)
         for n in self.lengths:
@@ -100,8 +100,8 @@ class NGramProposer:
                        for reference, start in found]
             longest = max(extents)
             voters = [occurrence for occurrence, extent in zip(found, extents) if extent == longest]
-            continuations = [_continuation(tokens, start, count) if reference is None
-                             else reference.continuation(start, count) for reference, start in voters]
+            continuations = [_continuation(tokens, start, most) if reference is None
+                             else reference.continuation(start, most) for reference, start in voters]
             draft, support, agreeing = _vote(continuations)
             if not draft:
                 continue
@@ -259,18 +259,18 @@ class TokenIndex:
         table = self._index.get(len(tail))
         return (table.get(tail) or []) if table is not None else []
 
-    def continuation(self, start: int, count: int) -> list[int]:
-        """Up to `count` tokens from `start`, stopping at the end of that text."""
-        out = self.tokens[start : start + count]
+    def continuation(self, start: int, most: int) -> list[int]:
+        """Up to `most` tokens from `start`, stopping at the end of that text."""
+        out = self.tokens[start : start + most]
         return out[: out.index(self.SEPARATOR)] if self.SEPARATOR in out else out
 
 
-def _continuation(tokens: list[int], start: int, count: int) -> list[int]:
-    """tokens[start:start+count], continued periodically past the end of the sequence:
+def _continuation(tokens: list[int], start: int, most: int) -> list[int]:
+    """tokens[start:start+most], continued periodically past the end of the sequence:
     if the text is repeating with period len - start, the repetition goes on."""
     period = len(tokens) - start
-    out = tokens[start : start + count]
-    while len(out) < count:
+    out = tokens[start : start + most]
+    while len(out) < most:
         out.append(out[len(out) - period] if len(out) >= period else tokens[start + len(out)])
     return out
 

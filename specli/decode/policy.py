@@ -17,16 +17,16 @@ class DraftPolicy(Protocol):
 
     max_draft: int  # the longest draft a step may verify (-k N: N; -k auto: what --exact allows)
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+    def choose(self, key: object, extent: int, most: int, support: Sequence[float] = (),
                behind: int = 0, agreeing: Sequence[int] = ()) -> int:
-        """How many of the `available` draft tokens to verify (0: a plain step).
+        """How many draft tokens to verify, `most` at most (0: a plain step).
         key, extent, support and agreeing: the proposal's (Proposal.key, ...); key None: a
         draft model's tokens, which cost a decode each, after the `behind` tokens it must
         decode first to catch up with the committed text (Proposer.behind)."""
         ...
 
-    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
-        """Whether a free proposal (n-gram lookup) is worth more than up to `available` tokens
+    def prefers(self, free: Proposal, most: int, behind: int = 0) -> bool:
+        """Whether a free proposal (n-gram lookup) is worth more than up to `most` tokens
         of the draft model (`behind` the committed text by that many tokens)."""
         ...
 
@@ -44,11 +44,11 @@ class FixedDraftPolicy:
 
     max_draft: int
 
-    def choose(self, key: object, extent: int, available: int, support: Sequence[float] = (),
+    def choose(self, key: object, extent: int, most: int, support: Sequence[float] = (),
                behind: int = 0, agreeing: Sequence[int] = ()) -> int:
-        return min(self.max_draft, available)
+        return min(self.max_draft, most)
 
-    def prefers(self, free: Proposal, available: int, behind: int = 0) -> bool:
+    def prefers(self, free: Proposal, most: int, behind: int = 0) -> bool:
         return free.extent > 0  # a copy in progress (a match of lookup's longest n)
 
     def price(self, drafted: int) -> float:

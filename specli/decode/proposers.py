@@ -43,12 +43,12 @@ class Proposer(Protocol):
         """Take in the prompt before the first step (counted as prefill time)."""
         ...
 
-    def lookup(self, tokens: list[int], count: int) -> Proposal:
-        """Up to `count` tokens that cost nothing to make (n-gram lookup), tried first; empty if none."""
+    def lookup(self, tokens: list[int], most: int) -> Proposal:
+        """Up to `most` tokens that cost nothing to make (n-gram lookup), tried first; empty if none."""
         ...
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
-        """Draft up to `count` tokens that may follow the committed sequence `tokens`."""
+    def propose(self, tokens: list[int], most: int) -> Proposal:
+        """Draft up to `most` tokens that may follow the committed sequence `tokens`."""
         ...
 
     def behind(self, tokens: list[int]) -> int:
@@ -70,10 +70,10 @@ class NoProposer:
     def prepare(self, prompt: list[int]) -> None:
         pass
 
-    def lookup(self, tokens: list[int], count: int) -> Proposal:
+    def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
+    def propose(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()
 
     def behind(self, tokens: list[int]) -> int:
@@ -101,11 +101,11 @@ class LookupThenModel:
         self.ngram.prepare(prompt)
         self.model.prepare(prompt)
 
-    def lookup(self, tokens: list[int], count: int) -> Proposal:
-        return self.ngram.propose(tokens, count)
+    def lookup(self, tokens: list[int], most: int) -> Proposal:
+        return self.ngram.propose(tokens, most)
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
-        return self.model.propose(tokens, count)
+    def propose(self, tokens: list[int], most: int) -> Proposal:
+        return self.model.propose(tokens, most)
 
     def behind(self, tokens: list[int]) -> int:
         return self.model.behind(tokens)

@@ -135,7 +135,7 @@ class TranslatedDraft:
         if sequence and self._fits(sequence):
             self.model.prepare(sequence)
 
-    def lookup(self, tokens: list[int], count: int) -> Proposal:
+    def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
 
     def behind(self, tokens: list[int]) -> int:
@@ -144,17 +144,17 @@ class TranslatedDraft:
         unread = round((len(tokens) - self._target_count) * self._ratio)
         return unread + self.model.behind(self._lead + self._tokens)
 
-    def propose(self, tokens: list[int], count: int) -> Proposal:
+    def propose(self, tokens: list[int], most: int) -> Proposal:
         sequence = self._read(tokens)
-        if count <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
+        if most <= 0 or not sequence or complete_utf8(self._text) < len(self._text) or not self._fits(sequence):
             return Proposal()  # nothing to continue yet, or the text ends inside a character
-        # Enough draft tokens for count + 1 target tokens: the last is held back.
-        wanted = max(1, math.ceil((count + 1) * self._ratio))
+        # Enough draft tokens for most + 1 target tokens: the last is held back.
+        wanted = max(1, math.ceil((most + 1) * self._ratio))
         inner = self.model.propose(sequence, wanted)
         drafted = inner.tokens
         ended = next((i for i, token in enumerate(drafted) if self.draft.is_end_of_generation(token)), len(drafted))
         text = b"".join(self.draft.piece(token) for token in drafted[:ended])
-        return Proposal(self._target_tokens(text)[:count], proposer="draft", decode_seconds=inner.decode_seconds)
+        return Proposal(self._target_tokens(text)[:most], proposer="draft", decode_seconds=inner.decode_seconds)
 
     def _fits(self, sequence: list[int]) -> bool:
         """Whether the draft's context holds its tokens for the text (it may need more of them
