@@ -159,8 +159,8 @@ class Pricing:
         STALE_RANGE over STALE_STEPS steps or more), mark the stored curve stale and say so:
         the next run measures it again (this session's choices stay as they were)."""
         ratio, costs = stats.costs_ratio, self._costs if self._costs is not None else self._mtp_costs
-        if ratio is None or stats.priced_steps < STALE_STEPS or costs is None or costs.source in ("prior", "conservative") \
-                or STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
+        if ratio is None or stats.priced_steps < STALE_STEPS or costs is None \
+                or costs.source in ("prior", "conservative") or STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
             return False
         stored = self.store.costs(self.key)
         if stored is None or stored.stale is not None:
@@ -200,7 +200,8 @@ class Pricing:
             return stored
         if say:
             why = problem or f"a run's verify steps took {stored.stale:.2f}x their price"
-            self._say(f"the stored verify costs of {self.target.path.name} no longer hold ({why}): measuring them again")
+            self._say(f"the stored verify costs of {self.target.path.name} no longer hold ({why}): "
+                      "measuring them again")
         return None
 
     def _first_run_costs(self, mtp: bool = False) -> StepCosts:
@@ -245,7 +246,7 @@ class Pricing:
     def _prior(self, *, conservative: bool = False, mtp: bool = False) -> StepCosts:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
         drafter = self.drafter(mtp) or (self.drafter() if mtp else None)
-        return prior_costs(gpu, drafter.share if drafter is not None else 0.0, conservative=conservative)
+        return prior_costs(gpu, drafter.share() if drafter is not None else 0.0, conservative=conservative)
 
     def _time_target(self, sizes: tuple[int, ...], passes: int) -> Calibration:
         target = self.target

@@ -50,11 +50,12 @@ def _same(seconds: float) -> float:
 class Drafter:
     """A model that drafts for the target, as pricing times, stores and prices it.
 
-    kind: the draft a request names to draft with it; key: where its measurements are stored; decode, rewind, forget: its own cache (forget: what
-    its owner believes the cache holds), token: one it is timed on; share: its decode against
-    the target's before it is timed; agreement: its greedy agreement with the target (None:
-    not measured, it drafts through text); per_target_token: its time per drafted token as a
-    time per target token."""
+    kind: the draft a request names to draft with it; key: where its measurements are stored;
+    decode, rewind, forget: its own cache (forget: what its owner believes the cache holds);
+    token: one it is timed on; share: its decode against the target's before it is timed
+    (read only when needed: it may read a file's header); agreement: its greedy agreement with
+    the target (None: not measured, it drafts through text); per_target_token: its time per
+    drafted token as a time per target token."""
 
     kind: DraftKind
     key: StoreKey
@@ -62,7 +63,7 @@ class Drafter:
     rewind: Callable[[int], None]
     forget: Callable[[], None]
     token: int
-    share: float
+    share: Callable[[], float]
     agreement: Callable[[], float] | None
     per_target_token: Callable[[float], float] = _same
 
@@ -91,7 +92,7 @@ class Drafter:
         if measured is not None:
             seconds, catch_up, acceptance = measured
             return replace(target, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
-        seconds = self.share * VerifyCurve(target.verify).cost(1)  # a token caught up at a decode's cost
+        seconds = self.share() * VerifyCurve(target.verify).cost(1)  # a token caught up at a decode's cost
         return replace(target, draft_per_token=seconds, draft_catch_up=seconds)
 
 
@@ -102,7 +103,7 @@ def model_drafter(key: StoreKey, target: Model, draft: DraftModel, path: Path, t
     counts the draft's own tokens."""
     model = draft.model
     return Drafter(DraftKind.MODEL, key, model.decode, model.rewind, draft.forget, model.bos if model.bos >= 0 else 0,
-                   path.stat().st_size / max(1, target.path.stat().st_size),
+                   lambda: path.stat().st_size / max(1, target.path.stat().st_size),
                    None if translated else (lambda: greedy_agreement(target, model)),
                    (lambda seconds: cost_per_target_token(target, model, seconds)) if translated else _same)
 
@@ -121,8 +122,8 @@ def nextn_drafter(key: StoreKey, target: Model, nextn: NextnDraft) -> Drafter:
         heads.rewind(0, n_keep)
         filled[0] = min(filled[0], n_keep)
 
-    return Drafter(DraftKind.MTP, key, decode, rewind, nextn.forget, target.bos if target.bos >= 0 else 0, mtp_share(target.path),
-                   lambda: mtp_agreement(target, nextn))
+    return Drafter(DraftKind.MTP, key, decode, rewind, nextn.forget, target.bos if target.bos >= 0 else 0,
+                   lambda: mtp_share(target.path), lambda: mtp_agreement(target, nextn))
 
 
 def timed_speedup(drafter: Drafter, costs: StepCosts, target: Model, store: CostStore,
