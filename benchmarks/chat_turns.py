@@ -31,7 +31,7 @@ SECOND = "Now summarise that paragraph in one sentence."
 
 def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[float, int, float, int]:
     load = LoadSettings(ctx_size=2048, threads=threads)
-    model = None if draft in (DraftKind.NGRAM.value, DraftKind.NONE.value) else Path(draft)
+    model = None if draft in (DraftKind.NGRAM, DraftKind.NONE) else Path(draft)
     kind = DraftKind.MODEL if model is not None else DraftKind(draft)
     with open_session(SessionSpec(target, model, load, load)) as session:
         request = GenerationRequest(max_tokens=96, draft=kind)

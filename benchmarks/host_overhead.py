@@ -91,10 +91,10 @@ class SteadyPricing(Pricing):
     """The simulated device's steady costs, neither read from the store nor measured."""
 
     def __init__(self, session: Session, costs: StepCosts) -> None:
-        super().__init__(session.spec, session.target, session.draft, translated=session.translated)
+        super().__init__(session.spec, session.target)
         self._steady = costs
 
-    def costs(self, *, measure: bool = True, mtp: bool = False) -> StepCosts:
+    def costs(self, *, measure: bool = True, kind: str | None = None, keep: bool = False) -> StepCosts:
         return self._steady
 
 
@@ -103,8 +103,8 @@ class SimulatedSession(Session):
 
     def __init__(self, spec: SessionSpec, target: SimulatedModel, draft: SimulatedModel | None,
                  costs: StepCosts) -> None:
-        super().__init__(spec, target,  # type: ignore[arg-type]
-                         DraftModel(draft, on_gpu=draft.on_gpu) if draft is not None else None)  # type: ignore[arg-type]
+        loaded = {DraftKind.MODEL: DraftModel(draft, on_gpu=draft.on_gpu)} if draft is not None else None  # type: ignore[arg-type]
+        super().__init__(spec, target, loaded)  # type: ignore[arg-type]
         self.pricing = SteadyPricing(self, costs)
 
 
@@ -128,7 +128,7 @@ def steady_costs(setup: Setup, with_draft: bool) -> StepCosts:
 
 def open_session(setup: Setup, proposer: str) -> SimulatedSession:
     """Fresh simulated models (no shape decoded yet, as in a fresh process) in a session."""
-    with_draft = PROPOSERS[proposer][0] is DraftKind.MODEL
+    with_draft = PROPOSERS[proposer][0] == DraftKind.MODEL
     target = SimulatedModel(setup.script, setup.target_costs)
     draft = SimulatedModel(setup.script, setup.draft_costs, draft=True) if with_draft else None
     for model in (target, draft):
@@ -206,7 +206,7 @@ def run_once(setup: Setup, proposer: str, draft_tokens: DraftTokens,
              profiler: cProfile.Profile | None = None) -> RunFigures:
     """One generation on fresh simulated models, through specli.stream (`profiler`: profiled)."""
     session = open_session(setup, proposer)
-    models = [session.target] + ([session.draft.model] if session.draft is not None else [])
+    models = [session.target] + [thing.model for thing in session.loaded.values()]
     engine = session.engine_for(request_for(proposer, draft_tokens, setup.max_tokens))
     with open(os.devnull, "w") as out:
         sink = WindowSink(out, models)  # type: ignore[arg-type]

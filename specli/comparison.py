@@ -57,7 +57,7 @@ def benchmark(spec: SessionSpec, request: GenerationRequest, workloads: list[Wor
         on_device = spec.verify_on_device and request.sampling.pure_greedy
         report.update(exact=request.exact, repack=session.spec.target_load.repack, verify_on_device=on_device,
                       exact_batch={"repack": exact[True].report(), "no_repack": exact[False].report()})
-    draft = spec.draft_model.name if spec.draft_model is not None else request.draft.value
+    draft = spec.draft_model.name if spec.draft_model is not None else request.draft
     report.update(target=spec.target.name, draft=draft, temperature=request.sampling.temperature, seed=request.seed,
                   llama_cpp=library_versions())
     return report
@@ -185,8 +185,8 @@ def run_bench(session: Session, request: GenerationRequest, workloads: list[Work
               runs: int, progress: Callable[[str], None] | None = None) -> dict:
     """Measure every configuration on every workload; returns the report as a dict."""
     all_configs: list[Config] = [PLAIN, *configs]
-    report: dict = {"proposer": session.engine_for(request).proposer.name, "translated": session.translated,
-                    "runs": runs, "workloads": []}
+    proposer = session.engine_for(request).proposer
+    report: dict = {"proposer": proposer.name, "translated": proposer.translated, "runs": runs, "workloads": []}
     for workload in workloads:
         tokens = prompt_tokens(session.target, workload.prompt, chat=workload.chat)
         results = {_label(c): Measurement() for c in all_configs}

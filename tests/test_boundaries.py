@@ -106,18 +106,20 @@ def test_sampling_is_pure_numpy_and_the_engine_never_prints():
 
 LAYERS = {  # a package, and the specli packages and modules it must never import
     "specli.decode": ("specli.llama", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                      "specli.pricing", "specli.stream", "specli.render", "specli.prompt", "specli.comparison",
-                      "specli.diagnostics"),
+                      "specli.drafts", "specli.pricing", "specli.stream", "specli.render", "specli.prompt",
+                      "specli.comparison", "specli.diagnostics"),
     "specli.llama": ("specli.decode", "specli.models", "specli.commands", "specli.serve", "specli.session",
-                     "specli.pricing", "specli.stream", "specli.comparison", "specli.diagnostics"),
-    "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.pricing", "specli.stream",
-                      "specli.comparison", "specli.diagnostics", "specli.llama.backend"),
+                     "specli.drafts", "specli.pricing", "specli.stream", "specli.comparison", "specli.diagnostics"),
+    "specli.models": ("specli.commands", "specli.serve", "specli.session", "specli.drafts", "specli.pricing",
+                      "specli.stream", "specli.comparison", "specli.diagnostics", "specli.llama.backend"),
     "specli.serve": ("specli.commands",),
-    "specli.pricing": ("specli.commands", "specli.serve", "specli.session", "specli.stream", "specli.comparison",
-                       "specli.diagnostics"),
+    "specli.pricing": ("specli.commands", "specli.serve", "specli.session", "specli.drafts", "specli.stream",
+                       "specli.comparison", "specli.diagnostics"),
     "specli.session": ("specli.commands", "specli.serve", "specli.stream", "specli.comparison"),
-    "specli.stream": ("specli.commands", "specli.serve", "specli.session", "specli.pricing"),
-    "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.pricing", "specli.llama"),
+    "specli.drafts": ("specli.commands", "specli.serve", "specli.stream", "specli.comparison", "specli.session"),
+    "specli.stream": ("specli.commands", "specli.serve", "specli.session", "specli.drafts", "specli.pricing"),
+    "specli.tools": ("specli.serve", "specli.commands", "specli.session", "specli.drafts", "specli.pricing",
+                     "specli.llama"),
 }
 
 
@@ -139,7 +141,8 @@ def test_the_decoding_algorithm_does_not_import_pricing():
     assert [module for module in graph if module.startswith("specli.decode") and "specli.pricing" in graph[module]] == []
 
 
-# Constructors of proposers and draft-length policies: Session.engine_for builds them, once.
+# Constructors of proposers and draft-length policies: Session.engine_for builds them, once
+# (a kind's own proposer through its record in drafts.py, which only engine_for calls).
 ASSEMBLY = {"NGramProposer", "DraftModelProposer", "MtpProposer", "LookupThenModel", "TranslatedDraft", "NoProposer",
             "AdaptiveDraftPolicy", "FixedDraftPolicy"}
 
@@ -148,7 +151,7 @@ def test_only_the_session_assembles_proposers_and_policies():
     builders = {str(path.relative_to(SPECLI)) for path in SPECLI.rglob("*.py")
                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLY}
-    assert builders == {"session.py"}
+    assert builders == {"session.py", "drafts.py"}
 
 
 def _names(node: ast.AST) -> list[str]:
@@ -156,24 +159,39 @@ def _names(node: ast.AST) -> list[str]:
             if isinstance(part, (ast.Name, ast.Attribute))]
 
 
-def test_draft_kinds_are_compared_as_an_enum():
-    """A draft kind is parsed into DraftKind once, at the edge (the CLI's --draft, a request's
-    `draft`), and never compared as a string: no `draft == "ngram"` or `proposer.name != "none"`."""
-    from specli.decode.request import DraftKind
+# Where draft kinds may be told apart by name: their records, and plain decoding's name.
+KIND_TELLERS = {"drafts.py", "decode/request.py"}
 
-    kinds = {kind.value for kind in DraftKind}
+
+def _compares_a_kind(node: ast.AST, kinds: set[str]) -> bool:
+    """`draft == "ngram"`, `kind is DraftKind.MTP`, `proposer.name != "none"`..."""
+    return isinstance(node, ast.Compare) and any(
+        isinstance(c, ast.Constant) and c.value in kinds
+        or isinstance(c, ast.Attribute) and isinstance(c.value, ast.Name) and c.value.id == "DraftKind"
+        for c in ast.walk(node)) and any("draft" in name or "proposer" in name or "kind" in name
+                                         for name in _names(node))
+
+
+def test_draft_kinds_are_told_apart_only_by_their_records():
+    """A draft kind is named by a string, checked against specli/drafts.py at the edge (the
+    CLI's --draft, a request's `draft`, a pair's), and what differs between kinds is read from
+    its record: no `draft == "ngram"`, `kind is DraftKind.MTP` or `proposer.name != "none"`
+    anywhere else."""
+    from specli import drafts
+
+    kinds = set(drafts.KINDS)
     compared = [f"{path.relative_to(SPECLI)}:{node.lineno}" for path in SPECLI.rglob("*.py")
-                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                if isinstance(node, ast.Compare)
-                and any(isinstance(c, ast.Constant) and c.value in kinds for c in ast.walk(node))
-                and any("draft" in name or "proposer" in name for name in _names(node))]
+                if str(path.relative_to(SPECLI)) not in KIND_TELLERS
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _compares_a_kind(node, kinds)]
     assert compared == []
 
 
-def test_the_draft_kind_check_finds_a_string_comparison(tmp_path):
-    tree = ast.parse('if spec.draft == "ngram" or proposer.name != "none": pass')
-    compare = next(node for node in ast.walk(tree) if isinstance(node, ast.Compare))
-    assert "draft" in _names(compare)
+def test_the_draft_kind_check_finds_a_comparison_by_name():
+    for code in ('spec.draft == "ngram" or proposer.name != "none"', "request.draft is DraftKind.MTP",
+                 "kind.name in (DraftKind.MODEL, x)"):
+        assert _compares_a_kind(next(node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Compare)),
+                                {"ngram", "none"}), code
+    assert not _compares_a_kind(ast.parse("kind.build is None").body[0].value, {"ngram", "none"})
 
 
 def test_the_readme_and_doctor_suggest_the_same_gpu_installs():

@@ -208,11 +208,11 @@ def test_exact_under_a_schema_is_plain_decoding_at_every_draft_length(gemma_path
     with open_session(spec) as session:
         tokens = tokens_of(session, prompt)
         plain = traced(session, tokens, replace(request, draft=DraftKind.NONE))[0]
-        for draft_tokens in (*range(1, session.exact_cap.largest), "auto"):
+        for draft_tokens in (*range(1, session.exact().largest), "auto"):
             ids, text, who, reason, stats = traced(session, tokens, replace(request, draft=DraftKind.NGRAM,
                                                                            draft_tokens=draft_tokens))
             assert ids == plain, draft_tokens
-            assert stats.forced > 0 or session.exact_cap.largest == 1
+            assert stats.forced > 0 or session.exact().largest == 1
 
 
 @pytest.mark.slow
@@ -231,7 +231,7 @@ def test_a_draft_model_drafts_under_the_mask_and_writes_plain_decodings_text(smo
 
         matcher = Matcher(session.vocabulary(), Constraint.json_schema(PERSON))
         matcher.consume(session.target.tokenize('{"', add_special=False)[0])
-        proposer = DraftModelProposer(DraftModel(session.draft.model), SamplingSettings(), constraint=matcher)
+        proposer = DraftModelProposer(DraftModel(session.loaded[DraftKind.MODEL].model), SamplingSettings(), constraint=matcher)
         proposal = proposer.propose(tokens + session.target.tokenize('{"', add_special=False), 12).tokens
         assert len(proposal) == 12 and matcher.valid_prefix(proposal) == 12
         assert matcher.forced() == session.target.tokenize('name', add_special=False)[0], "left where it was"
@@ -240,7 +240,7 @@ def test_a_draft_model_drafts_under_the_mask_and_writes_plain_decodings_text(smo
 @pytest.mark.slow
 def test_a_draft_model_of_another_vocabulary_drafts_through_text_under_a_schema(gemma_path, smollm_path):
     with open_session(SessionSpec(gemma_path, smollm_path, LOAD, LOAD)) as session:
-        assert session.translated
+        assert session.loaded[DraftKind.MODEL].through_text
         tokens = tokens_of(session, ORDER_PROMPT)
         request = GenerationRequest(max_tokens=120, constraint=Constraint.json_schema(ORDER), draft_tokens=4)
         plain = traced(session, tokens, replace(request, draft=DraftKind.NONE))

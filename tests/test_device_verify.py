@@ -188,7 +188,7 @@ def test_exact_device_verification_writes_plain_decodings_text(gemma_exact_sessi
 
     plain = run(NoProposer(), 0, False)
     assert run(NoProposer(), 0, True) == plain
-    for k in range(1, session.exact_cap.largest):
+    for k in range(1, session.exact().largest):
         assert run(NGramProposer(), k, True) == plain, k
 
 

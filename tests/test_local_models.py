@@ -167,7 +167,7 @@ def test_an_unreadable_folder_is_one_line(machine, monkeypatch):
 
 def test_draft_auto_picks_the_smallest_draft_that_passes_the_rule(machine, monkeypatch, capsys):
     from specli.decode.request import DraftKind
-    from specli.models.resolve import resolve_models
+    from specli.drafts import resolve_models
 
     env, home = machine
     for name, value in env.items():
@@ -175,13 +175,13 @@ def test_draft_auto_picks_the_smallest_draft_that_passes_the_rule(machine, monke
     monkeypatch.setattr(Path, "home", lambda: home)
     big = Path(env["HF_HUB_CACHE"]) / "models--org--big-GGUF" / "snapshots" / "c0ffee" / "big-q4_k_m.gguf"
     models = resolve_models(None, str(big), "auto")
-    assert models.draft is DraftKind.MODEL
+    assert models.draft == DraftKind.MODEL
     assert models.draft_model == resolve_ollama("ollama:smol:small", env, home), \
         "the direct draft, though eos.gguf is smaller (it drafts through text)"
     assert "--draft auto: drafting with ollama:smol:small" in capsys.readouterr().err
     other = home / ".lmstudio" / "models" / "pub" / "other" / "other.gguf"
     models = resolve_models(None, str(other), "auto")
-    assert models.draft is DraftKind.NGRAM and models.draft_model is None
+    assert models.draft == DraftKind.NGRAM and models.draft_model is None
     assert "drafting with n-gram lookup" in capsys.readouterr().err
 
 
@@ -291,7 +291,7 @@ def test_draft_auto_follows_measured_speedups(machine, monkeypatch, capsys):
     """A stored speed-up ranks first where it wins, and n-gram lookup drafts where the best
     measured draft would lose."""
     from specli.decode.request import DraftKind
-    from specli.models.resolve import resolve_models
+    from specli.drafts import resolve_models
 
     env, home = machine
     for name, value in env.items():
@@ -304,7 +304,7 @@ def test_draft_auto_follows_measured_speedups(machine, monkeypatch, capsys):
         "measured at 1.6x, it goes before the unmeasured direct draft"
     assert "measured 1.60x" in capsys.readouterr().err
     models = resolve_models(None, str(big), "auto", speedup=lambda target, draft: 0.8)
-    assert models.draft is DraftKind.NGRAM
+    assert models.draft == DraftKind.NGRAM
     assert "would lose (0.80x)" in capsys.readouterr().err
 
 

@@ -103,12 +103,12 @@ def test_doctor_names_a_target_s_nextn_layers(mtp_files, smollm_path):
 
 
 def test_k_auto_prices_mtp_by_its_layers_and_measures_them(mtp_files, quiet_calibration):
-    spec = SessionSpec(target=mtp_files["chained"], target_load=LoadSettings(ctx_size=256, threads=1), mtp=True)
+    spec = SessionSpec(target=mtp_files["chained"], target_load=LoadSettings(ctx_size=256, threads=1), loads=("mtp",))
     with open_session(spec) as session:
         session.pricing.costs(measure=True)  # the target's curve first: seconds, not the prior's units
-        priced = session.pricing.costs(measure=True, mtp=True)
+        priced = session.pricing.costs(measure=True, kind="mtp")
         # Measured and stored (a timing, so no ordering against the verify's is asserted: under load it flips).
-        stored = session.pricing.store.get(session.pricing.drafter(mtp=True).key)
+        stored = session.pricing.store.get(session.pricing.drafter("mtp").key)
         assert priced.draft_per_token is not None and 0 < priced.draft_per_token == stored
         assert priced.draft_acceptance is not None and priced.draft_acceptance > 0.5
         engine = session.engine_for(GenerationRequest(max_tokens=24, draft=DraftKind.MTP))
@@ -133,7 +133,7 @@ def test_the_registry_takes_draft_mtp(tmp_path):
     toml = tmp_path / "models.toml"
     toml.write_text('[pairs.x]\ntarget = { path = "x.gguf" }\ndraft = "mtp"\n')
     pair = read_pairs(toml)["x"]
-    assert pair.draft_kind is DraftKind.MTP and pair.models() == [("target", pair.target)]
+    assert pair.draft_kind == DraftKind.MTP and pair.models() == [("target", pair.target)]
 
 
 def test_serve_drafts_with_mtp_on_request_and_lists_it(mtp_files):

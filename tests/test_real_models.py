@@ -186,9 +186,9 @@ def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_cali
     target_path, draft_path = write_tiny_pair(tmp_path)
     spec = SessionSpec(target_path, draft_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
     with open_session(spec) as opened:
-        by_size = opened.pricing.costs(measure=False).draft_per_token
+        by_size = opened.pricing.costs(measure=False, kind="model").draft_per_token
         assert by_size > 0.9  # the prior: file sizes, in units of a one-token verify
         calibrated = opened.pricing.calibrate()
-        stored = opened.pricing.store.get(opened.pricing.drafter().key)
+        stored = opened.pricing.store.get(opened.pricing.drafter("model").key)
         assert isinstance(stored, float) and 0 < stored < 1  # seconds, as timed
         assert calibrated.draft_per_token == stored

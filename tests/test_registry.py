@@ -80,7 +80,7 @@ def test_shipped_pairs_validate_and_include_the_embedded_demo():
 
 def model_pairs():
     """The shipped Hub pairs with a draft model (MTP pairs draft with the target's own layers)."""
-    return [pair for pair in load_registry().pairs.values() if pair.target.repo and pair.draft_kind is DraftKind.MODEL]
+    return [pair for pair in load_registry().pairs.values() if pair.target.repo and pair.draft_kind == DraftKind.MODEL]
 
 
 def test_every_shipped_pair_drafts_within_its_family_or_says_it_drafts_through_text():
@@ -146,7 +146,7 @@ def test_every_shipped_hub_model_is_pinned_or_says_why_not():
 
 
 def test_shipped_mtp_pairs_are_a_laptop_sized_one_and_a_30b_class_one():
-    pairs = [pair for pair in load_registry().pairs.values() if pair.draft_kind is DraftKind.MTP]
+    pairs = [pair for pair in load_registry().pairs.values() if pair.draft_kind == DraftKind.MTP]
     assert sorted(parameters_in_billions(pair.target) for pair in pairs) == [4, 27]
     for pair in pairs:
         assert pair.models() == [("target", pair.target)] and "MTP" in pair.description, pair.name
@@ -319,7 +319,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
         (f'{GOOD_TARGET}\ndraft = "ngram"\ndraft_k = 3', "pairs.foo.draft_k: unknown key"),
         ('draft = "ngram"', "pairs.foo.target: missing key"),
         (GOOD_TARGET, "pairs.foo.draft: missing key"),
-        (f'{GOOD_TARGET}\ndraft = "ngrm"', "pairs.foo.draft: Input should be 'ngram'"),
+        (f'{GOOD_TARGET}\ndraft = "N-gram!"', "pairs.foo.draft: String should match pattern"),
         (f'{GOOD_TARGET}\ndraft = "ngram"\ndraft_tokens = 0', "pairs.foo.draft_tokens: Input should be greater than or equal to 1"),
         ('target = { repo = "a/b" }\ndraft = "ngram"', "pairs.foo.target: 'repo' and 'file' go together"),
         ('target = { repo = "a/b", file = "t.gguf", path = "x.gguf" }\ndraft = "ngram"', "pairs.foo.target: give exactly one source"),

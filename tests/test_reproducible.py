@@ -61,12 +61,12 @@ def test_the_same_greedy_auto_command_writes_one_text(gemma_path):
 
 
 def test_exact_finds_a_batch_size_and_stores_it(gemma_exact_session, gemma_path):
-    cap = gemma_exact_session.exact_cap
+    cap = gemma_exact_session.exact()
     assert cap is not None and cap.largest >= 1 and cap.measured >= 256, "measured from the start of the context"
     spec = SessionSpec(gemma_path, None, LoadSettings(ctx_size=1024), LoadSettings(ctx_size=1024), exact=True)
     notices = []
     with open_session(spec, notices.append) as again:
-        assert again.exact_cap == gemma_exact_session.exact_cap
+        assert again.exact() == gemma_exact_session.exact()
     assert notices == [], "measured once, then read from the store"
 
 
@@ -75,7 +75,7 @@ def test_exact_writes_plain_decodings_text_at_every_draft_length(gemma_exact_ses
     session = gemma_exact_session
     tokens = workload_tokens(session, name)
     plain = generate(session, tokens, 0, NEAR_TIES[name], plain=True)
-    largest = session.exact_cap.largest - 1
+    largest = session.exact().largest - 1
     for draft_tokens in [*range(1, largest + 1), "auto"]:
         assert generate(session, tokens, draft_tokens, NEAR_TIES[name]) == plain, draft_tokens
 
@@ -87,7 +87,7 @@ def test_a_seed_writes_one_text_whatever_drafts_it(gemma_path):
     for draft, draft_tokens in (("none", "auto"), ("ngram", 2), ("ngram", "auto"), (gemma_path, 3), (gemma_path, "auto")):
         model = draft if isinstance(draft, Path) else None
         spec = SessionSpec(gemma_path, model, load, load, exact=True)
-        request = GenerationRequest(sampling=sampling, seed=7, draft=DraftKind.MODEL if model else DraftKind(draft))
+        request = GenerationRequest(sampling=sampling, seed=7, draft=DraftKind.MODEL if model else draft)
         with open_session(spec) as session:
             tokens = prompt_tokens(session.target, "Once upon a time, in a village by the sea,", chat=False)
             texts[(str(draft), draft_tokens)] = generate(session, tokens, draft_tokens, 48, request=request)
@@ -104,7 +104,7 @@ def test_the_repeat_penalty_keeps_exact_output_plain_decodings(gemma_path):
     with open_session(spec) as session:
         tokens = workload_tokens(session, "code-edit")
         plain = generate(session, tokens, 0, 60, plain=True, request=request)
-        assert generate(session, tokens, session.exact_cap.largest - 1, 60, request=request) == plain
+        assert generate(session, tokens, session.exact().largest - 1, 60, request=request) == plain
         unpenalised = Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(60))
         assert generated(unpenalised, tokens)[0] != plain
 
@@ -148,11 +148,11 @@ def test_a_draft_model_new_to_stored_costs_is_timed_once_and_read_after(gemma_pa
         assert session.pricing.costs().source == "first run"
     spec = SessionSpec(gemma_path, smollm_path, load, load)
     with open_session(spec) as session:
-        by_size = session.pricing.costs(measure=False).draft_per_token
-        first = session.pricing.costs().draft_per_token
+        by_size = session.pricing.costs(measure=False, kind="model").draft_per_token
+        first = session.pricing.costs(kind="model").draft_per_token
         assert first != by_size, "timed, not priced by file size"
     with open_session(spec) as session:
-        assert session.pricing.costs(measure=False).draft_per_token == first, "stored by the first run"
+        assert session.pricing.costs(measure=False, kind="model").draft_per_token == first, "stored by the first run"
 
 
 @pytest.mark.slow
@@ -166,11 +166,12 @@ def test_a_draft_models_agreement_is_measured_with_its_cost_and_guides_auto(gemm
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
     load = LoadSettings(ctx_size=512)
     with open_session(SessionSpec(gemma_path, gemma_path, load, load)) as session:
-        measured = session.pricing.costs()
+        measured = session.pricing.costs(kind="model")
         assert measured.draft_acceptance is not None and measured.draft_acceptance > 0.9
-        assert session.pricing.costs(measure=False).draft_acceptance == measured.draft_acceptance, "stored"
+        assert session.pricing.costs(measure=False, kind="model").draft_acceptance == measured.draft_acceptance, \
+            "stored"
         assert auto_policy(session)._model_acceptance == measured.draft_acceptance
         assert session.target.n_past == 0, "the calibration leaves the cache empty"
     with open_session(SessionSpec(gemma_path, smollm_path, load, load)) as session:
-        assert session.pricing.costs().draft_acceptance is None
+        assert session.pricing.costs(kind="model").draft_acceptance is None
         assert auto_policy(session)._model_acceptance == PRIOR_ACCEPTANCE

@@ -44,7 +44,7 @@ class WritingWorker:
     def __init__(self) -> None:
         target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3],
                                  chat_template=lambda: None)
-        self.session = SimpleNamespace(target=target, draft=None, nextn=None)
+        self.session = SimpleNamespace(target=target, unavailable=lambda kind: kind.load and "not loaded")
 
     async def start(self, job, on_event, gone=None, key=""):
         future = asyncio.get_running_loop().create_future()
@@ -211,7 +211,7 @@ def test_the_line_hands_a_freed_place_to_the_first_refused():
 def test_a_client_that_keeps_retrying_gets_its_turn_before_those_refused_after_it():
     """--queue 0: one generates, none waits. Clients refused in the order a, b, c are started
     in that order, however the others' retries fall; a newcomer waits behind them all."""
-    session = SimpleNamespace(pricing=SimpleNamespace(costs=lambda **_: None), nextn=None)
+    session = SimpleNamespace(pricing=SimpleNamespace(costs=lambda **_: None, drafters={}))
     worker = Worker(session, queue=0, memory=False)  # type: ignore[arg-type]
     release = threading.Event()
     worker._generate = lambda job, sink, cancel: release.wait(5)  # type: ignore[method-assign]

@@ -110,7 +110,11 @@ def test_logprobs_are_read_in_each_routes_own_form():
         assert refused_param(body) == param, body
 
 
-@pytest.mark.parametrize("servers", list(DraftKind))
+def nothing_loaded(kind):  # a fake session's: the kinds that load nothing draft
+    return kind.load and "not loaded"
+
+
+@pytest.mark.parametrize("servers", [DraftKind.NONE, DraftKind.NGRAM, DraftKind.MODEL, DraftKind.MTP])
 def test_a_request_that_names_no_draft_gets_the_servers_own(servers):
     """The server's own --draft (a draft model, with lookup in front of it unless --no-ngram,
     ngram or none) is what a request gets when it names no draft; one that names it gets its own."""
@@ -139,7 +143,7 @@ class FailingOnceWorker:
 
     def __init__(self) -> None:
         target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3])
-        self.session = SimpleNamespace(target=target, draft=None)
+        self.session = SimpleNamespace(target=target, unavailable=nothing_loaded)
         self.started = 0
 
     async def start(self, job, on_event, gone=None, key=""):
@@ -185,7 +189,7 @@ def tool_session(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: [1, 2, 3])
     target = SimpleNamespace(n_ctx=64, path=Path("m.gguf"), chat_template=lambda: HERMES.read_text(),
                              special_token=lambda name: None)
-    return SimpleNamespace(target=target, draft=None)
+    return SimpleNamespace(target=target, unavailable=nothing_loaded)
 
 
 def test_the_request_builder_writes_the_tools_constraint_and_checks_the_body_once(monkeypatch):
@@ -334,7 +338,7 @@ def test_openais_penalties_and_logit_bias_reach_the_sampler(monkeypatch):
         with pytest.raises(RequestError) as refused:
             ChatRequest(messages=MESSAGES, logit_bias=bias).refused()
         assert refused.value.param == "logit_bias" and message in refused.value.message
-    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1]), draft=None)
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1]), unavailable=nothing_loaded)
     with pytest.raises(RequestError) as refused:
         generation.read(CompletionRequest(prompt="hi", logit_bias={"100": 1}), session, GenerationRequest())
     assert refused.value.message == "logit_bias: token ids run from 0 to 99"
@@ -348,7 +352,7 @@ def test_chat_template_kwargs_reach_the_template(monkeypatch):
     seen = []
     monkeypatch.setattr(generation, "chat_tokens", lambda target, messages, tools, variables=None: (
         seen.append(variables) or [1, 2, 3]))
-    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, chat_template=lambda: None), draft=None)
+    session = SimpleNamespace(target=SimpleNamespace(n_ctx=64, chat_template=lambda: None), unavailable=nothing_loaded)
     generation.read(ChatRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}), session,
                     GenerationRequest())
     assert seen == [{"enable_thinking": False}]

@@ -102,7 +102,7 @@ def test_a_first_run_with_a_draft_stores_the_same_keys_and_fields(smollm_path, t
     monkeypatch.setattr(pricing, "calibrate", _timed)
     load = LoadSettings(ctx_size=256)
     with open_session(SessionSpec(smollm_path, smollm_path, load, load)) as session:
-        session.pricing.costs()
+        session.pricing.costs(kind="model")
     stored = json.loads((tmp_path / "costs.json").read_text())
     masked = {_masked(key, smollm_path): _unclocked(value) for key, value in stored.items()}
     _compare("costs_keys_first_run.json", json.dumps(masked, indent=1, sort_keys=True) + "\n")

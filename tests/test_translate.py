@@ -23,7 +23,7 @@ from specli.decode.engine import Engine
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel
-from specli.decode.request import GenerationRequest
+from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.sampling import SamplingSettings
 from specli.decode.translate import Spelling, TranslatedDraft, complete_utf8
 from specli.llama.backend import LoadSettings
@@ -212,10 +212,10 @@ def test_a_translated_drafts_catch_up_is_priced_per_draft_token(gemma_path, smol
                         lambda decode, rewind, token, sizes, **_: Calibration(timings, None, 0.0, None))
     spec = SessionSpec(gemma_path, smollm_path, LoadSettings(ctx_size=64), LoadSettings(ctx_size=64))
     with open_session(spec) as opened:
-        assert opened.translated
-        draft = opened.draft.model
+        assert opened.loaded[DraftKind.MODEL].through_text
+        draft = opened.loaded[DraftKind.MODEL].model
         # (the round trip through both tokenizers is timed each time: a little noise)
-        assert opened.pricing.calibrate_drafter(opened.pricing.drafter()) == pytest.approx(cost_per_target_token(opened.target, draft, 0.010),
+        assert opened.pricing.calibrate_drafter(opened.pricing.drafter("model")) == pytest.approx(cost_per_target_token(opened.target, draft, 0.010),
                                                                  rel=0.02)
-        catch_up = opened.pricing.store.get(opened.pricing.drafter().key.beside("catch_up"))
+        catch_up = opened.pricing.store.get(opened.pricing.drafter("model").key.beside("catch_up"))
         assert catch_up == pytest.approx(0.048 / pricing.CATCH_UP_BATCH)

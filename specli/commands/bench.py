@@ -9,10 +9,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from specli import drafts
 from specli.commands import options as opt
 from specli.commands.app import Command, app
 from specli.commands.tables import report_console
-from specli.decode.request import AUTO, DraftKind
+from specli.decode.request import AUTO
 from specli.errors import UsageError
 
 
@@ -34,7 +35,7 @@ def bench(
     from specli.comparison import benchmark, load_workloads
 
     models = opt.models(ctx.params)
-    if models.draft is DraftKind.NONE:
+    if not drafts.get(models.draft).drafts:
         raise UsageError("bench compares against plain decoding by itself: give --draft a model file or ngram")
     spec = opt.session_spec(models, ctx.params)
     request = opt.generation_request(models, {**ctx.params, "draft_tokens": AUTO, "seed": ctx.params["seed"] or 0},

@@ -73,6 +73,7 @@ def _own_layers(path: Path | Summary, load: LoadSettings) -> tuple[int, float | 
 
 def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
     """Load each local draft with the target and time it, storing its speed-up (pricing's)."""
+    from specli.decode.request import DraftKind
     from specli.models.local import Summary, draft_candidates
     from specli.session import SessionSpec, open_session
 
@@ -82,11 +83,11 @@ def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
     for candidate in found:
         typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
         with open_session(SessionSpec(path, Path(candidate.draft.path), load, load)) as session:
-            session.pricing.measure_speedup(session.engine_for)
+            session.pricing.measure_speedup(session.engine_for, DraftKind.MODEL)
     if _own_layers(path, load) is not None:
         typer.echo("specli: measuring the target's own NextN (MTP) layers", err=True)
-        with open_session(SessionSpec(path, None, load, mtp=True)) as session:
-            session.pricing.measure_speedup(session.engine_for, mtp=True)
+        with open_session(SessionSpec(path, None, load, loads=(DraftKind.MTP,))) as session:
+            session.pricing.measure_speedup(session.engine_for, DraftKind.MTP)
 
 
 def _listing(mine: Summary, candidates: list, gains: dict, remote: list | None) -> dict:

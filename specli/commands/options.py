@@ -17,9 +17,10 @@ from typing import Annotated, Any, Callable, Mapping, Optional, Union, get_type_
 
 import typer
 
+from specli import drafts
 from specli.decode.constraint import Constraint
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
-from specli.decode.request import AUTO, DraftKind, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
+from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
 from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
 from specli.llama.backend import LoadSettings
@@ -82,7 +83,7 @@ Pair = Annotated[Optional[str], typer.Option("-m", "--model", envvar="SPECLI_MOD
 Target = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", rich_help_panel=MODEL,
                                                help="GGUF, Hub owner/repo:QUANT or ollama:NAME (default: embedded Gemma).")]
 Draft = Annotated[Optional[str], typer.Option("--draft", "-md", metavar="MODEL", rich_help_panel=MODEL,
-                                              help="GGUF, owner/repo:QUANT, ollama:NAME, ngram, mtp, none or auto.")]
+                                              help=f"GGUF, owner/repo:QUANT, ollama:NAME, or a draft kind: {drafts.words()}.")]
 # --- Drafting --------------------------------------------------------------------
 DraftTokensOption = Annotated[Optional[str], typer.Option("-k", "--draft-tokens", "--draft-max", metavar="N|auto",
                                                           callback=_draft_tokens, show_default=False,
@@ -222,11 +223,8 @@ def _picked(params: Mapping[str, Any], cls: type) -> dict[str, Any]:
 def models(params: Mapping[str, Any]) -> ResolvedModels:
     """-m, --target and --draft: the files to load (pulled from the Hub where they are not
     cached yet), and the draft kind."""
-    from specli.models import resolve
-
-    resolve.check_draft_spelling(params.get("draft"))
-    return resolve.resolve_models(params.get("model"), params.get("target"), params.get("draft"),
-                                  speedup=lambda target, draft: stored_speedup(target, draft, default_load()))
+    return drafts.resolve_models(params.get("model"), params.get("target"), params.get("draft"),
+                                 speedup=lambda target, draft: stored_speedup(target, draft, default_load()))
 
 
 def default_load() -> LoadSettings:
@@ -258,7 +256,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
     if where.rpc and layers == 0:
         raise UsageError("--rpc with --gpu-layers 0 puts no layer on the servers", "drop --gpu-layers 0")
     if where.draft_rpc and models.draft_model is None:
-        raise UsageError(f"--draft-rpc places a draft model's layers; --draft {models.draft.value} has none")
+        raise UsageError(f"--draft-rpc places a draft model's layers; --draft {models.draft} has none")
     if where.draft_rpc and draft_layers == 0:
         raise UsageError("--draft-rpc with --draft-gpu-layers 0 puts no layer on the servers")
     load = dict(ctx_size=where.ctx_size, threads=where.threads, repack=where.repack)
@@ -271,7 +269,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         verify_on_device=where.verify_on_device,
         verbose=params.get("verbose", False),
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
-        mtp=models.draft is DraftKind.MTP,
+        loads=(models.draft,),
     )
 
 

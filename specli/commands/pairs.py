@@ -91,7 +91,7 @@ def print_pairs_table(statuses, width: int | None = None) -> None:
     for status in statuses:
         pair, target = status.pair, status.models[0]
         draft = model_name(status.models[1]) + (THROUGH_TEXT if pair.cross_vocabulary else "") \
-            if len(status.models) > 1 else pair.draft_kind.value
+            if len(status.models) > 1 else pair.draft_kind
         size = pair.download_size or (status.size if status.downloaded else None)
         rows.append((pair.name, model_name(target), draft, hub.format_size(size) if size else "-", status.state,
                      home_path(target.path) if target.path else "-"))
@@ -158,7 +158,7 @@ def pair_json(status) -> dict:
         "draft_tokens": pair.draft_tokens,
         "cross_vocabulary": pair.cross_vocabulary,
         "target": models["target"],
-        "draft": models.get("draft", pair.draft_kind.value),
+        "draft": models.get("draft", pair.draft_kind),
     }
 
 

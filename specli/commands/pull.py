@@ -49,5 +49,5 @@ def print_pull_plan(plan) -> None:
             state = "cached" if file.cached or file.in_blobs else "download"
             typer.echo(f"  {role:<6}  {file.repo}/{file.filename}  {hub.format_size(file.size)}  {state}")
     if not isinstance(plan.pair.draft, ModelRef):
-        typer.echo(f"  draft   {plan.pair.draft_kind.value} (no model)")
+        typer.echo(f"  draft   {plan.pair.draft_kind} (no model)")
     typer.echo(f"  to download: {hub.format_size(plan.download_size)}")

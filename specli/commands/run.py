@@ -151,10 +151,10 @@ def metadata(session: Session, engine: Engine) -> dict:
         "min_p": sampling.min_p,
         "seed": engine.seed,
         "target": spec.target.name,
-        "draft": draft_model.name if draft_model is not None else request.draft.value,
+        "draft": draft_model.name if draft_model is not None else request.draft,
         "lossless": True,
         "exact": request.exact,
-        "exact_batch": session.exact_cap.report() if session.exact_cap is not None else None,
+        "exact_batch": session.exact().report() if request.exact else None,
         "repack": spec.target_load.repack,
     }
     if isinstance(engine.policy, AdaptiveDraftPolicy):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
+from specli import drafts
 from specli.commands import options as opt
 from specli.commands.app import Command, app
 
@@ -31,13 +31,10 @@ def serve(
     from specli.serve.server import ServeSettings
     from specli.serve.server import serve as run_server
 
-    from specli.llama import mtp
-
     models = opt.models(ctx.params)
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access)
     spec = opt.session_spec(models, ctx.params)
-    # A request may ask for draft "mtp" wherever the target's NextN layers can draft.
-    spec = replace(spec, mtp=spec.mtp or (mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0))
+    spec = drafts.for_server(spec)  # what a request may ask to draft with (the NextN layers, wherever they can draft)
     raise typer.Exit(run_server(spec, settings))

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from specli.decode.costs import StepCosts, VerifyCurve
 from specli.decode.ngram import PREDICTED
+from specli.decode.policy import MAX_DRAFT
 from specli.decode.shapes import BatchShapes
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ DECAY = 0.95  # per step: weight of older observations (an effective window of ~
 PROBE_LENGTH = 1
 FIRST_PROBE_GAP = 2  # an unseen key is probed the second time it is declined
 PROBE_BUDGET = 0.02  # the most drafting may have lost, as a share of the run's time, after a rejected probe
-MAX_DRAFT = 48  # longest draft considered
 # A draft is made only if, rejected outright, it leaves drafting's net loss within
 # RISK_ALLOWANCE plain steps plus RISK_SHARE of the run's time: the most a run can lose. Chosen
 # on the development prompts' replay (docs/design.md, "The risk budget") for a

@@ -58,14 +58,16 @@ class DraftModel:
     """A loaded draft model whose KV cache follows the committed sequence incrementally:
     only new tokens are decoded, rejected ones are removed.
 
-    `on_gpu`: it runs on a GPU, where a decode of a new shape runs without the captured graph
+    `through_text`: its vocabulary fails llama.cpp's rule, so its proposals are re-tokenized
+    for the target (decode/translate.py). `on_gpu`: it runs on a GPU, where a decode of a new shape runs without the captured graph
     (specli.decode.shapes): its catch-up with the committed text is decoded a token at a
     time, the shape every drafting decode has, and a greedy draft's choices can be taken on
     the device (choice_after, extend_choice), so no row of logits crosses to the host."""
 
-    def __init__(self, model: DecoderModel, *, on_gpu: bool = False) -> None:
+    def __init__(self, model: DecoderModel, *, on_gpu: bool = False, through_text: bool = False) -> None:
         self.model = model
         self.on_gpu = on_gpu
+        self.through_text = through_text  # its vocabulary is not the target's: it drafts through text
         self.cached: list[int] = []  # tokens in its KV cache, in order
         self.decode_seconds = 0.0  # inside its model's decodes, all told
 

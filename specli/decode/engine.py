@@ -29,7 +29,7 @@ from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
 from specli.decode.exact import BatchCap
 from specli.decode.logprobs import TokenLogprob, token_logprob
-from specli.decode.policy import DraftPolicy
+from specli.decode.policy import MAX_DRAFT, DraftPolicy
 from specli.decode.proposers import NoProposer, Proposal, Proposer
 from specli.decode.request import GenerationRequest
 from specli.decode.sampling import (
@@ -87,12 +87,13 @@ class EngineOptions:
     computed the logits, and the host reads a few candidates per row instead of a vocabulary
     row (the same tokens); `cap`: the most rows one verify decodes ([last], forced, drafted
     and padding), by the position of its first row (--exact: the sizes measured exact there;
-    None: the policy's longest draft and [last]); `draft_model`: the draft model's name, where
-    one drafts (the stats name it)."""
+    None: MAX_DRAFT and [last]), held where something drafts to `reach` and [last];
+    `draft_model`: the draft model's name, where one drafts (the stats name it)."""
 
     verify_on_device: bool = False
     cap: BatchCap | None = None
     draft_model: str = ""
+    reach: int | None = None  # a recurrent target's snapshots: the most positions a step takes back cheaply
 
 
 class ContextLengthError(PromptError):
@@ -131,7 +132,12 @@ class Engine:
         self.matcher = matcher
         # Forced tokens are drafted only where something drafts (--draft none: one token a step).
         self._forces = matcher is not None and not isinstance(proposer, NoProposer)
-        self.cap = options.cap if options.cap is not None else BatchCap.anywhere(policy.max_draft + 1)
+        # The most rows a verify decodes, by where it starts: --exact's measured sizes, else the
+        # longest draft and [last]; where something drafts, no more than a recurrent target's
+        # snapshots take back (a rejected draft and padding rows).
+        cap = options.cap if options.cap is not None else BatchCap.anywhere(MAX_DRAFT + 1)
+        drafts = not isinstance(proposer, NoProposer)
+        self.cap = cap.within(options.reach + 1) if options.reach is not None and drafts else cap
         self.shapes = self.cache.shapes  # shared with the policy that prices them
         # A penalised or masked row depends on the tokens before it, which the device does not
         # see; logprobs need the rows themselves.

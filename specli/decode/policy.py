@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from specli.decode.events import StepRecord
     from specli.decode.proposers import Proposal
 
+MAX_DRAFT = 48  # the longest draft any step verifies (-k N is held to it too)
+
 
 class DraftPolicy(Protocol):
     """Chooses how many draft tokens each step verifies (-k N: FixedDraftPolicy; -k auto:

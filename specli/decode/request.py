@@ -10,7 +10,6 @@ holds no model: the session holds the loaded models, and what they cost.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Literal, Union
 
 from specli.decode.constraint import Constraint
@@ -18,10 +17,10 @@ from specli.decode.sampling import SamplingSettings, fresh_seed
 from specli.errors import UsageError
 
 
-class DraftKind(str, Enum):
-    """Who drafts: nobody (plain decoding), n-gram lookup, the loaded draft model, or the
-    target's own NextN layers (MTP); a model with lookup in front of it unless the request
-    turns that off."""
+class DraftKind:
+    """The built-in draft kinds' names. A request names its draft kind by a string; each
+    kind's record (what it loads, how its proposer is built and priced, its help) is in
+    specli/drafts.py, which is where kinds are told apart. NONE is plain decoding."""
 
     NONE = "none"
     NGRAM = "ngram"
@@ -66,7 +65,7 @@ class GenerationRequest:
     sampling: SamplingSettings = SamplingSettings()
     stop: tuple[str, ...] = ()
     seed: int | None = None  # keys every sampled token by its position; None: a fresh one (`seeded`)
-    draft: DraftKind = DraftKind.NGRAM
+    draft: str = DraftKind.NGRAM  # the draft kind, by name (specli/drafts.py)
     draft_tokens: DraftTokens = AUTO
     # A draft model or MTP: n-gram lookup in front of it (--no-ngram: off; a prediction turns it on).
     lookup: bool = True
@@ -90,4 +89,4 @@ class GenerationRequest:
 
     @property
     def drafts(self) -> bool:
-        return self.draft is not DraftKind.NONE
+        return self.draft != DraftKind.NONE

@@ -16,14 +16,14 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    StringConstraints,
     Tag,
     ValidationError,
     ValidationInfo,
@@ -223,10 +223,11 @@ def _draft_kind(value: Any) -> str:
     return "kind" if isinstance(value, str) else "model"
 
 
-# A draft model, or a proposer that needs none: n-gram lookup, or the target's NextN layers.
+# A draft model, or a draft kind that needs none by name ("ngram", "mtp"): specli/drafts.py
+# holds the kinds, and says which names one when the pair is used.
 DraftRef = Annotated[
     Union[Annotated[ModelRef, Tag("model")],
-          Annotated[Literal["ngram", "mtp"], AfterValidator(DraftKind), Tag("kind")]],
+          Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]*$"), Tag("kind")]],
     Discriminator(_draft_kind),
 ]
 
@@ -258,9 +259,9 @@ class Pair(BaseModel):
         return value
 
     @property
-    def draft_kind(self) -> DraftKind:
-        """Who drafts: the draft model, n-gram lookup or the target's NextN layers (MTP)."""
-        return self.draft if isinstance(self.draft, DraftKind) else DraftKind.MODEL
+    def draft_kind(self) -> str:
+        """Who drafts, by draft kind: "model" (the draft model), or the kind the pair names."""
+        return self.draft if isinstance(self.draft, str) else DraftKind.MODEL
 
     def models(self) -> list[tuple[str, ModelRef]]:
         """The pair's model files by role: `target`, then `draft` where the draft is a model."""

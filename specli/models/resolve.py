@@ -9,57 +9,44 @@ from pathlib import Path
 from typing import IO, Callable
 
 from specli.decode.request import DraftKind
-from specli.errors import SpecliError, UsageError
-
-# --draft's words besides a model (and auto)
-PROPOSERS = {kind.value: kind for kind in (DraftKind.NGRAM, DraftKind.MTP, DraftKind.NONE)}
+from specli.errors import SpecliError
 
 
 @dataclass(frozen=True)
 class ResolvedModels:
     target: Path
-    draft: DraftKind = DraftKind.NGRAM
-    draft_model: Path | None = None  # with DraftKind.MODEL
+    draft: str = DraftKind.NGRAM  # the draft kind, by name (specli/drafts.py)
+    draft_model: Path | None = None  # with the draft kind "model"
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
 
 
-def resolve_models(pair: str | None, target: str | Path | None, draft: str | None,
-                   speedup: Callable[[Path, Path], float | None] | None = None) -> ResolvedModels:
+def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
     """--target/--draft as given (a file, or a Hub reference pulled into the cache); -m PAIR through
     the registry (pulling missing files); neither: the embedded demo model with n-gram drafting.
-    `speedup`: what --draft auto ranks measured drafts by (the stored costs' expected gain)."""
+    `draft` is a model here: a draft kind's name (ngram, auto) is specli/drafts.py's to read."""
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        return _with_draft(model_file(target), draft or DraftKind.NGRAM.value, speedup)
+        return _with_draft(model_file(target), draft)
     if pair is None:
         from specli.models.demo import embedded_model_path
 
-        return _with_draft(embedded_model_path(), draft or DraftKind.NGRAM.value, speedup)
+        return _with_draft(embedded_model_path(), draft)
     from specli.models import hub
     from specli.models.registry import load_registry
 
     entry = load_registry().get(pair)
     target_path, pair_draft = hub.resolve_pair(entry, download=True)
     if draft:
-        return replace(_with_draft(target_path, draft, speedup), draft_tokens=entry.draft_tokens)
+        return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens)
     return ResolvedModels(target_path, entry.draft_kind, pair_draft, entry.draft_tokens)
 
 
-def _with_draft(target: Path, draft: str, speedup: Callable[[Path, Path], float | None] | None = None) -> ResolvedModels:
-    """--draft ngram, none, auto, or a model (a file, an Ollama model or a Hub reference):
-    parsed here, once."""
-    if draft in PROPOSERS:
-        return ResolvedModels(target, PROPOSERS[draft])
-    if draft == AUTO_DRAFT:
-        if takes_mtp(target, speedup=speedup):
-            return ResolvedModels(target, DraftKind.MTP)
-        chosen = auto_draft(target, speedup=speedup)
-        return ResolvedModels(target, DraftKind.MODEL, chosen) if chosen else ResolvedModels(target, DraftKind.NGRAM)
+def _with_draft(target: Path, draft: str | None) -> ResolvedModels:
+    """--draft MODEL (a file, an Ollama model or a Hub reference), or none given: n-gram lookup."""
+    if draft is None:
+        return ResolvedModels(target, DraftKind.NGRAM)
     return ResolvedModels(target, DraftKind.MODEL, model_file(draft))
-
-
-AUTO_DRAFT = "auto"
 
 
 def takes_mtp(target: Path, notice: Callable[[str], None] | None = None,
@@ -135,17 +122,6 @@ def model_file(model: str | Path) -> Path:
     from specli.models import hub
 
     return hub.resolve_reference(str(model)) or path
-
-
-def check_draft_spelling(draft: str | None) -> None:
-    """--draft ngrm: a misspelt proposer, not a missing file."""
-    import difflib
-
-    if draft is None or draft in PROPOSERS or draft == AUTO_DRAFT or Path(draft).exists() or "/" in draft or "." in draft or ":" in draft:
-        return
-    close = difflib.get_close_matches(draft, list(PROPOSERS), n=1, cutoff=0.6)
-    if close:
-        raise UsageError(f"--draft {draft}: no such file or proposer", f"did you mean --draft {close[0]}?")
 
 
 def warn_if_self_drafting(models: ResolvedModels, stderr: IO[str]) -> None:

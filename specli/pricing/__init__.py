@@ -4,9 +4,9 @@
 or a quick calibration on a model's first run, or a full one on demand (`specli bench`,
 `doctor --calibrate`); and after a generation it marks a stored curve stale where the run's
 verify steps were far from its price. It also measures whatever drafts with a model (a draft
-model, the target's NextN layers: a Drafter each, specli/pricing/drafters.py) one way: its cost
-per token, its catch-up, its greedy agreement with the target, and (`drafts --measure`) its
-speed-up.
+model, the target's NextN layers: a Drafter each, by draft kind, specli/pricing/drafters.py)
+one way: its cost per token, its catch-up, its greedy agreement with the target, and (`drafts
+--measure`) its speed-up.
 
 A fixed draft length measures nothing (measure=False). Where a first run finds the machine
 too busy to measure, it leaves a BusyMark under `busy_key`: until the mark's window ends,
@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from specli.decode.adaptive import MAX_DRAFT
 from specli.decode.costs import (
@@ -45,16 +45,18 @@ from specli.decode.costs import (
     curve_problem,
     prior_costs,
 )
-from specli.decode.draft_model import DraftModel
 from specli.decode.engine import Engine
 from specli.decode.events import Stats
 from specli.decode.exact import CPU_ROWS, BatchCap, measure_cap
-from specli.decode.mtp import NextnDraft
 from specli.decode.request import GenerationRequest
 from specli.errors import CalibrationError
 from specli.llama.backend import LoadSettings, Model, supports_gpu_offload
-from specli.pricing.drafters import CATCH_UP_BATCH, Drafter, model_drafter, nextn_drafter, timed_speedup
+from specli.pricing.drafters import CATCH_UP_BATCH, Drafter, timed_speedup
 from specli.pricing.keys import StoreKey, build_key, cost_store, draft_key, exact_key, settings_key
+
+# A draft kind's drafter, made with the target's key (read anew: the build and devices are part of it).
+DrafterFor = Callable[[StoreKey], Drafter]
+
 
 class LoadedFiles(Protocol):
     """What pricing reads of a session's spec: the model files, and how they were loaded."""
@@ -77,19 +79,16 @@ class Pricing:
     what a run's steps take never prices them, so a model's first run drafts as every later
     one does."""
 
-    def __init__(self, spec: LoadedFiles, target: Model, draft: DraftModel | None = None, *,
-                 translated: bool = False, notice: Callable[[str], None] | None = None,
-                 nextn: NextnDraft | None = None) -> None:
+    def __init__(self, spec: LoadedFiles, target: Model, drafters: Mapping[str, DrafterFor] | None = None, *,
+                 notice: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.target = target
-        self.draft = draft
-        self.nextn = nextn  # the target's NextN layers, where MTP drafting was asked for
-        self.translated = translated  # the draft drafts through text: its agreement is not measured
+        # By draft kind: the loaded model that drafts for it, as priced (read with the target's key).
+        self.drafters = dict(drafters or {})
         self._notice = notice  # hears of a calibration the machine was too busy for, or of stale costs
         self._store: CostStore | None = None
-        # The costs generations are priced with, once read: with the draft model's; with the NextN layers'.
-        self._costs: StepCosts | None = None
-        self._mtp_costs: StepCosts | None = None
+        # The costs generations are priced with, once read: by the kind whose drafter they include (None: none).
+        self._kept: dict[str | None, StepCosts] = {}
 
     @property
     def store(self) -> CostStore:
@@ -107,37 +106,30 @@ class Pricing:
         """Where a first run's busy finding is stored (BusyMark), beside the target's key."""
         return self.key.beside("busy")
 
-    def drafter(self, mtp: bool = False) -> Drafter | None:
-        """The loaded model that drafts, as it is priced: the target's NextN layers (`mtp`), or
-        the draft model (None: neither is loaded)."""
-        if mtp:
-            return None if self.nextn is None else nextn_drafter(self.key.beside("mtp"), self.target, self.nextn)
-        if self.draft is None or self.spec.draft_model is None:
-            return None
-        key = draft_key(self.key, self.spec.draft_model, self.spec.draft_load)  # beside its target's
-        return model_drafter(key, self.target, self.draft, self.spec.draft_model, self.translated)
+    def drafter(self, kind: str | None) -> Drafter | None:
+        """The loaded model that drafts for draft kind `kind`, as it is priced (None: none)."""
+        make = self.drafters.get(kind) if kind is not None else None
+        return make(self.key) if make is not None else None
 
-    def costs(self, *, measure: bool = True, mtp: bool = False, keep: bool = False) -> StepCosts:
+    def costs(self, *, measure: bool = True, kind: str | None = None, keep: bool = False) -> StepCosts:
         """The costs -k auto prices this session's generations with, fixed once read: the
         stored ones; else a quick calibration, stored (measure=False: the prior); where the
         machine is too busy, or a recent run found it so (a BusyMark), a conservative curve,
-        nothing stored. With the drafter's (`mtp`: the NextN layers), stored or timed now
-        (measure=False: priced by its share). `keep`: what measure=False reads is fixed as
-        this session's costs too (a server that measures nothing)."""
-        kept = self._mtp_costs if mtp else self._costs
+        nothing stored. With `kind`'s drafter's (a draft model, the NextN layers), stored or
+        timed now (measure=False: priced by its share). `keep`: what measure=False reads is
+        fixed as this session's costs too (a server that measures nothing)."""
+        kept = self._kept.get(kind)
         if (measure or keep) and kept is not None:
             return kept
         target = self._stored_costs(say=measure and self._busy_mark() is None)
         if target is None and not measure:
-            costs = self._prior(mtp=mtp)
+            costs = self._prior(kind)
         else:
             if target is None:
-                target = self._first_run_costs(mtp)
-            costs = self._with_drafter(target, self.drafter(mtp), measure)
-        if (measure or keep) and mtp:
-            self._mtp_costs = costs
-        elif measure or keep:
-            self._costs = costs
+                target = self._first_run_costs(kind)
+            costs = self._with_drafter(target, self.drafter(kind), measure)
+        if measure or keep:
+            self._kept[kind] = costs
         return costs
 
     def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES + 1) -> StepCosts:
@@ -148,17 +140,16 @@ class Pricing:
             raise CalibrationError(f"the machine is too busy to measure {self.target.path.name}'s verify costs "
                                    f"({outcome.problem}); nothing was stored", "measure again when it is quieter")
         self._store_target(outcome, "calibrated")
-        for drafter in (self.drafter(), self.drafter(mtp=True)):
-            if drafter is not None:
-                self.calibrate_drafter(drafter)
-        self._costs = self._mtp_costs = None
-        return self.costs()
+        for kind in self.drafters:
+            self.calibrate_drafter(self.drafter(kind))
+        self._kept.clear()
+        return self.costs(kind=next(iter(self.drafters), None))
 
     def review(self, stats: Stats) -> bool:
         """After a generation whose verify steps took far from their price (costs_ratio outside
         STALE_RANGE over STALE_STEPS steps or more), mark the stored curve stale and say so:
         the next run measures it again (this session's choices stay as they were)."""
-        ratio, costs = stats.costs_ratio, self._costs if self._costs is not None else self._mtp_costs
+        ratio, costs = stats.costs_ratio, next(iter(self._kept.values()), None)
         if ratio is None or stats.priced_steps < STALE_STEPS or costs is None \
                 or costs.source in ("prior", "conservative") or STALE_RANGE[0] <= ratio <= STALE_RANGE[1]:
             return False
@@ -182,11 +173,12 @@ class Pricing:
             return 0.0
         return drafter.store(self.store, timed.verify[1], timed.verify[CATCH_UP_BATCH] / CATCH_UP_BATCH)
 
-    def measure_speedup(self, engine_for: Callable[[GenerationRequest], Engine], *, mtp: bool = False) -> float | None:
-        """The draft model's (`mtp`: the NextN layers') speed-up, timed and stored (drafters.timed_speedup)
-        after its costs are measured or read as a first run with it does; None: none loaded."""
-        drafter = self.drafter(mtp)
-        return None if drafter is None else timed_speedup(drafter, self.costs(mtp=mtp), self.target, self.store,
+    def measure_speedup(self, engine_for: Callable[[GenerationRequest], Engine], kind: str) -> float | None:
+        """The speed-up of `kind`'s drafter (a draft model, the NextN layers), timed and stored
+        (drafters.timed_speedup) after its costs are measured or read as a first run with it
+        does; None: none loaded."""
+        drafter = self.drafter(kind)
+        return None if drafter is None else timed_speedup(drafter, self.costs(kind=kind), self.target, self.store,
                                                           engine_for)
 
     def _stored_costs(self, *, say: bool) -> StepCosts | None:
@@ -204,7 +196,7 @@ class Pricing:
                       "measuring them again")
         return None
 
-    def _first_run_costs(self, mtp: bool = False) -> StepCosts:
+    def _first_run_costs(self, kind: str | None) -> StepCosts:
         """A quick calibration, stored; or the conservative curve: at once where a recent run
         found the machine too busy (its mark's window), else where this calibration finds it
         so, marking it (one more busy finding in a row)."""
@@ -213,7 +205,7 @@ class Pricing:
             self._say(f"the machine was too busy to measure {name}'s verify costs {_ago(time.time() - mark.found_at)}: "
                       f"drafting cautiously without measuring until {_clock(mark.until)} "
                       "(`specli doctor --calibrate` measures now)")
-            return self._prior(conservative=True, mtp=mtp)
+            return self._prior(kind, conservative=True)
         outcome = self._time_target(FIRST_RUN_SIZES, PASSES)
         if outcome.problem is not None:
             earlier = self.store.busy_mark(self.busy_key)  # one whose window has ended: the row goes on
@@ -221,7 +213,7 @@ class Pricing:
             self.store.put_busy_mark(self.busy_key, mark)
             self._say(f"the machine is too busy to measure {name}'s verify costs ({outcome.problem}): "
                       f"drafting cautiously without measuring until {_clock(mark.until)}")
-            return self._prior(conservative=True, mtp=mtp)
+            return self._prior(kind, conservative=True)
         return self._store_target(outcome, "first run")
 
     def _busy_mark(self) -> BusyMark | None:
@@ -243,9 +235,9 @@ class Pricing:
             self.calibrate_drafter(drafter)  # the target's costs are stored, this drafter's not yet
         return drafter.priced(target, self.store)
 
-    def _prior(self, *, conservative: bool = False, mtp: bool = False) -> StepCosts:
+    def _prior(self, kind: str | None, *, conservative: bool = False) -> StepCosts:
         gpu = supports_gpu_offload() and self.spec.target_load.gpu_layers != 0
-        drafter = self.drafter(mtp) or (self.drafter() if mtp else None)
+        drafter = self.drafter(kind)
         return prior_costs(gpu, drafter.share() if drafter is not None else 0.0, conservative=conservative)
 
     def _time_target(self, sizes: tuple[int, ...], passes: int) -> Calibration:

@@ -57,7 +57,7 @@ class Drafter:
     the target (None: not measured, it drafts through text); per_target_token: its time per
     drafted token as a time per target token."""
 
-    kind: DraftKind
+    kind: str  # the draft kind's name
     key: StoreKey
     decode: Callable[[list[int]], object]
     rewind: Callable[[int], None]

@@ -27,8 +27,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specli import drafts
 from specli.config import debug_enabled
-from specli.decode.request import DraftKind, GenerationRequest
+from specli.decode.request import GenerationRequest
 from specli.serve.answer import Answerer
 from specli.serve.body import parse
 from specli.serve.errors import ERRORS, RETRY_AFTER_SECONDS, ApiError, api_error, error_response
@@ -143,14 +144,11 @@ def _authorisation(api_key: str | None) -> Callable[[Request], None]:
 
 def _models(worker: Worker, info: ServerInfo) -> ModelList:
     """The loaded pair, with the `draft` values a request may give: the server's own first,
-    then the most drafting to none (a draft model, the target's NextN layers, where loaded)."""
-    own, session = info.defaults.draft, worker.session
-    loaded = {DraftKind.MODEL: session.draft is not None, DraftKind.MTP: session.nextn is not None}
-    kinds = [own] + [kind for kind in (DraftKind.MODEL, DraftKind.MTP, DraftKind.NGRAM, DraftKind.NONE)
-                     if kind is not own]
-    drafts = [kind.value for kind in kinds if loaded.get(kind, True)]
+    then the kinds that can draft on it, the most drafting first (specli/drafts.py)."""
+    offered = drafts.offered(info.defaults.draft, worker.session.unavailable)
     card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft,
-                     chat=worker.session.target.chat_template() is not None, drafts=drafts)
+                     chat=worker.session.target.chat_template() is not None, drafts=offered,
+                     proposers=drafts.labels())
     return ModelList(data=[card])
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Union
 
+from specli import drafts
 from specli.decode.constraint import Constraint
 from specli.decode.constraint_sources import ConstraintSource, SourceKind
 from specli.decode.engine import check_prompt_fits
-from specli.decode.request import DraftKind, GenerationRequest
+from specli.decode.request import GenerationRequest
 from specli.prompt import chat_tokens, prompt_tokens
 from specli.serve.requests import ChatRequest, CompletionRequest, RequestError, for_field
 from specli.serve.worker import Job
@@ -51,11 +52,9 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     biased = [token for token, _ in request.sampling.logit_bias]
     if biased and not 0 <= min(biased) <= max(biased) < session.target.n_vocab:
         raise RequestError(f"logit_bias: token ids run from 0 to {session.target.n_vocab - 1}", "logit_bias")
-    if request.draft is DraftKind.MODEL and session.draft is None:
-        raise RequestError("draft 'model': the server has no draft model loaded (start it with --draft)", "draft")
-    if request.draft is DraftKind.MTP and session.nextn is None:
-        raise RequestError(f"draft 'mtp': {session.target.path.name} has no NextN (MTP) layers this server can "
-                           "draft with", "draft")
+    unavailable = session.unavailable(drafts.get(request.draft))
+    if unavailable is not None:
+        raise RequestError(f"draft '{request.draft}': {unavailable}", "draft")
     reasoning = None
     if isinstance(body, ChatRequest):
         prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)

@@ -18,10 +18,11 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from specli import drafts
 from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.constraint_sources import ConstraintSource, SourceKind, write_constraint
 from specli.decode.logprobs import MAX_TOP
-from specli.decode.request import DraftKind, GenerationRequest, parse_draft_tokens
+from specli.decode.request import GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 from specli.llama.template import TEMPLATE_VARIABLES
 
@@ -187,7 +188,7 @@ class _Generation(BaseModel):
     stream_options: Optional[StreamOptions] = None
     prediction: Optional[Prediction] = None
     # specli's own: which proposer drafts, how many tokens a step, and --exact.
-    draft: Optional[DraftKind] = Field(default=None, strict=False)  # "ngram" names DraftKind.NGRAM
+    draft: Optional[str] = None  # a draft kind's name (specli/drafts.py)
     draft_tokens: Union[int, Literal["auto"], None] = None
     exact: Optional[bool] = None
     # Fields that change what is generated; `refused` says which specli cannot honour.
@@ -201,6 +202,14 @@ class _Generation(BaseModel):
     # llama-server's constraints: a JSON schema, or a GBNF grammar.
     json_schema: Any = None  # an object (or its JSON text); Constraint.json_schema says what is wrong with it
     grammar: Optional[str] = None
+
+    @field_validator("draft")
+    @classmethod
+    def _draft(cls, value):
+        try:
+            return None if value is None else drafts.get(value).name
+        except UsageError as error:
+            raise ValueError(f"{error.message}: {error.hint}") from None
 
     @field_validator("draft_tokens")
     @classmethod

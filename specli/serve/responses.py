@@ -15,8 +15,10 @@ from specli.decode.events import Stats
 from specli.serve.requests import ToolCall
 
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}  # specli's: OpenAI's
-# Who drafted a kept token: n-gram lookup, the draft model, the target's NextN layers, or the constraint.
-Proposer = Literal["ngram", "draft", "mtp", "grammar"]
+# Who drafted a kept token: a draft kind's provenance name (specli/drafts.py: "ngram", "draft",
+# "mtp"), or "grammar" (the constraint).
+Proposer = str
+
 
 class Span(BaseModel):
     """A run of text written by one source: the draft (proposed, and kept by the target) or
@@ -211,6 +213,7 @@ class ModelCard(BaseModel):
     draft: str
     chat: bool  # the target has a chat template (else /v1/completions only)
     drafts: list[str]  # the `draft` values a request may give, the server's own first
+    proposers: dict[str, str]  # who drafted a span, by its `proposer` name, in words (the page's tooltips)
 
 
 class ModelList(BaseModel):

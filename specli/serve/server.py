@@ -106,7 +106,7 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
     if "*" in settings.access.origins and not settings.api_key:
         notice("warning: --allow-origin '*' without --api-key: any web page a browser here opens can use this server")
     sock = listen(settings.host, settings.port)
-    draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft.value
+    draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft
     info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
                       settings.defaults, int(time.time()))
     backend = Backend()

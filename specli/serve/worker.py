@@ -158,8 +158,8 @@ class Worker:
         # would leave the target's cache empty: see module doc). `measure`: where none are
         # stored, measured now (a server whose own drafting is -k auto); else the prior's.
         session.pricing.costs(measure=measure, keep=True)
-        if session.nextn is not None:  # and the NextN layers', which a request may draft with
-            session.pricing.costs(measure=measure, keep=True, mtp=True)
+        for kind in session.pricing.drafters:  # and each loaded drafter's, which a request may draft with
+            session.pricing.costs(measure=measure, keep=True, kind=kind)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
         self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn

@@ -14,6 +14,7 @@ const state = {
   messages: [], // the conversation so far (chat), without the system prompt
   controller: null, // aborts the answer being streamed; closing the stream cancels it on the server
   draftModel: "model", // what the `model` draft is called: the draft model's file, where the server names it
+  proposers: {}, // who drafted a span, by its proposer name, in words: /v1/models says
   follow: true, // the conversation keeps its end in view: false once the reader scrolls up
 };
 
@@ -84,7 +85,6 @@ async function readEvents(response, onData) {
 // One answer as it streams: its text, who wrote each run of it, and the counts the panel shows.
 // A step writes the draft tokens the target kept, then one token of the target's own: a
 // target chunk closes a step. The text goes into the page once a frame (and at the end).
-const PROPOSERS = { ngram: "n-gram lookup", draft: "the draft model", mtp: "the model's own MTP layers", grammar: "the grammar" };
 
 class Answer {
   constructor(box, markdown) {
@@ -183,7 +183,7 @@ class Answer {
       const run = this.runs[i];
       const span = document.createElement("span");
       span.className = run.source === "draft" ? "draft" : "target";
-      if (run.source === "draft" && run.proposer) span.title = "drafted by " + (PROPOSERS[run.proposer] || run.proposer);
+      if (run.source === "draft" && run.proposer) span.title = "drafted by " + (state.proposers[run.proposer] || run.proposer);
       span.textContent = this.text.slice(Math.max(start, run.start), Math.min(end, run.end));
       parent.append(span);
     }
@@ -468,6 +468,7 @@ function setup(card) {
   showError("");
   state.chat = card.chat !== false;
   const drafts = card.drafts || ["ngram", "none"];
+  state.proposers = card.proposers || {};
   state.draftModel = card.draft && !drafts.includes(card.draft) ? card.draft : "model";
   $("model").textContent = card.id;
   const select = $("draft");

@@ -1,0 +1,215 @@
+"""Every draft kind, declared once: one `Kind` record each (none, ngram, model, mtp, and
+auto, which picks one of them at load), read by the session, pricing, serve (its checks,
+/v1/models, the page's labels), --draft's parsing and help, and the pairs' `draft = "NAME"`.
+
+A record says:
+- its name and help, and the label the page gives the spans it drafted (`provenance` is the
+  `proposer` name its proposer puts on them);
+- what the session loads for it (`wanted`, then `load`: a loaded thing with `close()`,
+  closed with the session; `target_loader`: how the target is opened for it);
+- how its proposer is built from that (`build`; None: it never drafts), and whether n-gram
+  lookup proposes before it;
+- why it cannot draft on a loaded session (`unavailable`), and what a server loads so that a
+  request may ask for it (`offered`);
+- its cost path (`drafter`: the model that drafts, as specli/pricing/ times and stores it;
+  None: the target's costs alone price it);
+- how --draft auto weighs it (`choose`, tried in AUTO's order).
+
+Adding a kind: its proposer (decode/), what it loads (llama/), its record (`register`, here
+or from its own module); nothing else names it. Only `Session.engine_for` calls `build`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from specli.decode.constraint import Matcher
+from specli.decode.draft_model import DraftModel, DraftModelProposer
+from specli.decode.mtp import MtpProposer, NextnDraft
+from specli.decode.ngram import NGramProposer
+from specli.decode.proposers import Proposer
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.decode.translate import TranslatedDraft
+from specli.errors import UsageError, VocabMismatchError
+from specli.llama import mtp
+from specli.llama.backend import Model
+from specli.llama.vocab import check_vocab_compatible
+from specli.models import resolve
+from specli.models.resolve import ResolvedModels
+from specli.pricing.drafters import Drafter, model_drafter, nextn_drafter
+from specli.pricing.keys import StoreKey, draft_key
+
+Notice = Callable[[str], None] | None
+# build(loaded, target, request, matcher, lookup): the kind's proposer for one request
+# (`lookup`: the request's n-gram lookup, which the session puts in front where it proposes first).
+Build = Callable[[Any, Model, GenerationRequest, "Matcher | None", NGramProposer], Proposer]
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    help: str  # what drafts, for --draft's help and the docs
+    build: Build | None = None
+    provenance: str = ""  # the `proposer` name on the tokens it drafts
+    label: str = ""  # the page's words for it: "drafted by <label>"
+    model_name: Callable[[Any], str] = lambda spec: ""  # the model that drafts, as the stats name it
+    behind_lookup: bool = False  # n-gram lookup proposes first (--no-ngram: not; a prediction: always)
+    wanted: Callable[[Any], bool] | None = None  # from the SessionSpec (None: its name is in spec.loads)
+    load: Callable[[Any, Model, Notice], Any] | None = None  # (spec, target, notice): what it drafts with
+    target_loader: Callable[..., Model] | None = None  # how the target opens when this kind is wanted
+    unavailable: Callable[[Any, Model], str | None] = lambda loaded, target: None
+    offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
+    drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, target's key, target, spec)
+    choose: Callable[[Path, Any, Notice], ResolvedModels | None] | None = None  # --draft auto
+    order: tuple[str, ...] = field(default=())  # auto only: the kinds it tries, in turn
+
+    @property
+    def drafts(self) -> bool:
+        return self.build is not None
+
+    def is_wanted(self, spec: Any) -> bool:
+        return self.wanted(spec) if self.wanted is not None else self.name in spec.loads
+
+
+def _open_draft(spec: Any, target: Model, notice: Notice) -> DraftModel:
+    """The draft model, drafting through text where its vocabulary fails llama.cpp's rule."""
+    draft = Model(spec.draft_model, spec.draft_load, verbose=spec.verbose)
+    try:
+        if draft.recurrent:  # its drafting decodes are one token each: no snapshot reaches back a draft
+            raise UsageError(f"{spec.draft_model.name} has recurrent layers: this llama.cpp cannot take its "
+                             "rejected draft tokens back", "draft with an attention-only model, --draft ngram or mtp")
+        check_vocab_compatible(target, draft)
+        return DraftModel(draft, on_gpu=draft.on_gpu)
+    except VocabMismatchError as refused:
+        # Its tokens mean nothing to the target: it drafts through text instead.
+        if notice is not None:
+            notice(f"{refused.message}: drafting through text (the draft's tokens are re-tokenized for the target)")
+        return DraftModel(draft, on_gpu=draft.on_gpu, through_text=True)
+    except BaseException:
+        draft.close()
+        raise
+
+
+def _model_proposer(draft: DraftModel, target: Model, request: GenerationRequest, matcher: Matcher | None,
+                    lookup: NGramProposer) -> Proposer:
+    # Through text its tokens are not the target's: the engine checks what it brings instead.
+    keyed = not draft.through_text
+    model = DraftModelProposer(draft, request.sampling, request.seed or 0, request.draft_min_p, keyed=keyed,
+                               constraint=matcher if keyed else None)
+    return model if keyed else TranslatedDraft(target, model)  # type: ignore[return-value]
+
+
+def _model_cost(draft: DraftModel, key: StoreKey, target: Model, spec: Any) -> Drafter:
+    return model_drafter(draft_key(key, spec.draft_model, spec.draft_load), target, draft, spec.draft_model,
+                         draft.through_text)
+
+
+def _auto_model(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | None:
+    chosen = resolve.auto_draft(target, notice, speedup=speedup)
+    return ResolvedModels(target, DraftKind.MODEL, chosen) if chosen is not None else None
+
+
+def _auto_mtp(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | None:
+    return ResolvedModels(target, DraftKind.MTP) if resolve.takes_mtp(target, notice, speedup=speedup) else None
+
+
+NONE = Kind(DraftKind.NONE, "none: plain decoding, the target writes every token")
+NGRAM = Kind(DraftKind.NGRAM, "ngram: n-gram lookup in the prompt, the answer so far and a prediction",
+             build=lambda loaded, target, request, matcher, lookup: lookup,
+             provenance="ngram", label="n-gram lookup",
+             choose=lambda target, speedup, notice: ResolvedModels(target, DraftKind.NGRAM))
+MODEL = Kind(DraftKind.MODEL, "a GGUF, owner/repo:QUANT or ollama:NAME: a small draft model", build=_model_proposer,
+             provenance="draft", label="the draft model", behind_lookup=True, model_name=lambda spec: spec.draft_model.name,
+             wanted=lambda spec: spec.draft_model is not None, load=_open_draft,
+             unavailable=lambda loaded, target: None if loaded is not None else "no draft model is loaded "
+                                                                                "(load one with --draft MODEL)",
+             drafter=_model_cost, choose=_auto_model)
+MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
+           build=lambda nextn, target, request, matcher, lookup: MtpProposer(nextn, request.sampling, request.seed or 0,
+                                                                     request.draft_min_p, constraint=matcher),
+           provenance="mtp", label="the model's own MTP layers", behind_lookup=True,
+           load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target)), target_loader=mtp.load_target,
+           unavailable=lambda loaded, target: None if loaded is not None else
+           f"{target.path.name} has no NextN (MTP) layers open to draft with (load it with --draft mtp)",
+           offered=lambda spec: mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0,
+           drafter=lambda nextn, key, target, spec: nextn_drafter(key.beside("mtp"), target, nextn),
+           choose=_auto_mtp)
+AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
+            "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,
+                                                                          DraftKind.NGRAM))
+
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (MODEL, MTP, NGRAM, NONE, AUTO)}
+# What else drafts a span: a grammar's forced tokens (not a kind a request asks for).
+OTHER_LABELS = {"grammar": "the grammar"}
+
+
+def register(kind: Kind) -> Kind:
+    """Declare a draft kind (or replace one of the same name)."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def get(name: str) -> Kind:
+    """The kind a generation drafts with (not auto, which is chosen at load). UsageError
+    naming the kinds where there is none."""
+    kind = KINDS.get(name)
+    if kind is None or kind.order:
+        raise UsageError(f"draft {name!r}: no such draft kind", f"one of {', '.join(runnable())}")
+    return kind
+
+
+def runnable() -> list[str]:
+    """The kinds a generation may draft with, those that draft most first, plain decoding last."""
+    return sorted((name for name, kind in KINDS.items() if not kind.order), key=lambda name: not KINDS[name].drafts)
+
+
+def words() -> str:
+    """--draft's words besides a model file, for its help."""
+    return ", ".join(name for name, kind in KINDS.items() if kind.name != DraftKind.MODEL)
+
+
+def labels() -> dict[str, str]:
+    """Who drafted a span, by the `proposer` name on it: what the page shows."""
+    return {kind.provenance: kind.label for kind in KINDS.values() if kind.provenance} | OTHER_LABELS
+
+
+def offered(own: str, unavailable: Callable[[Kind], str | None]) -> list[str]:
+    """The `draft` values a request may give on a loaded session (`unavailable`: the
+    session's), the server's own first."""
+    return [own] + [name for name in runnable() if name != own and unavailable(KINDS[name]) is None]
+
+
+def for_server(spec: Any) -> Any:
+    """The SessionSpec with what a server loads so that requests may ask for it (the target's
+    NextN layers wherever they can draft)."""
+    extra = tuple(name for name, kind in KINDS.items() if name not in spec.loads and kind.offered(spec))
+    return replace(spec, loads=spec.loads + extra)
+
+
+def resolve_models(pair: str | None, target: str | Path | None, draft: str | None,
+                   speedup: Callable[[Path, Path | None], float | None] | None = None) -> ResolvedModels:
+    """-m, --target and --draft: the files to load and the draft kind. --draft NAME names a
+    kind; auto tries AUTO's kinds in turn; anything else is a model (resolve.resolve_models)."""
+    check_spelling(draft)
+    if draft is None or draft not in KINDS:
+        return resolve.resolve_models(pair, target, draft)
+    models = resolve.resolve_models(pair, target, None)
+    kind = KINDS[draft]
+    if kind.order:
+        for name in kind.order:
+            chosen = KINDS[name].choose(models.target, speedup, None) if KINDS[name].choose else None
+            if chosen is not None:
+                return replace(chosen, draft_tokens=models.draft_tokens)
+    return replace(models, draft=kind.name, draft_model=None)
+
+
+def check_spelling(draft: str | None) -> None:
+    """--draft ngrm: a misspelt kind, not a missing file."""
+    if draft is None or draft in KINDS or Path(draft).exists() or any(mark in draft for mark in "/.:"):
+        return
+    close = difflib.get_close_matches(draft, list(KINDS), n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"--draft {draft}: no such file or draft kind", f"did you mean --draft {close[0]}?")
