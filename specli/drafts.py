@@ -51,7 +51,7 @@ Build = Callable[[Any, Model, GenerationRequest, "Matcher | None", NGramProposer
 @dataclass(frozen=True)
 class Kind:
     name: str
-    help: str  # what drafts, for --draft's help and the docs
+    help: str  # "NAME: what drafts", as an unknown kind's error lists the kinds
     build: Build | None = None
     provenance: str = ""  # the `proposer` name on the tokens it drafts
     label: str = ""  # the page's words for it: "drafted by <label>"
@@ -121,15 +121,16 @@ NGRAM = Kind(DraftKind.NGRAM, "ngram: n-gram lookup in the prompt, the answer so
              build=lambda loaded, target, request, matcher, lookup: lookup,
              provenance="ngram", label="n-gram lookup",
              choose=lambda target, speedup, notice: ResolvedModels(target, DraftKind.NGRAM))
-MODEL = Kind(DraftKind.MODEL, "a GGUF, owner/repo:QUANT or ollama:NAME: a small draft model", build=_model_proposer,
-             provenance="draft", label="the draft model", behind_lookup=True, model_name=lambda spec: spec.draft_model.name,
+MODEL = Kind(DraftKind.MODEL, "model: the small draft model loaded with --draft FILE", build=_model_proposer,
+             provenance="draft", label="the draft model", behind_lookup=True,
+             model_name=lambda spec: spec.draft_model.name,
              wanted=lambda spec: spec.draft_model is not None, load=_open_draft,
              unavailable=lambda loaded, target: None if loaded is not None else "no draft model is loaded "
                                                                                 "(load one with --draft MODEL)",
              drafter=_model_cost, choose=_auto_model)
 MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
-           build=lambda nextn, target, request, matcher, lookup: MtpProposer(nextn, request.sampling, request.seed or 0,
-                                                                     request.draft_min_p, constraint=matcher),
+           build=lambda nextn, target, request, matcher, lookup: MtpProposer(
+               nextn, request.sampling, request.seed or 0, request.draft_min_p, constraint=matcher),
            provenance="mtp", label="the model's own MTP layers", behind_lookup=True,
            load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target)), target_loader=mtp.load_target,
            unavailable=lambda loaded, target: None if loaded is not None else
@@ -157,7 +158,7 @@ def get(name: str) -> Kind:
     naming the kinds where there is none."""
     kind = KINDS.get(name)
     if kind is None or kind.order:
-        raise UsageError(f"draft {name!r}: no such draft kind", f"one of {', '.join(runnable())}")
+        raise UsageError(f"draft {name!r}: no such draft kind", "one of " + "; ".join(KINDS[n].help for n in runnable()))
     return kind
 
 

@@ -1,4 +1,6 @@
-"""The speculative loop. A generator of small events; it never prints.
+"""The speculative loop. A generator of small events; it never prints. Each step proposes
+(decode/batch.py builds its verify batch), decodes the batch on the target, verifies
+(decode/verify.py: the target's own choices) and accepts and rewinds here.
 
 The prompt (what the cache does not already hold of it) is decoded in one batch and its
 last row writes the first token, as in llama.cpp's own tools, so plain and speculative runs
@@ -25,24 +27,17 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
+from specli.decode.batch import Batcher, VerifyBatch
 from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
 from specli.decode.exact import BatchCap
 from specli.decode.logprobs import TokenLogprob, token_logprob
 from specli.decode.policy import MAX_DRAFT, DraftPolicy
-from specli.decode.proposers import NoProposer, Proposal, Proposer
+from specli.decode.proposers import NoProposer, Proposer
 from specli.decode.request import GenerationRequest
-from specli.decode.sampling import (
-    Distribution,
-    SamplingSettings,
-    keyed_choice,
-    verify_greedy,
-    verify_greedy_tokens,
-    verify_keyed,
-    warp,
-)
 from specli.decode.shapes import BatchShapes
 from specli.decode.text import TextStream, common_prefix_length
+from specli.decode.verify import Verifier
 from specli.errors import PromptError
 
 
@@ -130,19 +125,22 @@ class Engine:
         self.sampling = request.sampling
         self.cache = cache if cache is not None else TargetCache()
         self.matcher = matcher
-        # Forced tokens are drafted only where something drafts (--draft none: one token a step).
-        self._forces = matcher is not None and not isinstance(proposer, NoProposer)
         # The most rows a verify decodes, by where it starts: --exact's measured sizes, else the
         # longest draft and [last]; where something drafts, no more than a recurrent target's
         # snapshots take back (a rejected draft and padding rows).
         cap = options.cap if options.cap is not None else BatchCap.anywhere(MAX_DRAFT + 1)
         drafts = not isinstance(proposer, NoProposer)
-        self.cap = cap.within(options.reach + 1) if options.reach is not None and drafts else cap
+        cap = cap.within(options.reach + 1) if options.reach is not None and drafts else cap
         self.shapes = self.cache.shapes  # shared with the policy that prices them
+        # Forced tokens are drafted only where something drafts (--draft none: one token a step).
+        self.batcher = Batcher(target, proposer, policy, cap, self.shapes, matcher,
+                               forces=matcher is not None and drafts)
         # A penalised or masked row depends on the tokens before it, which the device does not
         # see; logprobs need the rows themselves.
         self._on_device = (options.verify_on_device and self.sampling.pure_greedy and matcher is None
                            and self.request.logprobs is None)
+        self.verifier = Verifier(self.sampling, self.seed, matcher, target.is_end_of_generation,
+                                 on_device=self._on_device)
         self.stats = self._fresh_stats()
         self._step_ended: float | None = None  # when the previous step's logits were read
 
@@ -190,7 +188,7 @@ class Engine:
         cache.prompt, cache.prompt_on_device, cache.prompt_row = list(prompt), self._on_device, row
         if self._on_device:
             return row, None  # type: ignore[return-value]
-        token = self._write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
+        token = self.verifier.write(self.sampling.penalise(row, prompt), len(prompt))  # type: ignore[arg-type]
         return token, self._score(row, token)  # type: ignore[arg-type]
 
     def _score(self, row: np.ndarray, token: int) -> TokenLogprob | None:
@@ -261,96 +259,23 @@ class Engine:
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
-    def _choose(self, row: np.ndarray, position: int) -> int:
-        """The target's own token at `position` from its logits row: argmax, or the keyed
-        draw from the warped row; under a constraint, from the row masked by it."""
-        matcher = self.matcher
-        if self.sampling.greedy:
-            best = int(np.argmax(row))
-            if matcher is None or matcher.allows(best):
-                return best  # the first best of all tokens, so of the allowed ones too
-            return int(np.argmax(matcher.restrict(row)))
-        if matcher is not None:
-            row = matcher.restrict(row)
-        return keyed_choice(warp(row, self.sampling), self.seed, position)
-
-    def _write(self, row: np.ndarray, position: int) -> int:
-        """The target's token at `position`, which the constraint (if any) then consumes."""
-        token = self._choose(row, position)
-        if self.matcher is not None and not self.target.is_end_of_generation(token):
-            self.matcher.consume(token)
-        return token
-
-    def _forced_run(self, most: int) -> list[int]:
-        """The tokens the constraint forces from here, at most `most`, consumed: certain,
-        whatever the target's logits."""
-        forced: list[int] = []
-        matcher = self.matcher
-        while self._forces and len(forced) < most and matcher is not None:
-            token = matcher.forced()
-            if token is None:
-                break
-            matcher.consume(token)
-            forced.append(token)
-        return forced
-
-    def _propose(self, tokens: list[int], room: int) -> tuple[Proposal, list[int], int]:
-        """The proposal, the part of it to verify (at most `room` tokens: what the output
-        budget, the context and the batch leave), and how many tokens the draft model was
-        asked for."""
-        policy = self.policy
-        most = min(room, policy.max_draft)
-        if most <= 0:
-            return Proposal(), [], 0
-        # A free proposal (n-gram lookup) first; then, where it is not worth as much as a draft
-        # model's tokens at their cost, the draft model, asked for as many as the policy chooses.
-        proposal = self._allowed(self.proposer.lookup(tokens, most))
-        behind = 0 if self.proposer.cheap else self.proposer.behind(tokens)
-        # The model drafts at most its depth (chained NextN layers); lookup's match is not held to it.
-        depth = self.proposer.depth
-        most = most if depth is None else min(most, depth)
-        if self.proposer.cheap or (proposal.tokens and policy.prefers(proposal, most, behind)):
-            k = policy.choose(proposal.key, proposal.extent, len(proposal.tokens), proposal.support,
-                              agreeing=proposal.agreeing) if proposal.tokens else 0
-            return proposal, proposal.tokens[:k], 0
-        k = policy.choose(None, 0, most, behind=behind)
-        proposal = self._allowed(self.proposer.propose(tokens, k)) if k > 0 else Proposal()
-        return proposal, proposal.tokens[:k], k
-
-    def _allowed(self, proposal: Proposal) -> Proposal:
-        """The proposal cut where the constraint forbids a token: that one and the rest are
-        never verified (lookup's, before the policy prices them; a draft model's through text)."""
-        if self.matcher is not None and proposal.tokens:
-            proposal.tokens = proposal.tokens[: self.matcher.valid_prefix(proposal.tokens)]
-        return proposal
-
     def _step(self, tokens: list[int], last: int,
               room: int) -> tuple[list[int], list[Source], list[TokenLogprob | None], StepRecord]:
         """Propose, verify, accept, rewind: one target decode. Returns the committed tokens,
         who wrote each, and their logprobs (None each, where the request asks for none)."""
         target = self.target
         t0 = time.perf_counter()
-        # `tokens` ends with `last`, which the matcher has consumed.
-        room = min(room, self.cap.at(target.n_past) - 1)  # the batch's first row is at n_past
-        forced = self._forced_run(room)
-        proposal, draft, asked = self._propose(tokens + forced if forced else tokens, room - len(forced))
+        batch = self.batcher.next(tokens, last, room)
+        forced, draft, padding, proposal = batch.forced, batch.draft, batch.padding, batch.proposal
         t1 = time.perf_counter()
-        draft, padding = self._pad(proposal, forced, draft)
-        batch = [last] + forced + draft  # row i: after last + (forced + draft)[:i]
-        if padding:  # rows of a reusable shape that nobody reads (BatchShapes)
-            batch = batch + [batch[-1]] * padding
-        if self._on_device:
-            rows = target.decode_argmax(batch, all_rows=True)
-        elif forced and self.request.logprobs is None:  # a forced token needs no row: theirs ask for no logits
-            rows = target.decode(batch, outputs=[False] * len(forced) + [True] * (len(draft) + 1 + padding))
-        else:
-            rows = target.decode(batch, all_logits=True)
-        self.shapes.used(len(batch), len(batch) - padding)
+        rows = self._decode(batch)
+        size = len(forced) + len(draft) + 1 + padding
+        self.shapes.used(size, size - padding)
         t2 = time.perf_counter()
         forced_rows = []
         if forced and self.request.logprobs is not None:  # every row has logits: the forced tokens' first
             forced_rows, rows = rows[: len(forced)], rows[len(forced) :]
-        accepted, written = self._verify(rows, tokens + forced, draft)
+        accepted, written = self.verifier.verify(rows, tokens + forced, draft, self.stats.prompt_tokens)
         t3 = time.perf_counter()
         committed = forced + draft[:accepted] + [written]
         scores = [self._score(row, token) for row, token in zip([*forced_rows, *rows[: accepted + 1]], committed)] \
@@ -362,83 +287,22 @@ class Engine:
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,
                           proposal.proposer if draft else "", proposal.support[: len(draft)],
-                          proposal.agreeing[: len(draft)], asked,
+                          proposal.agreeing[: len(draft)], batch.asked,
                           # (the costs price batches whose every row has logits)
-                          0.0 if forced else self.policy.price(len(batch) - 1), forced=len(forced),
-                          rows=len(batch),
+                          0.0 if forced else self.policy.price(size - 1), forced=len(forced),
+                          rows=size,
                           draft_decode_seconds=proposal.decode_seconds)
         self.stats.record(step)
         self.policy.record(step)
         sources: list[Source] = ["draft"] * (len(forced) + accepted) + ["target"]
         return committed, sources, scores, step
 
-    def _pad(self, proposal: Proposal, forced: list[int], draft: list[int]) -> tuple[list[int], int]:
-        """The draft to verify and the padding rows after it, for the batch size BatchShapes
-        chooses: where the proposal has tokens past the chosen ones they fill the rows first
-        (verified like the rest, at no extra cost), the rest is padding. Never past the
-        largest batch (--exact) or the context."""
-        needed = 1 + len(forced) + len(draft)
-        most = min(self.cap.at(self.target.n_past), self.target.n_ctx - self.target.n_past)
-        rows = self.shapes.rows(needed, most)
-        if rows <= needed:
-            return draft, 0
-        more = proposal.tokens[len(draft) : len(draft) + rows - needed] if draft else []
-        draft = draft + more
-        return draft, rows - needed - len(more)
-
-    def _verify(self, rows: Sequence, tokens: list[int], draft: list[int]) -> tuple[int, int]:
-        """(accepted, written) from the verify batch's rows: the device's argmax of each, or
-        logits rows (penalised for the text before them, warped when sampling)."""
+    def _decode(self, batch: VerifyBatch) -> Sequence:
+        """The target's rows for the batch: the device's argmax of each, or logits (none for
+        the forced tokens' rows where no logprobs are asked for: nothing reads them)."""
+        tokens, forced = batch.tokens, len(batch.forced)
         if self._on_device:
-            return verify_greedy_tokens(draft, rows)
-        logits = _Rows(rows, self.sampling, tokens, draft, self.stats.prompt_tokens)
-        if self.matcher is not None:
-            return self._verify_constrained(logits, len(tokens), draft)
-        if self.sampling.greedy:
-            return verify_greedy(draft, logits)
-        return verify_keyed(draft, _WarpedRows(logits, self.sampling), self.seed, len(tokens))
-
-    def _verify_constrained(self, rows: Sequence[np.ndarray], position: int, draft: list[int]) -> tuple[int, int]:
-        """verify_greedy or verify_keyed with row i masked by the constraint after
-        draft[:i]: the matcher consumes each kept draft token, then the written one. Rows
-        after a rejection are never read."""
-        for i in range(len(draft) + 1):
-            chosen = self._write(rows[i], position + i)
-            if i == len(draft) or chosen != draft[i]:
-                return i, chosen
-        raise AssertionError("unreachable")
-
-
-class _Rows(Sequence[np.ndarray]):
-    """A verify batch's logits rows, row i with the penalties for the text before its position
-    (the committed tokens, then draft[:i], kept if row i is read at all; the output is that
-    text from `prompt_tokens` on). Rows after a rejection are never touched."""
-
-    def __init__(self, logits: np.ndarray, sampling: SamplingSettings, tokens: list[int], draft: list[int],
-                 prompt_tokens: int) -> None:
-        self._logits, self._sampling, self._tokens, self._draft = logits, sampling, tokens, draft
-        self._prompt_tokens = prompt_tokens
-
-    def __len__(self) -> int:
-        return self._logits.shape[0]
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if not self._sampling.penalises:
-            return self._logits[i]
-        context = self._tokens[-self._sampling.repeat_last_n :] + self._draft[:i]
-        output = self._tokens[self._prompt_tokens :] + self._draft[:i]
-        return self._sampling.penalise(self._logits[i], context, output)
-
-
-class _WarpedRows(Sequence[Distribution]):
-    """Target distributions warped on demand: rows after a rejection are never touched."""
-
-    def __init__(self, rows: Sequence[np.ndarray], sampling: SamplingSettings) -> None:
-        self._rows = rows
-        self._sampling = sampling
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        return warp(self._rows[i], self._sampling)
+            return self.target.decode_argmax(tokens, all_rows=True)
+        if forced and self.request.logprobs is None:
+            return self.target.decode(tokens, outputs=[False] * forced + [True] * (len(tokens) - forced))
+        return self.target.decode(tokens, all_logits=True)
