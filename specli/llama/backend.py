@@ -208,8 +208,132 @@ def _context_params(settings: LoadSettings, n_ctx_train: int):
     return params
 
 
-class Model:
-    """One GGUF model with one llama.cpp context and a single sequence (id 0). `load_mtp`:
+class _Vocabulary:
+    """A loaded model's tokens and chat template, read through llama.cpp's vocabulary: what
+    Model offers besides decoding. Reads the handles and caches Model.__init__ sets."""
+
+    _model: object
+    _vocab: object
+    _template_override: str | None
+    _eog_cache: dict[int, bool]
+    _piece_caches: tuple[dict[int, bytes], dict[int, bytes]]
+    n_vocab: int
+
+    @property
+    def vocab_type(self) -> int:
+        return int(llama.llama_vocab_type(self._vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(llama.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(llama.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_eos(self._vocab))
+
+    def is_end_of_generation(self, token: int) -> bool:
+        cached = self._eog_cache.get(token)
+        if cached is None:
+            cached = self._eog_cache[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return cached
+
+    def end_of_generation_tokens(self) -> list[int]:
+        """Every token id that ends a generation (EOS, end of turn, ...)."""
+        return [token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)]
+
+    def token_table(self) -> list[tuple[bytes, bool]]:
+        """Each token's bytes (special tokens as their text) and whether it is a control
+        token (or a user-defined one spelled like one, <...>), in id order."""
+        control, user = llama.LLAMA_TOKEN_ATTR_CONTROL, llama.LLAMA_TOKEN_ATTR_USER_DEFINED
+        table = []
+        for token in range(self.n_vocab):
+            piece = self.piece(token, special=True)
+            attr = llama.llama_vocab_get_attr(self._vocab, token)
+            special = bool(attr & control) or bool(attr & user and piece.startswith(b"<") and piece.endswith(b">"))
+            table.append((piece, special))
+        return table
+
+    def tokenizer_handles(self) -> tuple[int, int]:
+        """(the vocabulary's address, llama_tokenize's address): for a library that tokenizes
+        through llama.cpp itself (llguidance), valid while this model is loaded."""
+        vocab = ctypes.cast(self._vocab, ctypes.c_void_p).value
+        function = ctypes.cast(llama.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return int(vocab or 0), int(function or 0)
+
+    def token_text(self, token: int) -> bytes:
+        return llama.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama.llama_token * capacity)()
+        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        if count < 0:
+            capacity = -count
+            buffer = (llama.llama_token * capacity)()
+            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        return list(buffer[:count])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; special tokens (BOS, end of turn) render as nothing
+        unless `special`."""
+        cache = self._piece_caches[special]
+        cached = cache.get(token)
+        if cached is None:
+            buffer = ctypes.create_string_buffer(64)
+            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, special)
+            if size < 0:
+                buffer = ctypes.create_string_buffer(-size)
+                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, special)
+            cached = cache[token] = buffer.raw[:size]
+        return cached
+
+    def special_token(self, text: str) -> int | None:
+        """The id of the special token written `text` (`[TOOL_CALLS]`, `<|python_tag|>`), or
+        None where the vocabulary has no such token."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        plain = self.tokenize(text, add_special=False, parse_special=False)
+        return ids[0] if len(ids) == 1 and ids != plain else None
+
+    def chat_template(self) -> str | None:
+        """The model's chat template (Jinja source): the one given at load, else the GGUF's."""
+        if self._template_override is not None:
+            return self._template_override
+        template = llama.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", "replace") if template else None
+
+    def apply_builtin_chat_template(self, messages: list[dict[str, str]]) -> str | None:
+        """Messages formatted by llama.cpp's built-in copy of the model's chat template, ready
+        for the assistant's turn; None where llama.cpp does not recognise the template, the
+        model has none, or a template was given at load (rendered from its Jinja source)."""
+        template = llama.llama_model_chat_template(self._model, None)
+        if not template or self._template_override is not None:
+            return None
+        chat = (llama.llama_chat_message * len(messages))()
+        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        for i, (role, content) in enumerate(encoded):
+            chat[i].role = role
+            chat[i].content = content
+        size = sum(len(r) + len(c) for r, c in encoded) * 2 + 256
+        buffer = ctypes.create_string_buffer(size)
+        written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, size)
+        if written > size:
+            buffer = ctypes.create_string_buffer(written)
+            written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, written)
+        return buffer.raw[:written].decode("utf-8", "replace") if written >= 0 else None
+
+
+class Model(_Vocabulary):
+    """One GGUF model with one llama.cpp context and a single sequence (id 0): loading,
+    decoding and rewinding (its tokens and chat template: _Vocabulary). `load_mtp`:
     with the GGUF's NextN (multi-token prediction) layers, which llama.cpp skips otherwise
     (specli.llama.mtp drafts with them)."""
 
@@ -488,121 +612,6 @@ class Model:
             del self._record[n_keep:]
             self._reach = 0  # llama.cpp restores one snapshot, at the next decode
         self.n_past = min(self.n_past, n_keep)
-
-    # --- vocabulary ---------------------------------------------------------
-
-    @property
-    def vocab_type(self) -> int:
-        return int(llama.llama_vocab_type(self._vocab))
-
-    @property
-    def bos(self) -> int:
-        return int(llama.llama_vocab_bos(self._vocab))
-
-    @property
-    def eos(self) -> int:
-        return int(llama.llama_vocab_eos(self._vocab))
-
-    @property
-    def add_bos(self) -> bool:
-        return bool(llama.llama_vocab_get_add_bos(self._vocab))
-
-    @property
-    def add_eos(self) -> bool:
-        return bool(llama.llama_vocab_get_add_eos(self._vocab))
-
-    def is_end_of_generation(self, token: int) -> bool:
-        cached = self._eog_cache.get(token)
-        if cached is None:
-            cached = self._eog_cache[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
-        return cached
-
-    def end_of_generation_tokens(self) -> list[int]:
-        """Every token id that ends a generation (EOS, end of turn, ...)."""
-        return [token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)]
-
-    def token_table(self) -> list[tuple[bytes, bool]]:
-        """Each token's bytes (special tokens as their text) and whether it is a control
-        token (or a user-defined one spelled like one, <...>), in id order."""
-        control, user = llama.LLAMA_TOKEN_ATTR_CONTROL, llama.LLAMA_TOKEN_ATTR_USER_DEFINED
-        table = []
-        for token in range(self.n_vocab):
-            piece = self.piece(token, special=True)
-            attr = llama.llama_vocab_get_attr(self._vocab, token)
-            special = bool(attr & control) or bool(attr & user and piece.startswith(b"<") and piece.endswith(b">"))
-            table.append((piece, special))
-        return table
-
-    def tokenizer_handles(self) -> tuple[int, int]:
-        """(the vocabulary's address, llama_tokenize's address): for a library that tokenizes
-        through llama.cpp itself (llguidance), valid while this model is loaded."""
-        vocab = ctypes.cast(self._vocab, ctypes.c_void_p).value
-        function = ctypes.cast(llama.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
-        return int(vocab or 0), int(function or 0)
-
-    def token_text(self, token: int) -> bytes:
-        return llama.llama_vocab_get_text(self._vocab, token) or b""
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buffer = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
-        if count < 0:
-            capacity = -count
-            buffer = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
-        return list(buffer[:count])
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes a token stands for; special tokens (BOS, end of turn) render as nothing
-        unless `special`."""
-        cache = self._piece_caches[special]
-        cached = cache.get(token)
-        if cached is None:
-            buffer = ctypes.create_string_buffer(64)
-            size = llama.llama_token_to_piece(self._vocab, token, buffer, 64, 0, special)
-            if size < 0:
-                buffer = ctypes.create_string_buffer(-size)
-                size = llama.llama_token_to_piece(self._vocab, token, buffer, -size, 0, special)
-            cached = cache[token] = buffer.raw[:size]
-        return cached
-
-    # --- chat ---------------------------------------------------------------
-
-    def special_token(self, text: str) -> int | None:
-        """The id of the special token written `text` (`[TOOL_CALLS]`, `<|python_tag|>`), or
-        None where the vocabulary has no such token."""
-        ids = self.tokenize(text, add_special=False, parse_special=True)
-        plain = self.tokenize(text, add_special=False, parse_special=False)
-        return ids[0] if len(ids) == 1 and ids != plain else None
-
-    def chat_template(self) -> str | None:
-        """The model's chat template (Jinja source): the one given at load, else the GGUF's."""
-        if self._template_override is not None:
-            return self._template_override
-        template = llama.llama_model_chat_template(self._model, None)
-        return template.decode("utf-8", "replace") if template else None
-
-    def apply_builtin_chat_template(self, messages: list[dict[str, str]]) -> str | None:
-        """Messages formatted by llama.cpp's built-in copy of the model's chat template, ready
-        for the assistant's turn; None where llama.cpp does not recognise the template, the
-        model has none, or a template was given at load (rendered from its Jinja source)."""
-        template = llama.llama_model_chat_template(self._model, None)
-        if not template or self._template_override is not None:
-            return None
-        chat = (llama.llama_chat_message * len(messages))()
-        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        for i, (role, content) in enumerate(encoded):
-            chat[i].role = role
-            chat[i].content = content
-        size = sum(len(r) + len(c) for r, c in encoded) * 2 + 256
-        buffer = ctypes.create_string_buffer(size)
-        written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, size)
-        if written > size:
-            buffer = ctypes.create_string_buffer(written)
-            written = llama.llama_chat_apply_template(template, chat, len(messages), True, buffer, written)
-        return buffer.raw[:written].decode("utf-8", "replace") if written >= 0 else None
 
     # --- lifetime -----------------------------------------------------------
 
