@@ -4,8 +4,8 @@
     python benchmarks/chat_turns.py --target SmolLM2-135M-Instruct.Q4_1.gguf --runs 5
 
 Each run opens a session, answers a first question, then asks a second one twice: once on the
-engine that answered the first (its caches hold the conversation), once on a fresh engine
-(its cache is empty). It prints the median prefill seconds of both, and the tokens each decoded.
+session that answered the first (its caches hold the conversation), once after
+`clear_cache` (as a fresh run, it decodes the whole conversation). It prints the median prefill seconds of both, and the tokens each decoded.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from pathlib import Path
 
 from specli.decode.engine import Engine
 from specli.decode.events import Finished
-from specli.decode.policy import FixedDraftPolicy
-from specli.decode.proposers import NoProposer
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.llama.backend import LoadSettings
 from specli.prompt import chat_tokens
@@ -32,7 +30,7 @@ SECOND = "Now summarise that paragraph in one sentence."
 def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[float, int, float, int]:
     load = LoadSettings(ctx_size=2048, threads=threads)
     model = None if draft in (DraftKind.NGRAM, DraftKind.NONE) else Path(draft)
-    kind = DraftKind.MODEL if model is not None else DraftKind(draft)
+    kind = DraftKind.MODEL if model is not None else draft
     with open_session(SessionSpec(target, model, load, load)) as session:
         request = GenerationRequest(max_tokens=96, draft=kind)
         engine = session.engine_for(request)
@@ -45,8 +43,9 @@ def second_turn_prefill(target: Path, draft: str, threads: int | None) -> tuple[
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": SECOND}]
         prompt = chat_tokens(session.target, messages)
         kept = _first_token(session.engine_for(replace(request, max_tokens=1)), prompt)
-        # An engine of its own keeps no record of what the target's cache holds: it decodes it all.
-        fresh = _first_token(Engine(session.target, NoProposer(), FixedDraftPolicy(0), GenerationRequest(1)), prompt)
+        # With what the target's cache holds forgotten, as a fresh run: it decodes it all.
+        session.clear_cache()
+        fresh = _first_token(session.engine_for(GenerationRequest(1, draft=DraftKind.NONE)), prompt)
     return kept[0], kept[1], fresh[0], fresh[1]
 
 
