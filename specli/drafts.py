@@ -134,7 +134,7 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            provenance="mtp", label="the model's own MTP layers", behind_lookup=True,
            load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target)), target_loader=mtp.load_target,
            unavailable=lambda loaded, target: None if loaded is not None else
-           f"{target.path.name} has no NextN (MTP) layers open to draft with (load it with --draft mtp)",
+           f"{target.path.name} has no NextN (MTP) layers open to draft with",
            offered=lambda spec: mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0,
            drafter=lambda nextn, key, target, spec: nextn_drafter(key.beside("mtp"), target, nextn),
            choose=_auto_mtp)

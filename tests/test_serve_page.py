@@ -350,6 +350,8 @@ def test_a_copy_heavy_answer_shows_both_sources_and_joins_to_the_apis_text(brows
     runs, usage = streamed_runs(embedded_server, {"prompt": COPY_PROMPT, "max_tokens": 64, "temperature": 0,
                                                   "draft": "ngram", "draft_tokens": "auto"}, "/completions")
     assert joined(spans) == joined(runs), "the page shows the text the API returns"
+    titles = {span.get_attribute("title") for span in find(browser, "#conversation span.draft")}
+    assert titles == {"drafted by n-gram lookup"}, "who drafted, in /v1/models' words"
     accepted = int(stat(browser, "accepted"))
     assert accepted > 0 and int(stat(browser, "drafted")) >= accepted
     assert int(stat(browser, "tokens")) == usage["completion_tokens"] == 64
