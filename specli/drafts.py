@@ -11,8 +11,8 @@ A record says:
   lookup proposes before it;
 - why it cannot draft on a loaded session (`unavailable`), and what a server loads so that a
   request may ask for it (`offered`);
-- its cost path (`drafter`: the model that drafts, as specli/pricing/ times and stores it;
-  None: the target's costs alone price it);
+- its cost path (`cost_key`: where its measurements are stored; `drafter`: the model that
+  drafts, as specli/pricing/ times and stores it; None: the target's costs alone price it);
 - how --draft auto weighs it (`choose`, tried in AUTO's order).
 
 Adding a kind: its proposer (decode/), what it loads (llama/), its record (`register`, here
@@ -35,12 +35,12 @@ from specli.decode.request import DraftKind, GenerationRequest
 from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
 from specli.llama import mtp
-from specli.llama.backend import Model
+from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import check_vocab_compatible
 from specli.models import resolve
 from specli.models.resolve import ResolvedModels
 from specli.pricing.drafters import Drafter, model_drafter, nextn_drafter
-from specli.pricing.keys import StoreKey, draft_key
+from specli.pricing.keys import StoreKey, build_key, cost_store, draft_key, settings_key
 
 Notice = Callable[[str], None] | None
 # build(loaded, target, request, matcher, lookup): the kind's proposer for one request
@@ -62,7 +62,9 @@ class Kind:
     target_loader: Callable[..., Model] | None = None  # how the target opens when this kind is wanted
     unavailable: Callable[[Any, Model], str | None] = lambda loaded, target: None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
-    drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, target's key, target, spec)
+    # Where its drafter's measurements are stored, beside the target's key (draft file, its load settings).
+    cost_key: Callable[[StoreKey, Path | None, LoadSettings], StoreKey] | None = None
+    drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, its cost_key, target, spec)
     choose: Callable[[Path, Any, Notice], ResolvedModels | None] | None = None  # --draft auto
     order: tuple[str, ...] = field(default=())  # auto only: the kinds it tries, in turn
 
@@ -103,8 +105,7 @@ def _model_proposer(draft: DraftModel, target: Model, request: GenerationRequest
 
 
 def _model_cost(draft: DraftModel, key: StoreKey, target: Model, spec: Any) -> Drafter:
-    return model_drafter(draft_key(key, spec.draft_model, spec.draft_load), target, draft, spec.draft_model,
-                         draft.through_text)
+    return model_drafter(key, target, draft, spec.draft_model, draft.through_text)
 
 
 def _auto_model(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | None:
@@ -127,7 +128,7 @@ MODEL = Kind(DraftKind.MODEL, "model: the small draft model loaded with --draft 
              wanted=lambda spec: spec.draft_model is not None, load=_open_draft,
              unavailable=lambda loaded, target: None if loaded is not None else "no draft model is loaded "
                                                                                 "(load one with --draft MODEL)",
-             drafter=_model_cost, choose=_auto_model)
+             cost_key=lambda key, draft, load: draft_key(key, draft, load), drafter=_model_cost, choose=_auto_model)
 MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            build=lambda nextn, target, request, matcher, lookup: MtpProposer(
                nextn, request.sampling, request.seed or 0, request.draft_min_p, constraint=matcher),
@@ -136,7 +137,8 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            unavailable=lambda loaded, target: None if loaded is not None else
            f"{target.path.name} has no NextN (MTP) layers open to draft with",
            offered=lambda spec: mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0,
-           drafter=lambda nextn, key, target, spec: nextn_drafter(key.beside("mtp"), target, nextn),
+           cost_key=lambda key, draft, load: key.beside("mtp"),
+           drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
            choose=_auto_mtp)
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
             "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,
@@ -158,7 +160,8 @@ def get(name: str) -> Kind:
     naming the kinds where there is none."""
     kind = KINDS.get(name)
     if kind is None or kind.order:
-        raise UsageError(f"draft {name!r}: no such draft kind", "one of " + "; ".join(KINDS[n].help for n in runnable()))
+        kinds = "; ".join(KINDS[other].help for other in runnable())
+        raise UsageError(f"draft {name!r}: no such draft kind", f"one of {kinds}")
     return kind
 
 
@@ -188,6 +191,26 @@ def for_server(spec: Any) -> Any:
     NextN layers wherever they can draft)."""
     extra = tuple(name for name, kind in KINDS.items() if name not in spec.loads and kind.offered(spec))
     return replace(spec, loads=spec.loads + extra)
+
+
+def drafter_for(kind: Kind, loaded: Any, target: Model, spec: Any) -> Callable[[StoreKey], Drafter]:
+    """Pricing's drafter for a loaded kind: made with the target's key, read anew each time."""
+    assert kind.drafter is not None and kind.cost_key is not None
+    drafter, cost_key = kind.drafter, kind.cost_key
+    return lambda key: drafter(loaded, cost_key(key, spec.draft_model, spec.draft_load), target, spec)
+
+
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
+    """The speed-up `specli drafts --measure` timed and stored for the draft model `draft`
+    (None: the target's NextN layers, MTP), loaded with `load` (None: not measured)."""
+    kind = MTP if draft is None else MODEL
+    assert kind.cost_key is not None
+    try:
+        key = kind.cost_key(settings_key(target, load, build_key()), draft, load).beside("speedup")
+    except OSError:
+        return None
+    value = cost_store().get(key)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def resolve_models(pair: str | None, target: str | Path | None, draft: str | None,

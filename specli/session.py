@@ -11,7 +11,6 @@ draft kind's record), the draft-length policy and the engine that run it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -122,7 +121,7 @@ class Session:
 
     def _drafters(self) -> dict[str, Callable]:
         """Pricing's drafters by kind: each loaded thing that drafts with a model, as its kind prices it."""
-        return {name: partial(drafts.KINDS[name].drafter, thing, target=self.target, spec=self.spec)
+        return {name: drafts.drafter_for(drafts.KINDS[name], thing, self.target, self.spec)
                 for name, thing in self.loaded.items() if drafts.KINDS[name].drafter is not None}
 
     def _max_draft(self, request: GenerationRequest) -> int:

@@ -235,9 +235,7 @@ def default_load() -> LoadSettings:
 def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
     """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not
     measured); `draft` None: the target's NextN layers'."""
-    from specli.pricing import stored_speedup as timed
-
-    return timed(target, draft, load)
+    return drafts.stored_speedup(target, draft, load)
 
 
 def hardware(params: Mapping[str, Any]) -> Hardware:

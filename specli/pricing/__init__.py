@@ -52,7 +52,7 @@ from specli.decode.request import GenerationRequest
 from specli.errors import CalibrationError
 from specli.llama.backend import LoadSettings, Model, supports_gpu_offload
 from specli.pricing.drafters import CATCH_UP_BATCH, Drafter, timed_speedup
-from specli.pricing.keys import StoreKey, build_key, cost_store, draft_key, exact_key, settings_key
+from specli.pricing.keys import StoreKey, build_key, cost_store, exact_key, settings_key
 
 # A draft kind's drafter, made with the target's key (read anew: the build and devices are part of it).
 DrafterFor = Callable[[StoreKey], Drafter]
@@ -269,18 +269,6 @@ def _ago(seconds: float) -> str:
 def _clock(moment: float) -> str:
     """A Unix time as the local time of day."""
     return time.strftime("%H:%M", time.localtime(moment))
-
-
-def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
-    """The draft's speed-up that `specli drafts --measure` timed and stored (None: not
-    measured); `draft` None: the target's NextN layers' (MTP drafting)."""
-    try:
-        key = settings_key(target, load, build_key())
-        key = (key.beside("mtp") if draft is None else draft_key(key, draft, load)).beside("speedup")
-    except OSError:
-        return None
-    value = cost_store().get(key)
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *, measure: bool = True,

@@ -5,7 +5,8 @@ A target's key (`settings_key`) holds its curve; what is measured beside it is s
 `key.beside(name)`: the NextN layers' measurements ("mtp"), a first run's busy finding
 ("busy"), the exact batch sizes ("exact"), and a drafter's catch-up, agreement and speed-up
 ("catch_up", "acceptance", "speedup" beside the drafter's own key). A draft model's key
-(`draft_key`) is its target's, then the draft file and its settings. The strings are the
+(`draft_key`) is its target's, then the draft file and its settings; each draft kind's
+record (specli/drafts.py, `cost_key`) says which of these its drafter's is. The strings are the
 stored keys themselves (tests/data/costs_keys*.json): a change to them measures everything
 again, so it goes with a version."""
 
