@@ -5,7 +5,8 @@
 
 Each run opens a session, answers a first question, then asks a second one twice: once on the
 session that answered the first (its caches hold the conversation), once after
-`clear_cache` (as a fresh run, it decodes the whole conversation). It prints the median prefill seconds of both, and the tokens each decoded.
+`clear_cache` (as a fresh run, it decodes the whole conversation). It prints the median
+prefill seconds of both, and the tokens each decoded.
 """
 
 from __future__ import annotations
