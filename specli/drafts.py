@@ -60,7 +60,8 @@ class Kind:
     wanted: Callable[[Any], bool] | None = None  # from the SessionSpec (None: its name is in spec.loads)
     load: Callable[[Any, Model, Notice], Any] | None = None  # (spec, target, notice): what it drafts with
     target_loader: Callable[..., Model] | None = None  # how the target opens when this kind is wanted
-    unavailable: Callable[[Any, Model], str | None] = lambda loaded, target: None
+    # Why it cannot draft, from what was loaded for it (None: where it loads anything, that it did).
+    unavailable: Callable[[Any, Model], str | None] | None = None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
     # Where its drafter's measurements are stored, beside the target's key (draft file, its load settings).
     cost_key: Callable[[StoreKey, Path | None, LoadSettings], StoreKey] | None = None
@@ -71,6 +72,12 @@ class Kind:
     @property
     def drafts(self) -> bool:
         return self.build is not None
+
+    def why_not(self, loaded: Any, target: Model) -> str | None:
+        """Why it cannot draft, given what the session loaded for it (None: it can)."""
+        if self.unavailable is not None:
+            return self.unavailable(loaded, target)
+        return "not loaded on this session" if self.load is not None and loaded is None else None
 
     def is_wanted(self, spec: Any) -> bool:
         return self.wanted(spec) if self.wanted is not None else self.name in spec.loads
@@ -183,7 +190,8 @@ def labels() -> dict[str, str]:
 def offered(own: str, unavailable: Callable[[Kind], str | None]) -> list[str]:
     """The `draft` values a request may give on a loaded session (`unavailable`: the
     session's), the server's own first."""
-    return [own] + [name for name in runnable() if name != own and unavailable(KINDS[name]) is None]
+    return [name for name in [own] + [other for other in runnable() if other != own]
+            if name in KINDS and unavailable(KINDS[name]) is None]
 
 
 def for_server(spec: Any) -> Any:
@@ -218,6 +226,8 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     """-m, --target and --draft: the files to load and the draft kind. --draft NAME names a
     kind; auto tries AUTO's kinds in turn; anything else is a model (resolve.resolve_models)."""
     check_spelling(draft)
+    if pair is not None and target is None and draft is None:
+        _check_pair(pair)  # before anything is downloaded
     if draft is None or draft not in KINDS:
         return resolve.resolve_models(pair, target, draft)
     models = resolve.resolve_models(pair, target, None)
@@ -227,7 +237,25 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
             chosen = KINDS[name].choose(models.target, speedup, None) if KINDS[name].choose else None
             if chosen is not None:
                 return replace(chosen, draft_tokens=models.draft_tokens)
+    if kind is MODEL:  # the word alone: the pair's draft model, where it has one
+        if models.draft_model is None:
+            raise UsageError("--draft model: no draft model to load", "name its file: --draft FILE")
+        return models
     return replace(models, draft=kind.name, draft_model=None)
+
+
+def _check_pair(pair: str) -> None:
+    """A pair's `draft = "NAME"` names a kind a generation can draft with (not auto, and not
+    "model": a draft model is a table)."""
+    from specli.models.registry import load_registry
+
+    entry = load_registry().get(pair)
+    if isinstance(entry.draft, str):
+        try:
+            if get(entry.draft) is MODEL:
+                raise UsageError("a draft model is given as a table (repo and file, path or package)")
+        except UsageError as error:
+            raise UsageError(f"pair {pair}: {error.message}", error.hint) from None
 
 
 def check_spelling(draft: str | None) -> None:

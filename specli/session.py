@@ -105,7 +105,7 @@ class Session:
 
     def unavailable(self, kind: drafts.Kind) -> str | None:
         """Why `kind` cannot draft on this session (None: it can)."""
-        return kind.unavailable(self.loaded.get(kind.name), self.target)
+        return kind.why_not(self.loaded.get(kind.name), self.target)
 
     def plain_reason(self, request: GenerationRequest) -> str | None:
         """Why a request that drafts decodes plainly on this session (None: it drafts): the

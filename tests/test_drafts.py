@@ -119,6 +119,22 @@ def test_a_kind_declared_in_one_record_is_served_and_listed(gemma_path, echo_kin
     assert OPENED[0].closed, "closed with the session"
 
 
+def test_a_kind_that_loads_something_is_offered_only_where_it_was_loaded(gemma_path, echo_kind):
+    spec = SessionSpec(gemma_path, target_load=LoadSettings(ctx_size=256, threads=1))  # echo not asked for
+    with open_session(spec) as session:
+        worker = Worker(session, queue=2, memory=False, measure=False)
+        info = ServerInfo("gemma", gemma_path.name, "ngram", None, GenerationRequest(max_tokens=4), 0)
+        with TestClient(create_app(worker, info, io.StringIO()), base_url="http://127.0.0.1:8080") as client:
+            assert client.get("/v1/models").json()["data"][0]["drafts"] == ["ngram", "none"]
+            refused = client.post("/v1/completions", json={"prompt": PROMPT, "draft": "echo"})
+            assert refused.status_code == 400 and "draft 'echo': not loaded" in refused.json()["error"]["message"]
+    assert OPENED == [], "nothing loaded for it"
+
+
+def test_the_word_model_is_the_pairs_draft_model_or_one_line(gemma_path):
+    assert_one_line_error(CliRunner().invoke(app, ["run", "--draft", "model", "hi"]), 2, "--draft model", "--draft FILE")
+
+
 def test_a_misspelt_or_unknown_kind_is_one_line(gemma_path):
     assert_one_line_error(CliRunner().invoke(app, ["run", "--draft", "ngrm", "hi"]), 2, "did you mean --draft ngram?")
     with pytest.raises(UsageError) as raised:

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error
+from typer.testing import CliRunner
 
+from specli.commands.cli import app
 from specli.decode.request import DraftKind
 from specli.errors import ConfigError, UnknownPairError
 from specli.models.registry import (
@@ -384,3 +387,14 @@ def test_cli_reports_a_bad_user_registry_on_one_line():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"specli: error: {path}: pairs.foo.target.rpo: unknown key")
+
+
+@pytest.mark.parametrize(("draft", "expected"), [("ngrm", "pair foo: draft 'ngrm': no such draft kind"),
+                                                  ("auto", "pair foo: draft 'auto': no such draft kind"),
+                                                  ("model", "pair foo: a draft model is given as a table")])
+def test_a_pair_naming_no_draft_kind_is_refused_before_any_download(draft, expected):
+    """The registry takes a kind's name as a word (the kinds are specli/drafts.py's); a pair
+    that names no kind a generation drafts with is one line, before its files are pulled."""
+    write_user_registry(f'[pairs.foo]\ntarget = {{ repo = "a/b-GGUF", file = "t.gguf" }}\ndraft = "{draft}"\n')
+    result = CliRunner().invoke(app, ["run", "-m", "foo", "hi"])
+    assert_one_line_error(result, 2, expected)
