@@ -50,6 +50,9 @@ Build = Callable[[Any, Model, GenerationRequest, "Matcher | None", NGramProposer
 
 @dataclass(frozen=True)
 class Kind:
+    """One draft kind, as the module docstring lists its parts; `name` is how a request, a
+    pair and --draft name it."""
+
     name: str
     help: str  # "NAME: what drafts", as an unknown kind's error lists the kinds
     build: Build | None = None
