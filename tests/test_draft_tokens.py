@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from specli.commands import options
 from specli.commands.cli import app
 from specli.decode.request import parse_draft_tokens
 from specli.errors import UsageError
-from specli.models import resolve
 from specli.models.resolve import ResolvedModels
 
 
@@ -39,11 +39,13 @@ def test_k_parses_numbers_and_auto():
 
 @pytest.mark.slow  # loads the real model
 @pytest.mark.parametrize("given, expected", [([], 3), (["-k", "auto"], "auto"), (["-k", "5"], 5)])
-def test_a_pair_with_a_fixed_draft_length_still_runs_auto_when_asked(gemma_path, monkeypatch, given, expected):
+def test_a_pair_with_a_fixed_draft_length_still_runs_auto_when_asked(gemma_path, given, expected):
     """A pair that sets draft_tokens = 3: without -k it drafts at most 3 a step; `-k auto`
     is the adaptive policy, priced by costs (reported in --json)."""
-    monkeypatch.setattr(resolve, "resolve_models", lambda pair, target, draft, speedup=None:
-                        ResolvedModels(gemma_path, draft_tokens=3))
+    home = Path(os.environ["SPECLI_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "models.toml").write_text(f'[pairs.some-pair]\ntarget = {{ path = "{gemma_path}" }}\ndraft = "ngram"\n'
+                                      "draft_tokens = 3\n")
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     result = CliRunner().invoke(app, ["run", "-m", "some-pair", "--json", "-n", "40", "-c", "512", *given, prompt])
     assert result.exit_code == 0, result.output
