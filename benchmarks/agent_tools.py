@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
-from benchmarks.harness import free_port  # noqa: E402
+from tests.support.harness import free_port  # noqa: E402
 from benchmarks.structured import (  # noqa: E402
     DEFAULT_MODEL,
     DEFAULT_SERVER,

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.netdelay import Namespace  # noqa: E402
-from benchmarks.rpc_server import Server  # noqa: E402
+from tests.support.rpc_server import Server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NETDELAY = REPO / "benchmarks" / "netdelay.py"

@@ -49,7 +49,7 @@ from typing import Iterator, Sequence
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
-from benchmarks.harness import free_port, stop, wait_healthy  # noqa: E402
+from tests.support.harness import free_port, stop, wait_healthy  # noqa: E402
 
 LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "ngram-mod,ngram-simple")
 

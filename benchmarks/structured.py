@@ -76,7 +76,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is a package
 from benchmarks.compare_llamacpp import json_lines  # noqa: E402
-from benchmarks.harness import free_port, stop, wait_healthy  # noqa: E402
+from tests.support.harness import free_port, stop, wait_healthy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LLAMA_SERVER_ENV = "LLAMA_SERVER_BIN"

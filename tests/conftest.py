@@ -128,10 +128,10 @@ def gemma_server(gemma_path):
 
 @pytest.fixture(scope="session")
 def mtp_files(tmp_path_factory):
-    """Tiny GGUFs with NextN layers (benchmarks/synthetic_mtp.py): one layer, three chained, one
+    """Tiny GGUFs with NextN layers (tests/support/synthetic_mtp.py): one layer, three chained, one
     whose head is closed (its output scaled to 0), a hybrid target (Qwen3.5's shape) and
     Qwen3-Next's (which this llama.cpp cannot roll back)."""
-    from benchmarks.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
+    from tests.support.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
 
     folder = tmp_path_factory.mktemp("mtp")
     return {"one": write_tiny_mtp(folder), "chained": write_tiny_mtp(folder, heads=3),

@@ -200,7 +200,7 @@ def _tied_model(tmp_path, name: str, tie) -> Model:
     in place (an F32 matrix, one row per token)."""
     import gguf
 
-    from benchmarks.synthetic import write_model
+    from tests.support.synthetic import write_model
 
     path = write_model(tmp_path / f"{name}.gguf", n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
                        context_length=256)

@@ -1,4 +1,4 @@
-"""benchmarks/harness.py, which benchmarks and tests share to start servers: a free port, the
+"""tests/support/harness.py, which benchmarks and tests share to start servers: a free port, the
 wait for /health (through its 503s while loading), a process that dies first, and the stop."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks.harness import free_port, stop, wait_healthy
+from tests.support.harness import free_port, stop, wait_healthy
 
 # A server whose /health answers 503 twice (loading), then 200; it logs nothing.
 LOADING_SERVER = """

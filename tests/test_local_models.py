@@ -268,7 +268,7 @@ def test_drafts_measure_stores_a_speedup_that_ranks_the_drafts(tmp_path, quiet_c
     """A synthetic prefix pair (the draft is the target's first layers, SmolLM2's vocabulary)
     in a fake LM Studio folder: --measure loads it, times it against plain decoding, stores the
     speed-up, and the list shows it, as a later listing does without measuring."""
-    from benchmarks.synthetic import write_tiny_pair
+    from tests.support.synthetic import write_tiny_pair
 
     home = tmp_path / "home"
     folder = home / ".lmstudio" / "models" / "synthetic" / "tiny"
@@ -313,7 +313,7 @@ def test_the_stats_name_the_draft_model(tmp_path):
     import subprocess
     import sys
 
-    from benchmarks.synthetic import write_tiny_pair
+    from tests.support.synthetic import write_tiny_pair
 
     target, draft = write_tiny_pair(tmp_path)
     result = subprocess.run([sys.executable, "-m", "specli", "run", "--target", str(target), "--draft", str(draft),

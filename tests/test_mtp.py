@@ -1,5 +1,5 @@
 """MTP drafting: a target's own NextN layers draft from its hidden states (specli.llama.mtp,
-specli.decode.mtp), on tiny MiMo-2 models written here (benchmarks/synthetic_mtp.py).
+specli.decode.mtp), on tiny MiMo-2 models written here (tests/support/synthetic_mtp.py).
 
 Their weights make the next token predictable and the NextN layers predict it most of the
 time, so drafts are kept where the binding is right and rejected where it is not. With
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import generation
 
-from benchmarks.synthetic_mtp import TINY_MTP, head_logits, output_logits, write_mtp_model
+from tests.support.synthetic_mtp import TINY_MTP, head_logits, output_logits, write_mtp_model
 from specli.decode.engine import Engine
 from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.policy import FixedDraftPolicy

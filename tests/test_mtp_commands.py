@@ -1,7 +1,7 @@
 """`--draft mtp` wherever a draft kind goes: run (text, --json, --exact), bench's pricing with
 -k auto, --draft auto, serve (the request field, /v1/models' drafts, spans' proposer), doctor,
 the registry's `draft = "mtp"`, and the one-line refusals (exit 2). On tiny MiMo-2 and Qwen3.5
-models written here (benchmarks/synthetic_mtp.py); no downloads."""
+models written here (tests/support/synthetic_mtp.py); no downloads."""
 
 from __future__ import annotations
 

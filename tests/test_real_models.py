@@ -180,7 +180,7 @@ def test_calibration_prices_a_draft_model_by_its_own_decode(tmp_path, quiet_cali
     large vocabulary), so the prior prices a draft token like a target decode; calibration
     times the draft itself, as it must over --rpc, where the target's decodes also pay the
     network."""
-    from benchmarks.synthetic import write_tiny_pair
+    from tests.support.synthetic import write_tiny_pair
     from specli.session import SessionSpec, open_session
 
     target_path, draft_path = write_tiny_pair(tmp_path)

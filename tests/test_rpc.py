@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from benchmarks.harness import free_port
+from tests.support.harness import free_port
 from specli.errors import UsageError
 from specli.llama import rpc
 from specli.llama.rpc import Endpoint, RpcError

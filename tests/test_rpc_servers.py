@@ -2,7 +2,7 @@
 as without them, the draft placed by --draft-rpc, doctor's report, and a server that is down,
 killed mid-run or cut off mid-run ending in one line that names it.
 
-The server is built from the llama.cpp that llama-cpp-python vendors (benchmarks/rpc_server.py;
+The server is built from the llama.cpp that llama-cpp-python vendors (tests/support/rpc_server.py;
 minutes the first time, cached after).
 """
 
@@ -19,8 +19,8 @@ import time
 import pytest
 from helpers import assert_lossless, assert_one_line_error
 
-from benchmarks.harness import free_port
-from benchmarks.rpc_server import Server
+from tests.support.harness import free_port
+from tests.support.rpc_server import Server
 
 pytestmark = pytest.mark.slow  # builds and starts servers, loads a real model
 

@@ -22,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from helpers import generated, serving
 
-from benchmarks.harness import free_port
+from tests.support.harness import free_port
 from specli.decode.constraint import Constraint, ConstraintError
 from specli.decode.events import Stats
 from specli.decode.request import DraftKind, GenerationRequest

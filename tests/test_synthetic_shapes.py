@@ -1,10 +1,10 @@
-"""benchmarks/synthetic.py: the 8B shape, and writing with several threads."""
+"""tests/support/synthetic.py: the 8B shape, and writing with several threads."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.synthetic import LLAMA_8B, SHAPES, Shape, load_vocabulary, write_model
+from tests.support.synthetic import LLAMA_8B, SHAPES, Shape, load_vocabulary, write_model
 
 
 def test_the_8b_shape_has_llama_3_8b_parameter_count_with_its_vocabulary():

@@ -10,7 +10,7 @@ by llama-cpp-python 0.3.36), checked in this order:
 5. the same text for every token id from 5 up to the smaller size.
 
 Each case writes two tiny one-layer llama GGUFs (a few hundred tokens, about 100 kB) with
-`benchmarks.synthetic.write_model` and a vocabulary built here, loads both through llama.cpp,
+`tests.support.synthetic.write_model` and a vocabulary built here, loads both through llama.cpp,
 and checks that specli refuses where llama.cpp refuses and accepts where it accepts. The verdicts
 were checked against the vendored function itself, compiled and linked to the same libllama, on
 these same files.
@@ -27,7 +27,7 @@ from specli.llama.backend import LoadSettings, Model
 from specli.llama.vocab import VOCAB_CHECK_START_TOKEN_ID, VOCAB_MAX_SIZE_DIFFERENCE, check_vocab_compatible
 
 gguf = pytest.importorskip("gguf")
-synthetic = pytest.importorskip("benchmarks.synthetic")
+synthetic = pytest.importorskip("tests.support.synthetic")
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import free_port
+from tests.support.harness import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "ggml-rpc-server"
