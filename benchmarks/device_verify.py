@@ -23,21 +23,21 @@ import time
 from pathlib import Path
 
 from specli.comparison import load_workloads
-from specli.decode.engine import Engine, EngineOptions
 from specli.decode.events import Stats, Token
-from specli.decode.ngram import NGramProposer
-from specli.decode.policy import FixedDraftPolicy
-from specli.decode.proposers import NoProposer
-from specli.decode.request import GenerationRequest
+from specli.decode.request import DraftKind, GenerationRequest
 from specli.llama.backend import LoadSettings, Model
 from specli.prompt import prompt_tokens
+from specli.session import Session, SessionSpec
 
 PATHS = ("host", "device")
 
 
-def run_once(target: Model, tokens: list[int], k: int, max_tokens: int, on_device: bool) -> tuple[list[int], Stats]:
-    proposer = NoProposer() if k == 0 else NGramProposer()
-    engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens), options=EngineOptions(verify_on_device=on_device))
+def run_once(session: Session, tokens: list[int], k: int, max_tokens: int) -> tuple[list[int], Stats]:
+    """One generation as `specli run` makes it (through Session.engine_for): its whole prompt
+    decoded, then plain steps (k 0) or n-gram lookup at a fixed k."""
+    session.clear_cache()
+    draft = DraftKind.NGRAM if k else DraftKind.NONE
+    engine = session.engine_for(GenerationRequest(max_tokens, draft=draft, draft_tokens=max(k, 1)))
     output = []
     for event in engine.generate(tokens):
         if isinstance(event, Token) and event.id >= 0:
@@ -45,10 +45,11 @@ def run_once(target: Model, tokens: list[int], k: int, max_tokens: int, on_devic
     return output, engine.stats
 
 
-def compare(target: Model, workloads, ks: list[int], runs: int, progress) -> list[dict]:
+def compare(sessions: dict[str, Session], workloads, ks: list[int], runs: int, progress) -> list[dict]:
+    """sessions: by path, on one loaded target, differing only in where they verify."""
     results = []
     for workload in workloads:
-        tokens = prompt_tokens(target, workload.prompt, chat=workload.chat)
+        tokens = prompt_tokens(sessions["host"].target, workload.prompt, chat=workload.chat)
         for k in ks:
             figures = {path: {"tokens_per_second": [], "read_us_per_row": [], "verify_ms_per_step": []} for path in PATHS}
             ratios, same = [], True
@@ -56,7 +57,7 @@ def compare(target: Model, workloads, ks: list[int], runs: int, progress) -> lis
                 order = PATHS if round_index % 2 == 0 else PATHS[::-1]
                 outputs, speeds = {}, {}
                 for path in order:
-                    outputs[path], stats = run_once(target, tokens, k, workload.max_tokens, path == "device")
+                    outputs[path], stats = run_once(sessions[path], tokens, k, workload.max_tokens)
                     speeds[path] = stats.tokens_per_second
                     if round_index > 0:
                         figures[path]["tokens_per_second"].append(stats.tokens_per_second)
@@ -139,9 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w for w in load_workloads() if w.name in names]
     workloads = [type(w)(w.name, w.kind, w.prompt, args.max_tokens, w.chat) for w in workloads]
     progress = None if args.json else print
-    with Model(args.target, LoadSettings(ctx_size=2048, threads=args.threads)) as target:
+    load = LoadSettings(ctx_size=2048, threads=args.threads)
+    with Model(args.target, load) as target:
+        sessions = {path: Session(SessionSpec(args.target, target_load=load, verify_on_device=path == "device"), target)
+                    for path in PATHS}
         report = {"target": args.target.name, "threads": args.threads, "runs": args.runs,
-                  "results": compare(target, workloads, [int(k) for k in args.k.split(",")], args.runs, progress)}
+                  "results": compare(sessions, workloads, [int(k) for k in args.k.split(",")], args.runs, progress)}
         if args.rows:
             report["batches"] = batch_costs(target, [int(size) for size in args.rows.split(",")], max(5, args.runs))
             if progress:

@@ -230,6 +230,8 @@ def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, f
         draft_length = AdaptiveDraftPolicy(calibrated, prior=proposer.prior)
     else:
         draft_length = FixedDraftPolicy(LLAMA_M if policy == "ngram-simple" else int(policy))
+    # The one engine built outside Session.engine_for: its target is a recording, not a loaded
+    # model, and its policy is the one under test.
     engine = Engine(target, proposer, draft_length, GenerationRequest(max_tokens=case.max_tokens))
     rng = random.Random(seed)
     seconds, steps = 0.0, []

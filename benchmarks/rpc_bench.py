@@ -84,12 +84,9 @@ def relay_trips(stats_files: list[Path]) -> int:
 TRIPS = """
 import json, sys, time
 from specli.llama import rpc
-from specli.llama.backend import LoadSettings, Model
-from specli.decode.engine import Engine
-from specli.decode.policy import FixedDraftPolicy
-from specli.decode.request import GenerationRequest
-from specli.decode.ngram import NGramProposer
-from specli.decode.proposers import NoProposer
+from specli.llama.backend import LoadSettings
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.session import SessionSpec, open_session
 
 path, endpoints, draft, stats_files = sys.argv[1], tuple(sys.argv[2].split(",")), int(sys.argv[3]), sys.argv[4:]
 prompt = "Copy this list exactly: red, green, blue, cyan, magenta, yellow. Copy: red, green,"
@@ -99,14 +96,15 @@ def trips():
     return sum(json.load(open(path))["round_trips"] for path in stats_files)
 
 rpc.connect(endpoints)
-with Model(path, LoadSettings(ctx_size=512, rpc=endpoints)) as model:
-    tokens = model.tokenize(prompt)
+with open_session(SessionSpec(path, target_load=LoadSettings(ctx_size=512, rpc=endpoints))) as session:
+    tokens = session.target.tokenize(prompt)
+    request = GenerationRequest(max_tokens=64, draft=DraftKind.NGRAM if draft else DraftKind.NONE,
+                                draft_tokens=max(draft, 1))
     counts = []
     for _ in range(2):
-        model.rewind(0)
+        session.clear_cache()  # the whole prompt decoded each time
         before = trips()
-        engine = Engine(model, NGramProposer() if draft else NoProposer(), FixedDraftPolicy(draft),
-                        GenerationRequest(max_tokens=64))
+        engine = session.engine_for(request)
         for event in engine.generate(tokens):
             pass
         counts.append((trips() - before) / (engine.stats.steps + 1))  # and the prompt's decode

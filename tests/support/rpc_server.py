@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.support.harness import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TARGET = "ggml-rpc-server"
 CMAKE_ARGS = "-DGGML_RPC=ON"
 
