@@ -13,7 +13,8 @@ A record says:
   request may ask for it (`offered`);
 - its cost path (`cost_key`: where its measurements are stored; `drafter`: the model that
   drafts, as specli/pricing/ times and stores it; None: the target's costs alone price it);
-- how --draft auto weighs it (`choose`, tried in AUTO's order).
+- how --draft auto weighs it (`choose`, tried in AUTO's order), and what of the target's own
+  it drafts with (`own`: `specli drafts` lists and measures it beside the draft models).
 
 Adding a kind: its proposer (decode/), what it loads (llama/), its record (`register`, here
 or from its own module); nothing else names it. Only `Session.engine_for` calls `build`.
@@ -22,6 +23,7 @@ or from its own module); nothing else names it. Only `Session.engine_for` calls 
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -70,6 +72,10 @@ class Kind:
     cost_key: Callable[[StoreKey, Path | None, LoadSettings], StoreKey] | None = None
     drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, its cost_key, target, spec)
     choose: Callable[[Path, Any, Notice], ResolvedModels | None] | None = None  # --draft auto
+    # The target's own layers it drafts with, counted from its file where this build can run
+    # them (0: none), and the name `specli drafts --json` gives the count.
+    own: Callable[[Path], int] | None = None
+    own_field: str = "layers"
     order: tuple[str, ...] = field(default=())  # auto only: the kinds it tries, in turn
 
     @property
@@ -123,8 +129,38 @@ def _auto_model(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | 
     return ResolvedModels(target, DraftKind.MODEL, chosen) if chosen is not None else None
 
 
+def _nextn_layers(target: Path) -> int:
+    """The target's NextN layers where this build can draft with them (0: none, or no MTP API)."""
+    return mtp.nextn_layers(target) if target.is_file() and mtp.supports_mtp() else 0
+
+
 def _auto_mtp(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | None:
-    return ResolvedModels(target, DraftKind.MTP) if resolve.takes_mtp(target, notice, speedup=speedup) else None
+    """--draft auto on a target with NextN layers this build can run: MTP, unless its measured
+    speed-up loses or a draft model's measured one beats it (`speedup(target, None)`: MTP's).
+    One line on stderr names the choice; a target without them says nothing here."""
+    from specli.models.local import draft_candidates
+
+    say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
+    if not target.is_file() or mtp.nextn_layers(target) <= 0:
+        return None
+    reason = mtp.unsupported_reason()
+    if reason is not None:
+        say(f"--draft auto: the target has NextN (MTP) layers, but {reason}")
+        return None
+    own = speedup(target, None) if speedup is not None else None
+    if own is not None and own <= 1:
+        say(f"--draft auto: the target's NextN (MTP) layers were measured to lose ({own:.2f}x)")
+        return None
+    _, candidates = draft_candidates(target, speedup=speedup)
+    gains = [(gain, c.draft.name) for c in candidates
+             if (gain := speedup(target, Path(c.draft.path)) if speedup is not None else None) is not None]
+    best = max(gains, default=None)
+    if own is not None and best is not None and best[0] > own:
+        say(f"--draft auto: {best[1]} measured {best[0]:.2f}x, more than the target's NextN (MTP) layers' {own:.2f}x")
+        return None
+    measured = f", measured {own:.2f}x" if own is not None else ""
+    say(f"--draft auto: drafting with the target's own NextN (MTP) layers{measured}")
+    return ResolvedModels(target, DraftKind.MTP)
 
 
 NONE = Kind(DraftKind.NONE, "none: plain decoding, the target writes every token")
@@ -146,10 +182,10 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target)), target_loader=mtp.load_target,
            unavailable=lambda loaded, target: None if loaded is not None else
            f"{target.path.name} has no NextN (MTP) layers open to draft with",
-           offered=lambda spec: mtp.supports_mtp() and mtp.nextn_layers(spec.target) > 0,
+           offered=lambda spec: _nextn_layers(spec.target) > 0,
            cost_key=lambda key, draft, load: key.beside("mtp"),
            drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
-           choose=_auto_mtp)
+           choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers")
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
             "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,
                                                                           DraftKind.NGRAM))
@@ -157,6 +193,12 @@ AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (MODEL, MTP, NGRAM, NONE, AUTO)}
 # What else drafts a span: a grammar's forced tokens (not a kind a request asks for).
 OTHER_LABELS = {"grammar": "the grammar"}
+
+
+def own_layers(target: Path) -> dict[str, int]:
+    """The kinds that draft with the target's own layers, and how many it has for each."""
+    counts = {name: kind.own(target) for name, kind in KINDS.items() if kind.own is not None}
+    return {name: count for name, count in counts.items() if count > 0}
 
 
 def register(kind: Kind) -> Kind:
@@ -211,10 +253,11 @@ def drafter_for(kind: Kind, loaded: Any, target: Model, spec: Any) -> Callable[[
     return lambda key: drafter(loaded, cost_key(key, spec.draft_model, spec.draft_load), target, spec)
 
 
-def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
-    """The speed-up `specli drafts --measure` timed and stored for the draft model `draft`
-    (None: the target's NextN layers, MTP), loaded with `load` (None: not measured)."""
-    kind = MTP if draft is None else MODEL
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings, kind: str | None = None) -> float | None:
+    """The speed-up `specli drafts --measure` timed and stored for the draft model `draft`, or
+    for `kind`'s own layers (draft None; MTP's where no kind is named), loaded with `load`
+    (None: not measured)."""
+    kind = MODEL if draft is not None else KINDS[kind or DraftKind.MTP]
     assert kind.cost_key is not None
     try:
         key = kind.cost_key(settings_key(target, load, build_key()), draft, load).beside("speedup")

@@ -118,12 +118,13 @@ def test_k_auto_prices_mtp_by_its_layers_and_measures_them(mtp_files, quiet_cali
 
 
 def test_draft_auto_takes_mtp_unless_a_measured_draft_beats_it(mtp_files, tmp_path):
-    from specli.models.resolve import takes_mtp
+    from specli.drafts import MTP
 
     said: list[str] = []
-    assert takes_mtp(mtp_files["chained"], said.append, speedup=lambda target, draft: None)
+    chosen = MTP.choose(mtp_files["chained"], lambda target, draft: None, said.append)
+    assert chosen is not None and chosen.draft == "mtp" and chosen.draft_model is None
     assert "NextN" in said[-1]
-    assert not takes_mtp(mtp_files["chained"], said.append, speedup=lambda target, draft: 0.9 if draft is None else None)
+    assert MTP.choose(mtp_files["chained"], lambda target, draft: 0.9 if draft is None else None, said.append) is None
     assert "lose" in said[-1]
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specli import drafts as kinds
 from specli.commands.app import Command, app
 from specli.errors import UsageError
 
@@ -41,39 +42,44 @@ def drafts(
     mine, candidates = draft_candidates(path, target, speedup)
     gains = {c.draft.path: speedup(Path(mine.path), Path(c.draft.path)) if isinstance(path, Path) else None
              for c in candidates}
-    own = _own_layers(path, load)
+    own = _own_layers(path, load)  # by kind: (the target's layers it drafts with, their stored speed-up)
     remote, problems = hub_candidates(mine, search) if hub else ([], [])
     for problem in problems:
         typer.echo(f"specli: {problem}", err=True)
     if as_json:
         listing = _listing(mine, candidates, gains, remote if hub else None)
-        if own is not None:
-            listing["mtp"] = {"nextn_layers": own[0], "speedup": own[1]}
+        for name, (layers, gain) in own.items():
+            listing[name] = {kinds.KINDS[name].own_field: layers, "speedup": gain}
         typer.echo(json.dumps(listing, indent=2))
         return
-    _print_local(target, mine, candidates, gains, "the target's NextN layers" if own is not None else "n-gram lookup")
-    if own is not None:
-        gain = f"measured {own[1]:.2f}x" if own[1] is not None else \
+    _print_local(target, mine, candidates, gains, _what(next(iter(own), None)))
+    for name, (layers, gain) in own.items():
+        said = f"measured {gain:.2f}x" if gain is not None else \
             "no speed-up stored (its costs favoured no draft length)" if measure else "speed-up: --measure"
-        typer.echo(f"the target's own NextN (MTP) layers: {own[0]}, {gain}; --draft mtp drafts with them")
+        typer.echo(f"{_what(name)}: {layers}, {said}; --draft {name} drafts with them")
     if hub:
         _print_hub(target, mine, remote)
 
 
-def _own_layers(path: Path | Summary, load: LoadSettings) -> tuple[int, float | None] | None:
-    """The target's NextN layers and their stored speed-up, where this build can draft with
-    them (None: a Hub file, none, or a build without the MTP API)."""
-    from specli.commands.options import stored_speedup
-    from specli.llama import mtp
+def _what(kind: str | None) -> str:
+    """What a kind drafts with, in words (None: n-gram lookup, which needs nothing)."""
+    return kinds.KINDS[kind].help.split(": ", 1)[1] if kind is not None else "n-gram lookup"
 
-    if not isinstance(path, Path) or not mtp.supports_mtp() or (layers := mtp.nextn_layers(path)) <= 0:
-        return None
-    return layers, stored_speedup(path, None, load)
+
+def _own_layers(path: Path | Summary, load: LoadSettings) -> dict[str, tuple[int, float | None]]:
+    """By draft kind: the target's own layers it drafts with, where this build can (a Hub file:
+    none), and their stored speed-up."""
+    from specli.commands.options import stored_speedup
+
+    if not isinstance(path, Path):
+        return {}
+    return {name: (layers, stored_speedup(path, None, load, kind=name))
+            for name, layers in kinds.own_layers(path).items()}
 
 
 def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
-    """Load each local draft with the target and time it, storing its speed-up (pricing's)."""
-    from specli.decode.request import DraftKind
+    """Load each local draft with the target and time it, storing its speed-up (pricing's);
+    then each kind that drafts with the target's own layers."""
     from specli.models.local import Summary, draft_candidates
     from specli.session import SessionSpec, open_session
 
@@ -83,11 +89,11 @@ def _measure(path: Path | Summary, target: str, load: LoadSettings) -> None:
     for candidate in found:
         typer.echo(f"specli: measuring {candidate.draft.name} with the target", err=True)
         with open_session(SessionSpec(path, Path(candidate.draft.path), load, load)) as session:
-            session.pricing.measure_speedup(session.engine_for, DraftKind.MODEL)
-    if _own_layers(path, load) is not None:
-        typer.echo("specli: measuring the target's own NextN (MTP) layers", err=True)
-        with open_session(SessionSpec(path, None, load, loads=(DraftKind.MTP,))) as session:
-            session.pricing.measure_speedup(session.engine_for, DraftKind.MTP)
+            session.pricing.measure_speedup(session.engine_for, kinds.MODEL.name)
+    for name in kinds.own_layers(path):
+        typer.echo(f"specli: measuring {_what(name)}", err=True)
+        with open_session(SessionSpec(path, None, load, loads=(name,))) as session:
+            session.pricing.measure_speedup(session.engine_for, name)
 
 
 def _listing(mine: Summary, candidates: list, gains: dict, remote: list | None) -> dict:

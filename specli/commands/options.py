@@ -232,10 +232,10 @@ def default_load() -> LoadSettings:
     return LoadSettings(-1, rpc=(), ctx_size=DEFAULT_CTX_SIZE, threads=None, repack=True)
 
 
-def stored_speedup(target: Path, draft: Path | None, load: LoadSettings) -> float | None:
+def stored_speedup(target: Path, draft: Path | None, load: LoadSettings, kind: str | None = None) -> float | None:
     """`draft`'s speed-up for `target` as `specli drafts --measure` timed it (None: not
-    measured); `draft` None: the target's NextN layers'."""
-    return drafts.stored_speedup(target, draft, load)
+    measured); `draft` None: that of `kind`'s own layers (the target's NextN layers')."""
+    return drafts.stored_speedup(target, draft, load, kind)
 
 
 def hardware(params: Mapping[str, Any]) -> Hardware:

@@ -49,37 +49,6 @@ def _with_draft(target: Path, draft: str | None) -> ResolvedModels:
     return ResolvedModels(target, DraftKind.MODEL, model_file(draft))
 
 
-def takes_mtp(target: Path, notice: Callable[[str], None] | None = None,
-              speedup: Callable[[Path, Path | None], float | None] | None = None) -> bool:
-    """--draft auto on a target with NextN layers this build can run: MTP, unless its measured
-    speed-up loses or a draft model's measured one beats it (`speedup(target, None)`: MTP's).
-    One line on stderr names the choice; a target without them says nothing here."""
-    from specli.llama import mtp
-    from specli.models.local import draft_candidates
-
-    say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
-    if not target.is_file() or mtp.nextn_layers(target) <= 0:
-        return False
-    reason = mtp.unsupported_reason()
-    if reason is not None:
-        say(f"--draft auto: the target has NextN (MTP) layers, but {reason}")
-        return False
-    own = speedup(target, None) if speedup is not None else None
-    if own is not None and own <= 1:
-        say(f"--draft auto: the target's NextN (MTP) layers were measured to lose ({own:.2f}x)")
-        return False
-    _, candidates = draft_candidates(target, speedup=speedup)
-    gains = [(gain, c.draft.name) for c in candidates
-             if (gain := speedup(target, Path(c.draft.path)) if speedup is not None else None) is not None]
-    best = max(gains, default=None)
-    if own is not None and best is not None and best[0] > own:
-        say(f"--draft auto: {best[1]} measured {best[0]:.2f}x, more than the target's NextN (MTP) layers' {own:.2f}x")
-        return False
-    measured = f", measured {own:.2f}x" if own is not None else ""
-    say(f"--draft auto: drafting with the target's own NextN (MTP) layers{measured}")
-    return True
-
-
 def auto_draft(target: Path, notice: Callable[[str], None] | None = None,
                speedup: Callable[[Path, Path], float | None] | None = None) -> Path | None:
     """--draft auto: the first of `specli drafts` for the target (by its stored speed-up where
