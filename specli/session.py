@@ -25,6 +25,8 @@ from specli.decode.policy import MAX_DRAFT, DraftPolicy, FixedDraftPolicy
 from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, GenerationRequest
 from specli.decode.shapes import GPU_SIZES
+from specli.decode.slots import Slot, open_slots
+from specli.decode.text import common_prefix_length
 from specli.errors import UsageError
 from specli.llama import mtp
 from specli.llama.backend import LoadSettings, Model
@@ -65,6 +67,10 @@ class Session:
         self._exact_cap = exact_cap  # measured at load with spec.exact, else by `exact()` when first asked
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
+        # With target_load.sequences above 1: a slot per sequence, one decode a step for all
+        # (decode/slots.py), each with what its cache holds.
+        self.slots: list[Slot] = open_slots(target) if target.sequences > 1 else []
+        self._slot_caches = [TargetCache() for _ in self.slots]
 
     def exact(self) -> BatchCap:
         """The verify batches that give one-token logits bit for bit, by position, for the
@@ -75,21 +81,33 @@ class Session:
             self._exact_cap = exact_caps(self.spec, repacks=(repack,))[repack]
         return self._exact_cap
 
-    def engine_for(self, request: GenerationRequest, *, memory: TokenIndex | None = None) -> Engine:
+    def engine_for(self, request: GenerationRequest, *, memory: TokenIndex | None = None,
+                   slot: Slot | None = None) -> Engine:
         """The engine that runs `request` on the loaded models: its proposer (through its draft
         kind's record) and draft-length policy are built here and nowhere else. `memory`:
-        recent outputs for lookup to search (the server's). What the target's and the draft
-        model's caches hold is kept across engines, so a request that shares a prefix with the
-        one before decodes only the rest."""
+        recent outputs for lookup to search (the server's); `slot`: the target's sequence it
+        runs in, beside others (run it inside `slot.running()`). What the target's (or the
+        slot's) and the draft model's caches hold is kept across engines, so a request that
+        shares a prefix with the one before decodes only the rest."""
         request = request.seeded()
         kind = drafts.get(request.draft)
         matcher = Matcher(self.vocabulary(), request.constraint) if request.constraint is not None else None
         proposer = self._proposer(request, kind, memory, matcher)
         policy = self._policy(request, kind, proposer)
         drafting = not isinstance(proposer, NoProposer)
-        options = EngineOptions(self.spec.verify_on_device, self.exact() if request.exact and drafting else None,
+        options = EngineOptions(self.spec.verify_on_device and slot is None,
+                                self.exact() if request.exact and drafting else None,
                                 kind.model_name(self.spec) if drafting else "", reach=self.target.max_rewind)
-        return Engine(self.target, proposer, policy, request, cache=self._cache, matcher=matcher, options=options)
+        target, cache = (self.target, self._cache) if slot is None else (slot, self._slot_caches[slot.sequence])
+        return Engine(target, proposer, policy, request, cache=cache, matcher=matcher, options=options)
+
+    def slot_for(self, prompt: list[int], free: Iterable[Slot]) -> Slot:
+        """Of the free slots, the one whose cache holds the longest prefix of `prompt` (the
+        first on a tie): an agent resending its conversation prefills only the new turn."""
+        def held(slot: Slot) -> int:
+            return min(slot.n_past, common_prefix_length(self._slot_caches[slot.sequence].tokens, prompt))
+
+        return max(free, key=held)
 
     def vocabulary(self) -> Vocabulary:
         """The target's tokens as a constraint reads them, built on the first constrained request."""
@@ -105,6 +123,8 @@ class Session:
 
     def unavailable(self, kind: drafts.Kind) -> str | None:
         """Why `kind` cannot draft on this session (None: it can)."""
+        if self.slots and kind.load is not None:
+            return f"{kind.name} drafts in one sequence only, not beside others (--parallel 1)"
         return kind.why_not(self.loaded.get(kind.name), self.target)
 
     def plain_reason(self, request: GenerationRequest) -> str | None:
@@ -161,6 +181,8 @@ class Session:
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
     def close(self) -> None:
+        if self.slots:
+            self.slots[0].steps.close()
         for thing in reversed(self.loaded.values()):  # the NextN layers before the target they read
             thing.close()
         self.target.close()
@@ -186,12 +208,17 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     target = load(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
     loaded: dict[str, Any] = {}
     try:
+        if target.sequences > 1 and target.recurrent:
+            raise UsageError(f"{spec.target.name} has recurrent layers: specli runs it one sequence at a time",
+                             "--parallel 1")
         if exact_cap is None or exact_cap.largest > 1:
             for kind in wanted:
                 assert kind.load is not None
                 loaded[kind.name] = kind.load(spec, target, notice)
         session = Session(spec, target, loaded, exact_cap=exact_cap, notice=notice)
         _warm_up(target, loaded.values())
+        if session.slots:  # read (or measured) now: a calibration decodes sequence 0, which a slot runs in
+            session.pricing.costs()
     except BaseException:
         for thing in reversed(loaded.values()):
             thing.close()

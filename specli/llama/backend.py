@@ -139,6 +139,10 @@ class LoadSettings:
     # The same for every draft kind, plain decoding included: it sets how a prompt is split
     # into batches, so plain and drafted runs compute alike.
     recurrent_snapshots: int = 8
+    # Sequences the context decodes side by side (llama.cpp's n_seq_max), each up to ctx_size
+    # positions, in one unified KV cache of sequences x ctx_size cells (as Ollama's parallel
+    # requests have; a cache split by sequence would split every mixed batch into many).
+    sequences: int = 1
 
 
 class _TensorPlacement(ctypes.Structure):
@@ -198,7 +202,10 @@ DEVICE_CANDIDATES = 8
 def _context_params(settings: LoadSettings, n_ctx_train: int):
     """llama_context_params for a model trained on `n_ctx_train` tokens of context."""
     params = llama.llama_context_default_params()
-    params.n_ctx = min(settings.ctx_size, n_ctx_train) if n_ctx_train > 0 else settings.ctx_size
+    per_sequence = min(settings.ctx_size, n_ctx_train) if n_ctx_train > 0 else settings.ctx_size
+    params.n_ctx = per_sequence * settings.sequences
+    params.n_seq_max = settings.sequences
+    params.kv_unified = settings.sequences > 1  # one ubatch for any mix of sequences (a split cache splits by sequence)
     params.n_batch = params.n_ubatch = settings.batch_size
     params.n_threads = params.n_threads_batch = settings.threads or os.cpu_count() or 1
     params.no_perf = True
@@ -332,8 +339,9 @@ class _Vocabulary:
 
 
 class Model(_Vocabulary):
-    """One GGUF model with one llama.cpp context and a single sequence (id 0): loading,
-    decoding and rewinding (its tokens and chat template: _Vocabulary). `load_mtp`:
+    """One GGUF model with one llama.cpp context: loading, decoding and rewinding sequence 0
+    (its tokens and chat template: _Vocabulary); with settings.sequences above 1, a decode of
+    several sequences' rows at once (decode_sequences) and their own rewinds (forget). `load_mtp`:
     with the GGUF's NextN (multi-token prediction) layers, which llama.cpp skips otherwise
     (specli.llama.mtp drafts with them)."""
 
@@ -381,7 +389,8 @@ class Model(_Vocabulary):
         # llama.cpp rounds the KV cache up (to 256 cells at least) but caps a decode at the
         # batch size it was given: holding n_ctx to what was asked keeps every decode within
         # both, and makes --ctx-size exact.
-        self.n_ctx = min(int(llama.llama_n_ctx(self._ctx)), int(ctx_params.n_ctx))
+        self.sequences = settings.sequences
+        self.n_ctx = min(int(llama.llama_n_ctx_seq(self._ctx)), int(ctx_params.n_ctx) // self.sequences)
         self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
         self._init_recurrent(settings)
         self._memory = llama.llama_get_memory(self._ctx)
@@ -494,6 +503,44 @@ class Model(_Vocabulary):
                 self._record.extend(chunk)
                 self._reach = min(self.snapshots, n - 1)
         self._last_batch = (chunk, all_rows)
+
+    def decode_sequences(self, parts: Sequence[tuple[int, int, list[int], Sequence[bool]]]) -> list[np.ndarray]:
+        """One llama_decode of several sequences' rows: each part is (sequence, its first
+        position, its tokens, which of them want a logits row), at most batch_size rows in
+        all. Returns each part's logits rows, views of llama.cpp's buffer valid until the next
+        decode. Sequence 0's own bookkeeping (n_past, decode, rewind) is not touched: a caller
+        that decodes sequences here keeps their positions itself."""
+        total = sum(len(tokens) for _, _, tokens, _ in parts)
+        if total == 0 or total > self._batch_capacity:
+            raise ValueError(f"decode_sequences takes 1 to {self._batch_capacity} rows, not {total}")
+        self._sample_on_device("")
+        batch, at, counts = self._batch, 0, []
+        for sequence, first, tokens, outputs in parts:
+            n = len(tokens)
+            self._batch_tokens[at : at + n] = tokens
+            self._batch_pos[at : at + n] = np.arange(first, first + n)
+            self._batch_logits[at : at + n] = np.asarray(outputs, dtype=bool)
+            for i in range(at, at + n):
+                batch.seq_id[i][0] = sequence
+            counts.append(int(sum(bool(flag) for flag in outputs)))
+            at += n
+        batch.n_tokens = total
+        self._decodes += 1
+        status = llama.llama_decode(self._ctx, batch)
+        for i in range(total):  # sequence 0's decodes fill only tokens, positions and flags
+            batch.seq_id[i][0] = 0
+        if status != 0:
+            for sequence, first, _, _ in parts:
+                llama.llama_memory_seq_rm(self._memory, sequence, first, -1)
+            raise DecodeError(status, self.path)
+        rows = self._logits_rows(max(1, sum(counts)))
+        offsets = np.cumsum([0, *counts])
+        return [rows[offsets[i] : offsets[i + 1]] for i in range(len(parts))]
+
+    def forget(self, sequence: int, n_keep: int) -> None:
+        """Remove a sequence's cached positions from n_keep on (decode_sequences' rewind)."""
+        if not llama.llama_memory_seq_rm(self._memory, sequence, n_keep, -1):
+            raise DecodeError(-1, self.path, f"could not remove positions {n_keep}.. of sequence {sequence}")
 
     # --- backend sampling (decode_argmax) --------------------------------------
 

@@ -1,0 +1,245 @@
+"""Several generations on one target, each in its own sequence, one target decode a step for
+all of them (`specli serve --parallel N`, `specli run --batch`).
+
+A `Slot` is one sequence of the target as an engine sees it (engine.TargetModel): its own
+positions, its own rewinds. Its decode does not call llama.cpp itself: it hands its rows to
+`SharedSteps` and waits; once every running slot has handed in its rows, one
+`decode_sequences` decodes them all and each slot gets its own logits rows back. So engines on
+their own threads run their steps in lock step, and each step of the batch is one decode:
+every request's [last] + draft rows side by side.
+
+Invariants:
+- only running slots are waited for (`Slot.running()` around a generation);
+- the rows a slot gets stay valid until it hands in its next ones: no decode starts before
+  every running slot has handed in, and a slot that stops running hands in nothing;
+- everything that touches the context (the decodes, a slot's rewind) runs under one lock, and
+  every decode on one thread of its own (a new calling thread would start another team of
+  ggml's CPU workers, and teams spinning side by side take each other's cores);
+- a prompt goes in chunks of PREFILL_CHUNK rows, a chunk a step, while other slots run (a
+  slot alone decodes it whole, as a one-sequence run does), so nobody stalls behind it;
+- an `exclusive` slot (an exact request) runs alone: it waits for the running slots to end,
+  holds new ones back, and finds the cache empty (every sequence forgotten, its own too), so
+  its decodes are those of a fresh one-sequence run (the same cells, the same batches:
+  --exact's measured sizes hold);
+- a failed decode fails every slot that was in it, and nobody else.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+
+PREFILL_CHUNK = 128  # a prompt's rows a step, while other slots run
+
+
+class SequenceModel(Protocol):
+    """What the slots need of the target (backend.Model with settings.sequences > 1)."""
+
+    sequences: int
+    n_ctx: int  # each sequence's
+    batch_size: int
+
+    def decode_sequences(self, parts: Sequence[tuple[int, int, list[int], Sequence[bool]]]) -> list[np.ndarray]: ...
+    def forget(self, sequence: int, n_keep: int) -> None: ...
+
+
+@dataclass
+class _Part:
+    first: int  # the position of its first row
+    tokens: list[int]
+    outputs: list[bool]
+
+
+class SharedSteps:
+    """The step every running slot's rows go into. `steps`, `rows`: decodes run and rows
+    decoded so far (the batch's mean rows a step: rows / steps)."""
+
+    def __init__(self, model: SequenceModel) -> None:
+        self.model = model
+        self._lock = threading.Condition()
+        self._running: set[int] = set()
+        self._pending: dict[int, _Part] = {}
+        self._results: dict[int, np.ndarray | BaseException] = {}
+        self._ready: dict[int, _Part] | None = None  # a step for the decoding thread
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._exclusive: int | None = None  # the slot running alone
+        self._waiting_alone = 0  # exclusive slots waiting for the others to end
+        self.slots: list[Slot] = []
+        self.steps = 0
+        self.rows = 0
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def start(self, sequence: int, exclusive: bool = False) -> None:
+        """A generation starts in `sequence`; exclusive: once no other runs, and alone, the
+        other sequences forgotten."""
+        with self._lock:
+            if exclusive:
+                self._waiting_alone += 1
+                while self._running or self._exclusive is not None:
+                    self._lock.wait()
+                self._waiting_alone -= 1
+                self._exclusive = sequence
+                for slot in self.slots:  # its own too: its prompt decoded whole, as a fresh run's
+                    slot.rewind(0)
+            else:
+                while self._exclusive is not None or self._waiting_alone:
+                    self._lock.wait()
+            self._running.add(sequence)
+
+    def stop(self, sequence: int) -> None:
+        with self._lock:
+            self._running.discard(sequence)
+            self._pending.pop(sequence, None)
+            if self._exclusive == sequence:
+                self._exclusive = None
+            self._run_if_ready()
+            self._lock.notify_all()  # a slot waiting to start, alone or beside
+
+    def submit(self, sequence: int, part: _Part) -> np.ndarray:
+        """Hand in a slot's rows; return its logits rows once the step has decoded them."""
+        with self._lock:
+            self._pending[sequence] = part
+            self._run_if_ready()
+            while sequence not in self._results:
+                self._lock.wait()
+            result = self._results.pop(sequence)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def forget(self, sequence: int, n_keep: int) -> None:
+        with self._lock:
+            self.model.forget(sequence, n_keep)
+
+    def close(self) -> None:
+        """Stop the decoding thread (the slots' generations have ended)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run_if_ready(self) -> None:
+        """Hand the step to the decoding thread once every running slot has handed in (the
+        lock held)."""
+        if not self._pending or not self._running <= set(self._pending):
+            return
+        self._ready, self._pending = self._pending, {}
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._decoding, name="specli-steps", daemon=True)
+            self._thread.start()
+        self._lock.notify_all()
+
+    def _decoding(self) -> None:
+        with self._lock:
+            while True:
+                while self._ready is None and not self._closed:
+                    self._lock.wait()
+                if self._ready is None:
+                    return
+                parts, self._ready = self._ready, None
+                try:
+                    self._results.update(self._decode(parts))
+                except BaseException as error:  # every slot in the step hears of it
+                    for sequence in parts:
+                        self._results[sequence] = error
+                self._lock.notify_all()
+
+    def _decode(self, parts: dict[int, _Part]) -> dict[int, np.ndarray]:
+        """The step in as few decodes as the batch size allows (the earlier ones' rows copied:
+        the next decode reuses the buffer; the last one's handed back as views)."""
+        results: dict[int, np.ndarray] = {}
+        groups: list[list[tuple[int, _Part]]] = [[]]
+        for sequence, part in parts.items():
+            if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > self.model.batch_size:
+                groups.append([])
+            groups[-1].append((sequence, part))
+        for index, group in enumerate(groups):
+            rows = self.model.decode_sequences([(sequence, part.first, part.tokens, part.outputs)
+                                                for sequence, part in group])
+            self.steps += 1
+            self.rows += sum(len(part.tokens) for _, part in group)
+            last = index == len(groups) - 1
+            for (sequence, _), out in zip(group, rows):
+                results[sequence] = out if last else np.array(out)
+        return results
+
+
+class Slot:
+    """One sequence of the target, as an engine sees it: decode, rewind, its positions; the
+    target's vocabulary is read through it."""
+
+    def __init__(self, steps: SharedSteps, sequence: int) -> None:
+        self.steps = steps
+        self.sequence = sequence
+        self.n_ctx = steps.model.n_ctx
+        self.n_past = 0
+        self.exclusive = False
+
+    def __getattr__(self, name: str) -> Any:  # the target's tokens, pieces, end-of-generation test
+        return getattr(self.steps.model, name)
+
+    @contextmanager
+    def running(self, exclusive: bool = False) -> Iterator[Slot]:
+        """While a generation runs here: the step waits for this slot's rows. `exclusive`:
+        it runs alone (an exact request), as SharedSteps.start says."""
+        self.steps.start(self.sequence, exclusive)
+        self.exclusive = exclusive
+        try:
+            yield self
+        finally:
+            self.exclusive = False
+            self.steps.stop(self.sequence)
+
+    def decode(self, tokens: list[int], *, all_logits: bool = False,
+               outputs: Sequence[bool] | None = None) -> np.ndarray:
+        """As the one-sequence Model.decode: rows for every token (all_logits), the flagged
+        ones and the last (outputs), or the last only."""
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"sequence {self.sequence}: {len(tokens)} rows past its {self.n_ctx} positions")
+        flags = [True] * len(tokens) if all_logits else \
+            [bool(flag) for flag in outputs[: len(tokens)]] if outputs is not None else [False] * len(tokens)
+        flags[-1] = True
+        chunk = self._chunk(len(tokens), all_logits or outputs is not None)
+        start = 0
+        while True:
+            end = min(len(tokens), start + chunk)
+            rows = self.steps.submit(self.sequence, _Part(self.n_past, tokens[start:end], flags[start:end]))
+            self.n_past += end - start
+            if end == len(tokens):
+                return rows
+            start = end
+
+    def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> Sequence[int]:
+        raise NotImplementedError("a slot verifies on the host")
+
+    def rewind(self, n_keep: int) -> None:
+        if n_keep < self.n_past:
+            self.steps.forget(self.sequence, n_keep)
+        self.n_past = min(self.n_past, n_keep)
+
+    def _chunk(self, n: int, rows_wanted: bool) -> int:
+        """Rows a step for a decode of n: whole where the slot is alone or wants rows from
+        more than the last (a verify batch); else PREFILL_CHUNK, within the batch."""
+        whole = min(n, self.steps.model.batch_size)
+        if rows_wanted or self.exclusive or self.steps.running <= 1:
+            return whole
+        return min(whole, PREFILL_CHUNK)
+
+
+def open_slots(model: SequenceModel) -> list[Slot]:
+    """A slot for each of the target's sequences, sharing one step."""
+    steps = SharedSteps(model)
+    steps.slots = [Slot(steps, sequence) for sequence in range(model.sequences)]
+    return list(steps.slots)

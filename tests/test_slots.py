@@ -1,0 +1,249 @@
+"""Several generations in one target's sequences, one decode a step (decode/slots.py,
+specli/parallel.py): the lock step on a stand-in model, then the real thing on Gemma."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import assert_lossless
+from specli.decode.request import GenerationRequest
+from specli.decode.slots import SharedSteps, Slot, open_slots
+
+# --- the lock step, on a stand-in model -----------------------------------------------------
+
+
+class Recorder:
+    """A SequenceModel that records each decode's parts and answers a row per output."""
+
+    sequences, n_ctx, batch_size, n_vocab = 3, 64, 16, 4
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.decodes: list[list[tuple[int, int, int]]] = []  # (sequence, first position, rows) per part
+        self.forgotten: list[tuple[int, int]] = []
+        self.fail_on = fail_on
+
+    def decode_sequences(self, parts):
+        self.decodes.append([(sequence, first, len(tokens)) for sequence, first, tokens, _ in parts])
+        if self.fail_on is not None and any(sequence == self.fail_on for sequence, *_ in parts):
+            raise RuntimeError("decode failed")
+        return [np.full((sum(map(bool, outputs)), self.n_vocab), float(sequence)) for sequence, _, _, outputs in parts]
+
+    def forget(self, sequence: int, n_keep: int) -> None:
+        self.forgotten.append((sequence, n_keep))
+
+
+def in_threads(*work):
+    errors: list[BaseException] = []
+
+    def guarded(job):
+        try:
+            job()
+        except BaseException as error:  # noqa: BLE001 (the test reads it)
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(job,)) for job in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a slot never got its rows"
+    return errors
+
+
+def test_running_slots_share_each_decode_and_get_their_own_rows():
+    model = Recorder()
+    slots = open_slots(model)
+    started = threading.Barrier(3)
+    got: dict[int, list[float]] = {}
+
+    def generation(slot: Slot) -> None:
+        with slot.running():
+            started.wait()  # all three run before anyone decodes
+            rows = [slot.decode([1, 2, 3])[0, 0]]
+            for _ in range(4):
+                rows.append(slot.decode([5], all_logits=True)[0, 0])
+            got[slot.sequence] = rows
+
+    assert in_threads(*(lambda slot=slot: generation(slot) for slot in slots)) == []
+    assert got == {sequence: [float(sequence)] * 5 for sequence in range(3)}
+    assert len(model.decodes) == 5  # a prompt step and four one-row steps, every sequence in each
+    assert all(sorted(sequence for sequence, *_ in parts) == [0, 1, 2] for parts in model.decodes)
+    assert [slot.n_past for slot in slots] == [7, 7, 7]
+    slots[0].steps.close()
+
+
+def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_goes_in_chunks(monkeypatch):
+    monkeypatch.setattr("specli.decode.slots.PREFILL_CHUNK", 4)
+    model = Recorder()
+    slots = open_slots(model)
+    both = threading.Barrier(2)
+
+    def short(slot: Slot) -> None:
+        with slot.running():
+            both.wait()
+            for _ in range(3):
+                slot.decode([7])
+
+    def long(slot: Slot) -> None:
+        with slot.running():
+            both.wait()
+            slot.decode(list(range(10)))  # 4 + 4 + 2 rows, a chunk a step beside the other
+
+    assert in_threads(lambda: short(slots[0]), lambda: long(slots[1])) == []
+    chunks = [rows for parts in model.decodes for sequence, _, rows in parts if sequence == 1]
+    assert chunks == [4, 4, 2] and slots[1].n_past == 10
+    # Slot 2 never ran: every step went ahead without it.
+    assert all(sequence != 2 for parts in model.decodes for sequence, *_ in parts)
+    slots[0].steps.close()
+
+
+def test_a_failed_decode_fails_the_slots_in_it_and_rewinds_are_their_own():
+    model = Recorder(fail_on=1)
+    slots = open_slots(model)
+    both = threading.Barrier(2)
+
+    def generation(slot: Slot) -> None:
+        with slot.running():
+            both.wait()
+            slot.decode([1, 2])
+            slot.rewind(1)
+
+    errors = in_threads(lambda: generation(slots[0]), lambda: generation(slots[1]))
+    assert [str(error) for error in errors] == ["decode failed", "decode failed"]  # they were in one decode
+    slot = slots[2]
+    with slot.running():
+        slot.decode([1, 2, 3])
+        slot.rewind(1)
+    assert model.forgotten == [(2, 1)] and slot.n_past == 1
+    slots[0].steps.close()
+
+
+def test_an_exclusive_slot_runs_alone_on_an_emptied_cache():
+    model = Recorder()
+    slots = open_slots(model)
+    steps: SharedSteps = slots[0].steps
+    first_running = threading.Event()
+    release = threading.Event()
+
+    def other() -> None:
+        with slots[0].running():
+            slots[0].decode([1, 2])
+            first_running.set()
+            release.wait(10)
+            slots[0].decode([3])
+
+    def alone() -> None:
+        first_running.wait(10)
+        with slots[1].running(exclusive=True):
+            assert steps.running == 1
+            slots[1].decode([4, 5])
+            slots[1].decode([6])
+
+    def release_soon() -> None:
+        first_running.wait(10)
+        release.set()
+
+    assert in_threads(other, alone, release_soon) == []
+    exclusive = [parts for parts in model.decodes if any(sequence == 1 for sequence, *_ in parts)]
+    assert exclusive == [[(1, 0, 2)], [(1, 2, 1)]]  # alone in its decodes, from position 0
+    assert (0, 0) in model.forgotten and slots[0].n_past == 0  # the other sequence forgotten first
+    steps.close()
+
+
+# --- on Gemma: four generations at once ------------------------------------------------------
+
+PROMPTS = [
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "Once upon a time there was a little fox who lived in the forest. Every day the fox",
+    "List three colours: red, green, blue. List three colours again: red,",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def parallel_session(gemma_path):
+    from specli.llama.backend import LoadSettings
+    from specli.session import SessionSpec, open_session
+
+    with open_session(SessionSpec(gemma_path, target_load=LoadSettings(ctx_size=512, sequences=4))) as session:
+        yield session
+
+
+def _plain(gemma_model, prompt):
+    """One token at a time on a one-sequence context, with each step's top-two margin."""
+    tokens = gemma_model.tokenize(prompt)
+    gemma_model.rewind(0)
+    row = np.array(gemma_model.decode(tokens)[0])
+    out, margins = [], []
+    for _ in range(MAX_TOKENS):
+        top = np.sort(row)[-2:]
+        token = int(np.argmax(row))
+        out.append(token)
+        margins.append(float(top[1] - top[0]))
+        if gemma_model.is_end_of_generation(token):
+            break
+        row = np.array(gemma_model.decode([token])[0])
+    gemma_model.rewind(0)
+    return out, margins
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft,k", [("none", 1), ("ngram", 4), ("ngram", "auto")])
+def test_generations_side_by_side_write_the_targets_text(gemma_model, parallel_session, draft, k):
+    from specli.parallel import Job, run_jobs
+
+    session = parallel_session
+    kw = {} if k == "auto" else {"draft_tokens": k}
+    request = GenerationRequest(max_tokens=MAX_TOKENS, draft=draft, seed=0, **kw)
+    jobs = [Job(session.target.tokenize(prompt), request) for prompt in PROMPTS]
+    steps = session.slots[0].steps
+    before = (steps.steps, steps.rows)
+    done = {d.index: d for d in run_jobs(session, jobs)}
+    assert sorted(done) == list(range(len(PROMPTS))) and all(d.error is None for d in done.values())
+    for index, prompt in enumerate(PROMPTS):
+        plain, margins = _plain(gemma_model, prompt)
+        output = done[index].outcome.tokens
+        assert_lossless(plain, margins, output)
+        assert done[index].outcome.stats.tokens == len(output)
+    decodes, rows = steps.steps - before[0], steps.rows - before[1]
+    tokens = sum(d.outcome.stats.tokens for d in done.values())
+    # Side by side: fewer decodes than one a token, and more rows than one a decode.
+    assert decodes < tokens and rows / decodes > 2
+    if draft == "ngram":
+        assert sum(d.outcome.stats.accepted for d in done.values()) > 0
+
+
+@pytest.mark.slow
+def test_a_generation_alone_in_a_slot_writes_the_one_sequence_text(gemma_session, parallel_session):
+    from specli.parallel import Job, run_jobs
+
+    request = GenerationRequest(max_tokens=MAX_TOKENS, draft="ngram", draft_tokens=3, seed=0)
+    from specli.parallel import Quiet
+    from specli.stream import stream
+
+    for prompt in PROMPTS[:3]:
+        tokens = gemma_session.target.tokenize(prompt)
+        gemma_session.clear_cache()
+        alone = stream(gemma_session.engine_for(request), tokens, Quiet()).tokens
+        (done,) = run_jobs(parallel_session, [Job(tokens, request)])
+        assert done.outcome.tokens == alone
+
+
+@pytest.mark.slow
+def test_exact_requests_among_others_write_plain_decodings_tokens(gemma_model, parallel_session):
+    from specli.parallel import Job, run_jobs
+
+    exact = GenerationRequest(max_tokens=MAX_TOKENS, draft="ngram", draft_tokens=4, exact=True, seed=0)
+    other = GenerationRequest(max_tokens=MAX_TOKENS, draft="ngram", draft_tokens=4, seed=0)
+    jobs = [Job(parallel_session.target.tokenize(prompt), exact if i % 2 == 0 else other)
+            for i, prompt in enumerate(PROMPTS)]
+    done = {d.index: d for d in run_jobs(parallel_session, jobs)}
+    for index in range(0, len(PROMPTS), 2):
+        assert done[index].error is None
+        assert done[index].outcome.tokens == _plain(gemma_model, PROMPTS[index])[0]  # bit for bit, near-ties too
+    assert all(done[index].error is None for index in range(1, len(PROMPTS), 2))
