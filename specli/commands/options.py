@@ -115,7 +115,7 @@ Seed = Annotated[Optional[int], typer.Option("-s", "--seed", metavar="N", callba
 ChatTemplateFile = Annotated[Optional[Path], typer.Option("--chat-template-file", metavar="FILE", rich_help_panel=FORMAT,
                                                           help="Use this Jinja chat template instead.")]
 Grammar = Annotated[Optional[str], typer.Option("--grammar", metavar="GBNF", rich_help_panel=FORMAT,
-                                                help="Write only what this GBNF grammar allows.")]
+                                                help="Write only what this grammar allows.")]
 GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", metavar="FILE", rich_help_panel=FORMAT,
                                                      help="Read the GBNF grammar from this file.")]
 JsonSchema = Annotated[Optional[str], typer.Option("-j", "--json-schema", metavar="JSON", rich_help_panel=FORMAT,
@@ -261,7 +261,8 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
     return SessionSpec(
         target=models.target,
         draft_model=models.draft_model,
-        target_load=LoadSettings(layers, rpc=where.rpc, **load),
+        # --parallel N (run --batch, serve): N sequences of the target, each of -c positions
+        target_load=LoadSettings(layers, rpc=where.rpc, sequences=params.get("parallel") or 1, **load),
         draft_load=LoadSettings(draft_layers, rpc=where.draft_rpc, **load),
         exact=params.get("exact", False),
         verify_on_device=where.verify_on_device,

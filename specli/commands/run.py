@@ -26,6 +26,7 @@ from specli.stream import stream
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
+DEFAULT_PARALLEL = 4  # run --batch's prompts at once, as llama-server's automatic slots
 
 
 class ColorMode(str, Enum):
@@ -58,11 +59,13 @@ def run(
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", rich_help_panel=opt.MODEL, help="Use the target's chat template (default: if it has one).")] = None,
     system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", rich_help_panel=opt.MODEL, help="System message for chat models.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=opt.positive, rich_help_panel=opt.SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", rich_help_panel=opt.SAMPLING, help="Stop at this text, not printed (repeatable).")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", rich_help_panel=opt.SAMPLING, help="Stop at this text (repeatable).")] = None,
     color: Annotated[ColorMode, typer.Option("--color", metavar="WHEN", rich_help_panel=opt.OUTPUT, help="auto, always or never.")] = ColorMode.auto,
     json_output: Annotated[bool, typer.Option("--json", rich_help_panel=opt.OUTPUT, help="JSON Lines: each token, then stats.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", rich_help_panel=opt.OUTPUT, help="No legend and no stats line.")] = False,
     prediction: Annotated[Optional[Path], typer.Option("--prediction", metavar="PATH", rich_help_panel=opt.DRAFTING, help="Text the answer should repeat much of (an edit's file).")] = None,
+    batch: Annotated[Optional[Path], typer.Option("--batch", metavar="FILE", rich_help_panel=opt.MODEL, help="Prompts, a line each; JSONL out.")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Prompts at once (default 4).")] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli.models import resolve
@@ -71,6 +74,10 @@ def run(
         if prompt is not None:
             raise UsageError("give the prompt either as an argument or with -p, not both")
         prompt = prompt_option
+    if batch is not None:
+        raise typer.Exit(_batch(ctx, batch, parallel or DEFAULT_PARALLEL, given=(prompt, file, prediction)))
+    if parallel is not None:
+        raise UsageError("--parallel goes with --batch FILE (or specli serve)")
     conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
     if conversation and json_output:
         raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
@@ -95,6 +102,28 @@ def run(
     else:
         code = execute(spec, Prompt(text, system, chat), request, output)
     raise typer.Exit(code)
+
+
+def _batch(ctx: typer.Context, path: Path, parallel: int, *, given: tuple) -> int:
+    """run --batch: every line of the file, `parallel` at a time (specli/commands/batch.py)."""
+    from specli import drafts
+    from specli.commands.batch import read_lines, run_batch
+
+    if ctx.info_name == "chat" or any(value is not None for value in given):
+        raise UsageError("--batch reads its prompts from FILE: give no prompt, -f, --prediction or chat besides")
+    lines = read_lines(path, sys.stdin)
+    models = opt.models(ctx.params)
+    notice = notifier(sys.stderr, quiet=ctx.params.get("quiet", False))
+    kind = drafts.KINDS.get(models.draft)
+    if parallel > 1 and kind is not None and kind.load is not None:
+        notice(f"--parallel {parallel}: --draft {models.draft} drafts in one sequence only; drafting with n-gram "
+               "lookup (--parallel 1 drafts with it)")
+        models = replace(models, draft=drafts.NGRAM.name, draft_model=None)
+    spec = opt.session_spec(models, {**ctx.params, "parallel": parallel})
+    max_tokens = ctx.params.get("max_tokens") or opt.DEFAULT_MAX_TOKENS
+    request = opt.generation_request(models, ctx.params, max_tokens=max_tokens)
+    return run_batch(spec, lines, request, system=ctx.params.get("system"), chat=ctx.params.get("chat"),
+                     stdout=sys.stdout, notice=notice)
 
 
 def warn_without_gpu(stderr: IO[str]) -> None:

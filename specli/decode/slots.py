@@ -21,7 +21,9 @@ Invariants:
   holds new ones back, and finds the cache empty (every sequence forgotten, its own too), so
   its decodes are those of a fresh one-sequence run (the same cells, the same batches:
   --exact's measured sizes hold);
-- a failed decode fails every slot that was in it, and nobody else.
+- a failed decode fails every slot that was in it, and nobody else;
+- a step's rows are in the order of their sequences, however the threads came in: the same
+  slots with the same rows decode the same batch.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ class SharedSteps:
         the next decode reuses the buffer; the last one's handed back as views)."""
         results: dict[int, np.ndarray] = {}
         groups: list[list[tuple[int, _Part]]] = [[]]
-        for sequence, part in parts.items():
+        for sequence, part in sorted(parts.items()):  # by sequence, whoever handed in first
             if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > self.model.batch_size:
                 groups.append([])
             groups[-1].append((sequence, part))
@@ -192,13 +194,20 @@ class Slot:
     def running(self, exclusive: bool = False) -> Iterator[Slot]:
         """While a generation runs here: the step waits for this slot's rows. `exclusive`:
         it runs alone (an exact request), as SharedSteps.start says."""
-        self.steps.start(self.sequence, exclusive)
-        self.exclusive = exclusive
+        self.begin(exclusive)
         try:
             yield self
         finally:
-            self.exclusive = False
-            self.steps.stop(self.sequence)
+            self.end()
+
+    def begin(self, exclusive: bool = False) -> None:
+        """From now on every step waits for this slot's rows (running() holds it for one generation)."""
+        self.steps.start(self.sequence, exclusive)
+        self.exclusive = exclusive
+
+    def end(self) -> None:
+        self.exclusive = False
+        self.steps.stop(self.sequence)
 
     def decode(self, tokens: list[int], *, all_logits: bool = False,
                outputs: Sequence[bool] | None = None) -> np.ndarray:
