@@ -123,9 +123,10 @@ class Session:
 
     def unavailable(self, kind: drafts.Kind) -> str | None:
         """Why `kind` cannot draft on this session (None: it can)."""
-        if self.slots and kind.load is not None:
+        reason = kind.why_not(self.loaded.get(kind.name), self.target)
+        if reason is None and self.slots and kind.load is not None:
             return f"{kind.name} drafts in one sequence only, not beside others (--parallel 1)"
-        return kind.why_not(self.loaded.get(kind.name), self.target)
+        return reason
 
     def plain_reason(self, request: GenerationRequest) -> str | None:
         """Why a request that drafts decodes plainly on this session (None: it drafts): the

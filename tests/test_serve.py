@@ -268,14 +268,14 @@ def hold(server: Server, max_tokens: int = 300) -> threading.Thread:
 
 
 def test_eight_concurrent_clients_each_get_their_own_answer_or_503(gemma_path):
-    """--queue 2: while one generates, two wait and the rest are told to come back (503,
-    Retry-After). Exact requests: each answer is bit for bit its solo run's, whatever ran
+    """--parallel 1 --queue 2: while one generates, two wait and the rest are told to come back
+    (503, Retry-After). Exact requests: each answer is bit for bit its solo run's, whatever ran
     before it."""
     subjects = ["cats", "rivers", "bread", "trains", "maps", "bells", "snow", "glass"]
     ask = lambda subject: dict(model="x", prompt=f"A short poem about {subject}:\n",  # noqa: E731
                                max_tokens=24, extra_body={"exact": True})
     answers: dict[str, object] = {}
-    with serving("--target", gemma_path, "--queue", "2") as server:
+    with serving("--target", gemma_path, "--parallel", "1", "--queue", "2") as server:
         client = server.client()
         solo = {s: client.completions.create(**ask(s)).choices[0].text for s in subjects}
         holder = hold(server)
@@ -321,9 +321,9 @@ def test_a_client_that_disconnects_mid_stream_frees_the_server_at_once(gemma_ser
 
 
 def test_a_client_that_leaves_while_queued_gives_up_its_place(gemma_path):
-    """--queue 1: a request that waits, then leaves, frees the queue: the next one waits in its
-    place instead of being refused."""
-    with serving("--target", gemma_path, "--queue", "1") as server:
+    """--parallel 1 --queue 1: a request that waits, then leaves, frees the queue: the next one
+    waits in its place instead of being refused."""
+    with serving("--target", gemma_path, "--parallel", "1", "--queue", "1") as server:
         holder = hold(server)
         with pytest.raises(httpx.TimeoutException):
             httpx.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=0.5)
@@ -336,6 +336,24 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place(gemma_path):
         reply = server.client().completions.create(model="x", prompt="Hello", max_tokens=4)
         assert reply.usage.completion_tokens == 4, "queued, not refused"
         holder.join(timeout=120)
+
+
+def test_parallel_requests_generate_at_once_and_the_queue_holds_the_rest(gemma_path):
+    """--parallel 2 --queue 1: two generate side by side (/health says so), one waits, more get 503."""
+    with serving("--target", gemma_path, "--parallel", "2", "--queue", "1") as server:
+        holders = [hold(server), hold(server)]  # both streaming at once: neither waits for the other
+        assert httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json() == {
+            "status": "ok", "slots_processing": 2, "slots_idle": 0, "requests_waiting": 0}
+        waiting = threading.Thread(target=lambda: server.client().completions.create(model="x", prompt="Hi", max_tokens=2))
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json()["requests_waiting"] != 1:
+            assert time.monotonic() < deadline, "the third request waits"
+            time.sleep(0.05)
+        status, _ = error_of(lambda: server.client().completions.create(model="x", prompt="Hi", max_tokens=2))
+        assert status == 503
+        for thread in (*holders, waiting):
+            thread.join(timeout=120)
 
 
 def test_sigterm_cancels_the_request_in_flight_and_exits_0(gemma_path):

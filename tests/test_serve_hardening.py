@@ -211,7 +211,7 @@ def test_the_line_hands_a_freed_place_to_the_first_refused():
 def test_a_client_that_keeps_retrying_gets_its_turn_before_those_refused_after_it():
     """--queue 0: one generates, none waits. Clients refused in the order a, b, c are started
     in that order, however the others' retries fall; a newcomer waits behind them all."""
-    session = SimpleNamespace(pricing=SimpleNamespace(costs=lambda **_: None, drafters={}))
+    session = SimpleNamespace(pricing=SimpleNamespace(costs=lambda **_: None, drafters={}), slots=[])
     worker = Worker(session, queue=0, memory=False)  # type: ignore[arg-type]
     release = threading.Event()
     worker._generate = lambda job, sink, cancel: release.wait(5)  # type: ignore[method-assign]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -11,6 +13,7 @@ from specli.commands import options as opt
 from specli.commands.app import Command, app
 
 SERVER = "Server"
+DEFAULT_PARALLEL = 4  # requests at once, as llama-server's automatic slots
 
 
 @app.command("serve", cls=Command)
@@ -21,6 +24,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", metavar="HOST", rich_help_panel=SERVER, help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="PORT", callback=opt.check(lambda v: 0 <= v < 65536, "is not a port"), rich_help_panel=SERVER, help="Port (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where a draft model or MTP layers draft).")] = None,
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt.not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
     allow_host: Annotated[Optional[list[str]], typer.Option("--allow-host", metavar="NAME", rich_help_panel=SERVER, help="Also answer requests whose Host is NAME (repeatable; * any). IP addresses, localhost and this machine's name are always answered.")] = None,
@@ -31,10 +35,21 @@ def serve(
     from specli.serve.server import ServeSettings
     from specli.serve.server import serve as run_server
 
+    from specli.render import notifier
+
     models = opt.models(ctx.params)
+    spec = drafts.for_server(opt.session_spec(models, ctx.params))  # what a request may ask to draft with
+    # A draft model and the NextN layers draft in one sequence only: beside others, n-gram lookup.
+    loaded = [kind for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
+    parallel = parallel or (1 if loaded else DEFAULT_PARALLEL)
+    if parallel > 1 and loaded:
+        notifier(sys.stderr)(f"--parallel {parallel}: {', '.join(kind.name for kind in loaded)} drafts in one "
+                             "sequence only; requests draft with n-gram lookup (--parallel 1 drafts with it)")
+        models = replace(models, draft=drafts.NGRAM.name if drafts.KINDS[models.draft] in loaded else models.draft,
+                         draft_model=None)
+        spec = opt.session_spec(models, ctx.params)
+    spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel))
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access)
-    spec = opt.session_spec(models, ctx.params)
-    spec = drafts.for_server(spec)  # what a request may ask to draft with (the NextN layers, wherever they can draft)
     raise typer.Exit(run_server(spec, settings))

@@ -113,7 +113,9 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
         if backend.worker is None:
             return JSONResponse({"status": "loading"}, status_code=503,
                                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        return {"status": "ok"}
+        worker = backend.worker  # (llama-server's names for its slots)
+        return {"status": "ok", "slots_processing": worker.generating,
+                "slots_idle": worker.parallel - worker.generating, "requests_waiting": worker.waiting}
 
     @app.get("/v1/models", dependencies=[authorised])
     async def models() -> dict:

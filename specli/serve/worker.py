@@ -1,13 +1,16 @@
-"""The server's generations: one at a time on the loaded pair, in a thread of their own,
-the others waiting in a FIFO queue of bounded length.
+"""The server's generations: as many at once as the session has slots (--parallel N; one
+without), each in a thread of its own, the others waiting in a FIFO queue of bounded length.
 
 A request becomes a Job (its prompt's tokens and its GenerationRequest); `Worker.start`
 waits for its turn and starts it on the engine `Session.engine_for` builds for it; the
 engine's events reach the request as they come (`Relay`), and the turn passes on when the
-generation has ended, whatever ended it. The session keeps what the target's KV cache
+generation has ended, whatever ended it. With slots, a generation runs in the free slot
+whose cache holds the longest prefix of its prompt, and every running generation's rows go
+into one target decode a step (decode/slots.py). The session keeps what each KV cache
 holds, so a request decodes only what its prompt adds to the longest prefix it shares with
-the one before (an agent that resends its conversation prefills only the new turn); an
-exact request decodes its whole prompt.
+an earlier one (an agent that resends its conversation prefills only the new turn); an
+exact request decodes its whole prompt, and among others runs alone (its text is
+`specli run --exact`'s).
 Drafting is priced with the costs stored when the server started: it never changes midway.
 
 Fair under pressure: a request refused because the queue is full (Busy, 503 with
@@ -101,6 +104,9 @@ class MemoryIndex:
         self.index = TokenIndex()
 
     def add(self, output: list[int]) -> None:
+        """Remember an output (one writer at a time). Engines on other threads may be reading
+        the index meanwhile: it grows at its end (the positions it hands out always have their
+        tokens), and when full a new one replaces it, theirs left as it was."""
         if not output:
             return
         self._outputs.append(list(output))
@@ -115,9 +121,10 @@ class MemoryIndex:
             kept.append(text[-room:])  # the latest output alone may be longer than the half: its end
             size += min(len(text), room) + 1
         self._outputs = kept[::-1]
-        self.index = TokenIndex()
+        index = TokenIndex()
         for text in self._outputs:
-            self.index.append(text)
+            index.append(text)
+        self.index = index
 
 
 class Line:
@@ -160,10 +167,21 @@ class Worker:
         session.pricing.costs(measure=measure, keep=True)
         for kind in session.pricing.drafters:  # and each loaded drafter's, which a request may draft with
             session.pricing.costs(measure=measure, keep=True, kind=kind)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specli-generate")
-        self._turn: asyncio.Lock | None = None  # made in the event loop, on first use
+        self.parallel = max(1, len(session.slots))  # generations at once
+        self._thread = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="specli-generate")
+        self._turn: asyncio.Semaphore | None = None  # made in the event loop, on first use
         self._admitted = 0  # requests generating or waiting for the turn
         self.line = Line()  # requests refused for a full queue, whose clients may retry
+        self._free = list(session.slots)  # the slots no generation runs in
+        self._slots = threading.Lock()  # over _free and the memory
+
+    @property
+    def generating(self) -> int:
+        return min(self._admitted, self.parallel)
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self._admitted - self.parallel)
 
     async def start(self, job: Job, on_event: Callable[[object], None] | None,
                     gone: Callable[[], Awaitable[bool]] | None = None,
@@ -176,8 +194,8 @@ class Worker:
         if self.closing.is_set():
             raise Closing
         if self._turn is None:
-            self._turn = asyncio.Lock()  # FIFO: waiters are woken in the order they came
-        free = self.queue + 1 - self._admitted  # one generating and `queue` waiting
+            self._turn = asyncio.Semaphore(self.parallel)  # FIFO: waiters are woken in the order they came
+        free = self.queue + self.parallel - self._admitted  # `parallel` generating and `queue` waiting
         if free <= self.line.ahead(key):
             self.line.refuse(key)
             raise Busy(self.queue)
@@ -232,16 +250,30 @@ class Worker:
             raise
 
     def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
-        """In the worker thread: the request's engine, then stream. An exact request decodes
+        """In a worker thread: the request's engine, then stream. An exact request decodes
         its whole prompt, as `specli run --exact` does (a prompt split at a kept prefix rounds
         otherwise)."""
-        if job.request.exact:
-            self.session.clear_cache()
-        engine = self.session.engine_for(job.request, memory=self.memory.index if self.memory is not None else None)
-        outcome = stream(engine, job.tokens, sink, cancelled=lambda: cancel.is_set() or self.closing.is_set())
+        memory = self.memory.index if self.memory is not None else None
+        cancelled = lambda: cancel.is_set() or self.closing.is_set()  # noqa: E731
+        if not self.session.slots:
+            if job.request.exact:
+                self.session.clear_cache()
+            outcome = stream(self.session.engine_for(job.request, memory=memory), job.tokens, sink, cancelled=cancelled)
+            self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
+        else:  # (a shared step's time is the batch's: no review of the costs)
+            with self._slots:
+                slot = self.session.slot_for(job.tokens, self._free)
+                self._free.remove(slot)
+            try:
+                engine = self.session.engine_for(job.request, memory=memory, slot=slot)
+                with slot.running(exclusive=job.request.exact):
+                    outcome = stream(engine, job.tokens, sink, cancelled=cancelled)
+            finally:
+                with self._slots:
+                    self._free.append(slot)
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
-            self.memory.add(outcome.tokens)
-        self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
+            with self._slots:
+                self.memory.add(outcome.tokens)
         return outcome
 
     def close(self) -> None:
