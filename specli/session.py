@@ -93,7 +93,7 @@ class Session:
         kind = drafts.get(request.draft)
         matcher = Matcher(self.vocabulary(), request.constraint) if request.constraint is not None else None
         proposer = self._proposer(request, kind, memory, matcher)
-        policy = self._policy(request, kind, proposer)
+        policy = self._policy(request, kind, proposer, slot)
         drafting = not isinstance(proposer, NoProposer)
         options = EngineOptions(self.spec.verify_on_device and slot is None,
                                 self.exact() if request.exact and drafting else None,
@@ -165,7 +165,8 @@ class Session:
         # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
         return LookupThenModel(lookup, proposer) if kind.behind_lookup and (request.lookup or prediction) else proposer
 
-    def _policy(self, request: GenerationRequest, kind: drafts.Kind, proposer: Proposer) -> DraftPolicy:
+    def _policy(self, request: GenerationRequest, kind: drafts.Kind, proposer: Proposer,
+                slot: Slot | None) -> DraftPolicy:
         """-k N: N draft tokens a step; -k auto: the adaptive policy, priced with the stored
         costs (with its kind's drafter's, where a model drafts). Never longer than the largest
         --exact batch (the engine caps each step where it is), or a recurrent target's
@@ -178,7 +179,8 @@ class Session:
         if self.target.on_gpu:  # padding and changes of shape priced as the policy prices steps
             self._cache.shapes.priced(VerifyCurve(costs.verify), costs.change)
         if auto:
-            return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft, shapes=self._cache.shapes)
+            return AdaptiveDraftPolicy(costs, prior=proposer.prior, max_draft=max_draft,
+                                       shapes=self._cache.shapes if slot is None else None, batch=slot)
         return FixedDraftPolicy(min(request.draft_tokens, max_draft))
 
     def close(self) -> None:

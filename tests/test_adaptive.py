@@ -329,3 +329,46 @@ def test_no_probes_when_even_perfect_drafts_cannot_pay():
         chosen.append(k)
         policy.record(step(k, k))  # every token would be accepted; drafting costs 12 ms a token
     assert sum(chosen) == 0
+
+
+class Company:
+    """The other requests in a shared decode, as a slot reports them (decode/slots.py)."""
+
+    def __init__(self, rows: int, tokens: float) -> None:
+        self.rows, self.tokens = rows, tokens
+        self.expected: list[float] = []
+
+    def others(self) -> tuple[int, float]:
+        return self.rows, self.tokens
+
+    def expect(self, tokens: float) -> None:
+        self.expected.append(tokens)
+
+
+@pytest.mark.parametrize("acceptance", [0.7, 0.8])
+def test_beside_others_on_a_cpu_a_request_drafts_only_its_likeliest_tokens(acceptance):
+    """A row's chance of being kept must beat one more row at the whole batch's rate. Beside
+    three requests that each bring a token from their one row, a CPU's per-row cost leaves a
+    request fewer drafted rows than alone (its likeliest only, or none); a GPU's flat curve
+    leaves it most of its draft."""
+    prior = lambda key, extent: acceptance  # noqa: E731
+    plain_others = Company(rows=3, tokens=3.0)
+    cpu_alone = AdaptiveDraftPolicy(cpu_cost(), prior=prior).choose("k", 0, 16)
+    cpu_beside = AdaptiveDraftPolicy(cpu_cost(), prior=prior, batch=plain_others).choose("k", 0, 16)
+    assert 0 <= cpu_beside < cpu_alone
+    # It tells the others what it expects from its rows: 1 + a + a^2 + ... for k drafted.
+    assert plain_others.expected[-1] == pytest.approx(sum(acceptance ** i for i in range(cpu_beside + 1)))
+    gpu_alone = AdaptiveDraftPolicy(flat_cost(), prior=prior).choose("k", 0, 16)
+    gpu_beside = AdaptiveDraftPolicy(flat_cost(), prior=prior, batch=Company(rows=3, tokens=3.0)).choose("k", 0, 16)
+    assert gpu_beside >= gpu_alone / 2 > cpu_alone
+    # Others whose rows bring little (drafts that fail) leave the rows to it: it drafts as alone.
+    wasteful = AdaptiveDraftPolicy(cpu_cost(), prior=prior, batch=Company(rows=9, tokens=4.5)).choose("k", 0, 16)
+    assert wasteful >= cpu_alone
+
+
+def test_a_request_alone_in_a_shared_decode_chooses_as_a_lone_run_does():
+    prior = lambda key, extent: 0.7  # noqa: E731
+    for curve in (cpu_cost(), flat_cost()):
+        alone = AdaptiveDraftPolicy(curve, prior=prior)
+        shared = AdaptiveDraftPolicy(curve, prior=prior, batch=Company(rows=0, tokens=0.0))
+        assert [alone.choose("k", e, 16) for e in range(8)] == [shared.choose("k", e, 16) for e in range(8)]

@@ -27,6 +27,13 @@ with the most tokens per second, if that beats a plain step (k = 0) by MARGIN.
   copy that keeps being accepted earns the budget for longer chunks, and no run loses
   much more than RISK_SHARE to drafting, whatever the verify curve. On a GPU a miss costs
   next to nothing and the bound never binds.
+- Beside other requests in one decode (`batch`: a slot, decode/slots.py), a step's time is
+  the whole batch's and so are its tokens: k is chosen for the most tokens a second of the
+  batch, (E(k) + the others' expected tokens) / cost(the others' rows + k + 1). A drafted row
+  then pays only where its chance of being kept beats what one more row in a batch of that
+  size costs at the batch's rate: on a CPU, where every row costs, four requests draft only
+  their likeliest tokens; on a GPU, where a batch costs little more than a row, they draft on.
+  What the others bring is the last step's (Slot.others), so the choice repeats exactly too.
 - When drafting does not pay for a key, the policy probes it now and then, with growing
   gaps, so a workload that turns copy-heavy is noticed. Probes are paid for out of what
   drafting has saved (in modelled seconds): a probe is made only if, rejected outright,
@@ -41,7 +48,7 @@ replays the policy offline on recorded runs (tests/test_replay.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from specli.decode.costs import StepCosts, VerifyCurve
 from specli.decode.ngram import PREDICTED
@@ -84,6 +91,18 @@ PREDICTION_ALLOWANCE = 20.0  # a 48-token draft rejected outright costs 17 plain
 AGREEMENT_POWER = 2.0
 
 
+class SharedBatch(Protocol):
+    """The decode a request shares with others (a decode/slots.py Slot)."""
+
+    def others(self) -> tuple[int, float]:
+        """The other requests' rows in the step, and the tokens they expect from them."""
+        ...
+
+    def expect(self, tokens: float) -> None:
+        """The tokens this request expects from its next step."""
+        ...
+
+
 @dataclass
 class _KeyState:
     rejected: float = 0.0  # decayed: drafts rejected before their end
@@ -107,8 +126,11 @@ class AdaptiveDraftPolicy:
         prior: Callable[[object, int], float] | None = None,
         max_draft: int = MAX_DRAFT,
         shapes: BatchShapes | None = None,
+        batch: SharedBatch | None = None,
     ) -> None:
         self.max_draft = max_draft
+        self._batch = batch
+        self._others = (0, 0.0)  # the others' rows and expected tokens in the step being chosen
         self.costs = costs
         # The batch each draft length is decoded in (a GPU pads to reusable shapes and pays
         # for a change of shape): the engine's, so the policy prices what the engine decodes.
@@ -136,14 +158,17 @@ class AdaptiveDraftPolicy:
         tokens committed since it last drafted; any other key is n-gram lookup's, free to make,
         with `support` its vote share per token and `agreeing` the occurrences behind each
         (Proposal.support, .agreeing)."""
+        self._read_batch()
         self._behind = behind if key is None else 0
         state = self._state(key)
         most = min(self.max_draft, most)
         if key is not None:  # n-gram lookup: a long match can promise far more than it keeps
             most = self._affordable(key, most)
         if most <= 0:
+            self._expect(1.0)
             return 0
         k, best_rate = self._best(key, extent, most, support, agreeing)
+        self._expect(best_rate * self._step_cost(k, key) - self._others[1])
         if k == 0:
             state.idle_steps += 1
             if state.idle_steps >= state.probe_gap:
@@ -155,14 +180,25 @@ class AdaptiveDraftPolicy:
                 state.probe_gap = min(max(state.probe_gap * 2, 8), 256)
                 probe = min(most, PROBE_LENGTH)
                 if self._could_pay(key, most, best_rate) and self._affords(probe, key):
+                    self._expect(1.0 + (1.0 - self._hazards(key, extent, 1, support, agreeing)[0]))
                     return probe
         else:
             state.probe_gap = min(state.probe_gap, 8)
         return k
 
+    def _read_batch(self) -> None:
+        """What the other requests in the shared decode brought in its last step (alone: none)."""
+        if self._batch is not None:
+            self._others = self._batch.others()
+
+    def _expect(self, tokens: float) -> None:
+        if self._batch is not None:
+            self._batch.expect(tokens)
+
     def prefers(self, free: Proposal, most: int, behind: int = 0) -> bool:
         """Whether lookup's free proposal promises more tokens a second than the draft model's
         would, each priced as `choose` prices it."""
+        self._read_batch()
         most = self._affordable(free.key, min(self.max_draft, len(free.tokens)))
         free_k, free_rate = (self._best(free.key, free.extent, most, free.support, free.agreeing)
                              if most > 0 else (0, 0.0))
@@ -176,12 +212,13 @@ class AdaptiveDraftPolicy:
         """The draft length with the most expected tokens a second, and that rate (k = 0: a
         plain step)."""
         ratio = self._hazard_ratio(self._state(key), MODEL_WEIGHT if key is None and self._measured else KEY_WEIGHT)
-        rates = [1.0 / self._step_cost(0)]
+        others = self._others[1]  # the batch's other tokens (0 alone): its rate is what is maximised
+        rates = [(1.0 + others) / self._step_cost(0)]
         expected, chain = 1.0, 1.0
         for k, hazard in enumerate(self._hazards(key, extent, most, support, agreeing), start=1):
             chain *= max(0.0, 1.0 - ratio * hazard)
             expected += chain
-            rates.append(expected / self._step_cost(k, key))
+            rates.append((expected + others) / self._step_cost(k, key))
         k = max(range(len(rates)), key=rates.__getitem__)
         if rates[k] <= (1.0 + MARGIN) * rates[0]:
             k = 0
@@ -258,7 +295,7 @@ class AdaptiveDraftPolicy:
 
     def _could_pay(self, key: object, most: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
-        return any((k + 1) / self._step_cost(k, key) > plain_rate for k in range(1, most + 1))
+        return any((k + 1 + self._others[1]) / self._step_cost(k, key) > plain_rate for k in range(1, most + 1))
 
     def _state(self, key: object) -> _KeyState:
         state = self._keys.get(key)
@@ -269,7 +306,9 @@ class AdaptiveDraftPolicy:
     def _step_cost(self, k: int, key: object = None) -> float:
         """A step of k draft tokens: a draft model's decodes (key None: its catch-up with the
         text committed since it last drafted, then one decode a token), the verify, the loop."""
-        return self._drafting_cost(k, key) + self._shapes.cost(self._verify, k + 1, self.max_draft + 1) + self._loop
+        rows = self._others[0] + k + 1  # the whole decode's, beside others
+        return self._drafting_cost(k, key) + self._shapes.cost(self._verify, rows, self._others[0] + self.max_draft + 1) \
+            + self._loop
 
     def _drafting_cost(self, k: int, key: object) -> float:
         """A draft model's decodes for k tokens: its catch-up, then one decode a token (lookup: free)."""
@@ -281,9 +320,11 @@ class AdaptiveDraftPolicy:
 
     def record(self, step: StepRecord) -> None:
         """Learn from what the step kept. Its measured times are not used: see the module doc."""
+        self._read_batch()  # the step just decoded: the others' rows in it
         drafted, accepted = step.drafted, step.accepted
         # The batch as decoded: padded, perhaps in a new shape.
-        verify = self._shapes.paid(self._verify, step.rows) if step.rows else self._verify.cost(drafted + 1)
+        verify = self._shapes.paid(self._verify, self._others[0] + step.rows) if step.rows \
+            else self._verify.cost(self._others[0] + drafted + 1)
         cost = self._drafting_cost(drafted, step.key) + verify + self._loop
         if step.key is None and not drafted and step.asked:  # decodes that brought no token to verify
             cost += self._catch_up * self._behind + self._draft_per_token * step.asked

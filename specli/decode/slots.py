@@ -23,7 +23,10 @@ Invariants:
   --exact's measured sizes hold);
 - a failed decode fails every slot that was in it, and nobody else;
 - a step's rows are in the order of their sequences, however the threads came in: the same
-  slots with the same rows decode the same batch.
+  slots with the same rows decode the same batch;
+- what a slot's draft-length policy reads of the others (`Slot.others`: their rows and the
+  tokens they expected from them) is the last step's, fixed when it was decoded, so it reads
+  the same whatever the threads' timing.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class SharedSteps:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._exclusive: int | None = None  # the slot running alone
+        self._expected: dict[int, float] = {}  # by sequence: the tokens its next step's rows should bring
+        self._last: dict[int, tuple[int, float]] = {}  # by sequence: its rows and expected tokens, last step
         self._waiting_alone = 0  # exclusive slots waiting for the others to end
         self.slots: list[Slot] = []
         self.steps = 0
@@ -122,6 +127,17 @@ class SharedSteps:
         with self._lock:
             self.model.forget(sequence, n_keep)
 
+    def expect(self, sequence: int, tokens: float) -> None:
+        with self._lock:
+            self._expected[sequence] = tokens
+
+    def others(self, sequence: int) -> tuple[int, float]:
+        """The other slots' rows in the last step, and the tokens they expected from them (a
+        slot whose policy says nothing: one a step)."""
+        with self._lock:
+            last = [value for other, value in self._last.items() if other != sequence]
+        return sum(rows for rows, _ in last), sum(tokens for _, tokens in last)
+
     def close(self) -> None:
         """Stop the decoding thread (the slots' generations have ended)."""
         with self._lock:
@@ -136,6 +152,8 @@ class SharedSteps:
         if not self._pending or not self._running <= set(self._pending):
             return
         self._ready, self._pending = self._pending, {}
+        self._last = {sequence: (len(part.tokens), self._expected.pop(sequence, 1.0 if part.outputs[-1] else 0.0))
+                      for sequence, part in self._ready.items()}
         if self._thread is None:
             self._thread = threading.Thread(target=self._decoding, name="specli-steps", daemon=True)
             self._thread.start()
@@ -229,6 +247,14 @@ class Slot:
             if end == len(tokens):
                 return rows
             start = end
+
+    def others(self) -> tuple[int, float]:
+        """The other requests' rows in the step, and the tokens they expect from them."""
+        return self.steps.others(self.sequence)
+
+    def expect(self, tokens: float) -> None:
+        """The tokens this slot's next rows should bring (its policy's expectation)."""
+        self.steps.expect(self.sequence, tokens)
 
     def decode_argmax(self, tokens: list[int], *, all_rows: bool = False) -> Sequence[int]:
         raise NotImplementedError("a slot verifies on the host")

@@ -1,0 +1,165 @@
+"""Concurrent clients against `specli serve --parallel N`, specli one at a time, and llama.cpp's
+`llama-server -np N`, same model, same requests.
+
+Each of C clients sends its share of the same streamed, greedy /v1/completions requests (the
+shipped workloads' prompts, client i starting at prompt i), one after the other, all clients at
+once. Sides, each started afresh for every measurement, in an order rotated round by round:
+
+- specli `--parallel C` with n-gram drafting (-k auto), and with `--draft none`;
+- specli `--parallel 1` (one generation at a time, the rest queued: specli before --parallel);
+- llama-server `-np C`, plain and with `--spec-type ngram-simple` and `ngram-mod` (its -c is
+  C times specli's, which llama-server divides between its slots).
+
+Reported per side and C: aggregate tokens per second (all completion tokens over the wall
+time of the whole run), each request's tokens per second and time to its first token (p50,
+p95), and, where the server says, drafted and kept tokens and the mean drafted rows per
+request per step (drafted / (tokens - accepted): a step writes one token of the target's own
+besides the kept ones). Medians over rounds; the ratios are taken within each round.
+
+    python benchmarks/parallel_bench.py --target gemma.gguf --llama-server PATH [--clients 1,2,4,8] [--rounds 3]
+
+Build llama-server from the llama.cpp that llama-cpp-python vendors:
+    TARGETS=llama-server benchmarks/build_llama_cpp.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+from benchmarks.serve_bench import Result, complete, specli_server  # noqa: E402
+from specli.comparison import load_workloads  # noqa: E402
+from tests.support.harness import free_port, stop, wait_healthy  # noqa: E402
+
+
+@contextmanager
+def llama_server(binary: Path, target: Path, clients: int, spec_type: str | None, ctx: int) -> Iterator[str]:
+    port = free_port()
+    command = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx * clients),
+               "-t", str(os.cpu_count() or 1), "-np", str(clients), "--no-webui"]
+    if spec_type:
+        command += ["--spec-type", spec_type]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, 120, f"llama-server ({' '.join(command)})")
+        yield url
+    finally:
+        stop(process)
+
+
+def sides(target: Path, binary: Path | None, clients: int, ctx: int):
+    """(name, server factory) for every side at `clients` concurrent clients."""
+    common = ("-c", str(ctx), "--no-memory", "--queue", "64")
+    yield f"specli --parallel {clients}", lambda: specli_server(target, "--parallel", str(clients), *common)
+    yield f"specli --parallel {clients} --draft none", lambda: specli_server(
+        target, "--parallel", str(clients), "--draft", "none", *common)
+    if clients > 1:
+        yield "specli --parallel 1", lambda: specli_server(target, "--parallel", "1", *common)
+    if binary is not None:
+        for spec_type in (None, "ngram-simple", "ngram-mod"):
+            name = f"llama-server -np {clients}" + (f" --spec-type {spec_type}" if spec_type else "")
+            yield name, (lambda s=spec_type: llama_server(binary, target, clients, s, ctx))
+
+
+def prompts(max_tokens: int) -> list[tuple[str, int]]:
+    return [(workload.prompt, min(max_tokens, workload.max_tokens)) for workload in load_workloads()]
+
+
+def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[str, int]]) -> dict:
+    """Every client's requests, all clients at once; the figures of the whole run."""
+    results = [Result() for _ in range(clients)]
+    per_request: list[tuple[float, float]] = []  # (tokens per second, time to the first token)
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for n in range(per_client):
+            prompt, max_tokens = requests[(index + n * clients) % len(requests)]
+            one = Result()
+            complete(url, prompt, max_tokens, one)
+            with lock:
+                per_request.append((one.tokens_per_second, one.first_token[0]))
+                for name in ("seconds", "tokens", "drafted", "accepted"):
+                    setattr(results[index], name, getattr(results[index], name) + getattr(one, name))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    tokens = sum(r.tokens for r in results)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    rates, firsts = sorted(rate for rate, _ in per_request), sorted(first for _, first in per_request)
+    return {"aggregate": tokens / wall, "tokens": tokens, "wall": wall,
+            "request_p50": _quantile(rates, 0.5), "request_p95": _quantile(rates, 0.05),  # the slow tail
+            "first_p50": _quantile(firsts, 0.5), "first_p95": _quantile(firsts, 0.95),
+            "drafted": drafted, "accepted": accepted,
+            "rows_per_step": drafted / max(1, tokens - accepted)}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def measure(target: Path, binary: Path | None, clients: int, args, progress: Callable[[str], None]) -> dict:
+    """Every side at `clients`, `args.rounds` rounds in rotated order; medians and in-round ratios."""
+    requests = prompts(args.max_tokens)
+    named = list(sides(target, binary, clients, args.ctx))
+    rounds: list[dict[str, dict]] = []
+    for round_index in range(args.rounds):
+        shift = round_index % len(named)
+        figures = {}
+        for name, server in named[shift:] + named[:shift]:
+            with server() as url:
+                complete(url, "Hello", 4, Result())  # a warm-up request, not counted
+                figures[name] = run_clients(url, clients, args.per_client, requests)
+            progress(f"C={clients} round {round_index + 1} {name}: {figures[name]['aggregate']:.1f} tok/s in all")
+        rounds.append(figures)
+    report = {}
+    base = f"specli --parallel {clients}"
+    for name, _ in named:
+        runs = [r[name] for r in rounds]
+        report[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        report[name]["over_it"] = statistics.median(r[base]["aggregate"] / r[name]["aggregate"] for r in rounds)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--llama-server", type=Path, help="llama-server binary (leave out for specli alone)")
+    parser.add_argument("--clients", default="1,2,4,8")
+    parser.add_argument("--per-client", type=int, default=3, help="requests each client sends, one after the other")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("-c", "--ctx", type=int, default=2048, help="context per request")
+    parser.add_argument("--json", type=Path, help="write the report here too")
+    args = parser.parse_args(argv)
+    report = {}
+    for clients in (int(c) for c in args.clients.split(",")):
+        report[clients] = measure(args.target, args.llama_server, clients, args, lambda line: print(line, file=sys.stderr))
+        print(f"\n{clients} client(s): {'side':<52} {'agg tok/s':>9} {'x':>6} {'req p50':>8} {'req p95':>8} "
+              f"{'ttft p50':>8} {'ttft p95':>8} {'rows/step':>9}")
+        for name, figures in report[clients].items():
+            print(f"{'':12}{name:<52} {figures['aggregate']:9.1f} {figures['over_it']:6.2f} {figures['request_p50']:8.1f} "
+                  f"{figures['request_p95']:8.1f} {figures['first_p50']:8.2f} {figures['first_p95']:8.2f} "
+                  f"{figures['rows_per_step']:9.2f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
