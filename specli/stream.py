@@ -45,6 +45,7 @@ class Outcome:
     steps: list[StepRecord] = field(default_factory=list)
     # (token id, its logprob) for each committed token, where the request asked for logprobs
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
+    waited: float = 0.0  # seconds it waited for its turn before it started (a server's queue)
 
 
 def stream(engine: Engine, prompt: list[int], sink: Sink, *,

@@ -91,7 +91,7 @@ class Answerer:
         outcome: Outcome = future.result()
         if outcome.stats.finish_reason == "cancelled":
             raise ApiError(503, "the generation was cancelled: the server is shutting down", "server_error")
-        log.line(200, outcome.stats)
+        log.line(200, outcome.stats, waited=outcome.waited)
         special = self._special(asked) if asked.plan is not None else None
         return _response(asked, outcome, self.model, special, self._logprobs(asked)).model_dump()
 

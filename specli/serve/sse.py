@@ -237,7 +237,8 @@ class EventStream:
             answer = api_error(GenerationFailed(error))
             self.log.line(answer.status, note=answer.body.message)
             return [event(ErrorResponse(error=answer.body).model_dump()), DONE]
-        stats = self.started.future.result().stats
+        outcome = self.started.future.result()
+        stats = outcome.stats
         if stats.finish_reason == "cancelled":  # the server is shutting down (a client that left reads nothing)
             self.log.line(503, stats, "cancelled: shutting down")
             body = ErrorBody(message="the server is shutting down; the answer is cut short", type="server_error")
@@ -253,7 +254,7 @@ class EventStream:
                                        drafted=self._taken_drafted())))
         if self.usage:
             lines.append(self.chunks.usage(stats))
-        self.log.line(200, stats)  # before the end: a client may close as soon as it reads it
+        self.log.line(200, stats, waited=outcome.waited)  # before the end: a client may close as soon as it reads it
         return lines + [DONE]
 
 

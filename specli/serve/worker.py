@@ -201,6 +201,7 @@ class Worker:
             raise Busy(self.queue)
         self.line.admit(key)
         self._admitted += 1
+        admitted = time.perf_counter()
         future = None
         try:
             await self._wait_for_turn(gone)
@@ -210,7 +211,8 @@ class Worker:
             loop = asyncio.get_running_loop()
             cancel = threading.Event()
             try:
-                future = loop.run_in_executor(self._thread, self._generate, job, Relay(loop, on_event), cancel)
+                future = loop.run_in_executor(self._thread, self._generate, job, Relay(loop, on_event), cancel,
+                                              admitted)
             except BaseException:
                 self._turn.release()
                 raise
@@ -249,10 +251,11 @@ class Worker:
             turn.add_done_callback(give_back)
             raise
 
-    def _generate(self, job: Job, sink: Relay, cancel: threading.Event) -> Outcome:
+    def _generate(self, job: Job, sink: Relay, cancel: threading.Event, admitted: float = 0.0) -> Outcome:
         """In a worker thread: the request's engine, then stream. An exact request decodes
         its whole prompt, as `specli run --exact` does (a prompt split at a kept prefix rounds
-        otherwise)."""
+        otherwise). `admitted`: when its request was let in (perf_counter), for its wait."""
+        started = time.perf_counter()
         memory = self.memory.index if self.memory is not None else None
         cancelled = lambda: cancel.is_set() or self.closing.is_set()  # noqa: E731
         if not self.session.slots:
@@ -274,6 +277,7 @@ class Worker:
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
             with self._slots:
                 self.memory.add(outcome.tokens)
+        outcome.waited = max(0.0, started - admitted) if admitted else 0.0
         return outcome
 
     def close(self) -> None:
