@@ -13,8 +13,8 @@ Invariants:
 - the rows a slot gets stay valid until it hands in its next ones: no decode starts before
   every running slot has handed in, and a slot that stops running hands in nothing;
 - everything that touches the context (the decodes, a slot's rewind) runs under one lock, and
-  every decode on one thread of its own (a new calling thread would start another team of
-  ggml's CPU workers, and teams spinning side by side take each other's cores);
+  every decode on one thread of its own, whichever slot's thread handed in last (the context
+  is driven from one thread, as llama-server drives its own);
 - a prompt goes in chunks of PREFILL_CHUNK rows, a chunk a step, while other slots run (a
   slot alone decodes it whole, as a one-sequence run does), so nobody stalls behind it;
 - an `exclusive` slot (an exact request) runs alone: it waits for the running slots to end,
@@ -235,6 +235,8 @@ class Slot:
             raise ValueError("decode needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise ValueError(f"sequence {self.sequence}: {len(tokens)} rows past its {self.n_ctx} positions")
+        if (all_logits or outputs is not None) and len(tokens) > self.steps.model.batch_size:
+            raise ValueError("a decode with rows besides the last is limited to one batch")
         flags = [True] * len(tokens) if all_logits else \
             [bool(flag) for flag in outputs[: len(tokens)]] if outputs is not None else [False] * len(tokens)
         flags[-1] = True
