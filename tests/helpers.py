@@ -120,6 +120,33 @@ def assert_lossless(plain: list[int], margins: list[float], output: list[int]) -
     )
 
 
+def plain_with_margins(model, tokens: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    """One token at a time on a one-sequence model, greedy: the tokens and, at each, the margin
+    between the target's two best logits (assert_lossless's reference)."""
+    model.rewind(0)
+    row = np.array(model.decode(tokens)[0])
+    out, margins = [], []
+    for _ in range(max_tokens):
+        top = np.sort(row)[-2:]
+        token = int(np.argmax(row))
+        out.append(token)
+        margins.append(float(top[1] - top[0]))
+        if model.is_end_of_generation(token):
+            break
+        row = np.array(model.decode([token])[0])
+    model.rewind(0)
+    return out, margins
+
+
+def assert_lossless_text(model, plain: list[int], margins: list[float], text: str) -> None:
+    """As assert_lossless, for a served answer's text: it is the plain tokens' text, or departs
+    from it only at a token whose margin was a near-tie."""
+    for i in range(len(plain)):
+        if not text.startswith(b"".join(map(model.piece, plain[: i + 1])).decode("utf-8", "replace")):
+            assert margins[i] < NEAR_TIE, f"diverged at token {i} where the margin was {margins[i]:.3f}"
+            return
+
+
 # Logits. With the real-model tests' prompts and fixed Ks (the same batch shapes every run) every
 # flip falls under this bound; elsewhere a batch was measured to lower a margin by up to 0.89
 # (benchmarks/batch_margins.py), so other prompts could need a looser one.

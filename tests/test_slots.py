@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import assert_lossless
+from helpers import assert_lossless, plain_with_margins
 from specli.decode.request import GenerationRequest
 from specli.decode.slots import SharedSteps, Slot, open_slots
 
@@ -176,20 +176,7 @@ def parallel_session(gemma_path):
 
 def _plain(gemma_model, prompt):
     """One token at a time on a one-sequence context, with each step's top-two margin."""
-    tokens = gemma_model.tokenize(prompt)
-    gemma_model.rewind(0)
-    row = np.array(gemma_model.decode(tokens)[0])
-    out, margins = [], []
-    for _ in range(MAX_TOKENS):
-        top = np.sort(row)[-2:]
-        token = int(np.argmax(row))
-        out.append(token)
-        margins.append(float(top[1] - top[0]))
-        if gemma_model.is_end_of_generation(token):
-            break
-        row = np.array(gemma_model.decode([token])[0])
-    gemma_model.rewind(0)
-    return out, margins
+    return plain_with_margins(gemma_model, gemma_model.tokenize(prompt), MAX_TOKENS)
 
 
 @pytest.mark.slow

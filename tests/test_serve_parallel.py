@@ -1,0 +1,125 @@
+"""`specli serve --parallel N` under several clients at once, real server processes on
+127.0.0.1 with Gemma: answers side by side are the target's, a client that leaves or reads
+slowly holds no one back, and a hundred requests from sixteen clients that come and go leave
+the server healthy. Every loop is bounded in count and time."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+
+import httpx
+import pytest
+from helpers import assert_lossless_text, plain_with_margins, serving
+
+pytestmark = pytest.mark.slow  # real models, real processes
+
+PROMPTS = ["The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+           "Once upon a time there was a little fox who lived in the forest. Every day the fox",
+           "List three colours: red, green, blue. List three colours again: red,"]
+N = 32
+
+
+def health(server) -> dict:
+    return httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json()
+
+
+def stream(server, prompt: str, max_tokens: int, *, leave_after: int | None = None, pause: float = 0.0) -> str:
+    """A streamed greedy completion's text; `leave_after`: close the connection after that many
+    chunks; `pause`: seconds between chunks read (a slow reader)."""
+    text = []
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0, "draft_tokens": 4}
+    with httpx.stream("POST", server.url + "/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for i, line in enumerate(response.iter_lines()):
+            if leave_after is not None and i >= leave_after:
+                break
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:])["choices"]
+                text.append(choices[0]["text"] if choices else "")
+                time.sleep(pause)
+    return "".join(text)
+
+
+def test_answers_side_by_side_are_the_targets_and_one_that_leaves_disturbs_none(gemma_path, gemma_model):
+    with serving("--target", gemma_path, "--parallel", "4", "--no-memory") as server:
+        answers: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, stream(server, PROMPTS[i], N)))
+                   for i in range(len(PROMPTS))]
+        leaver = threading.Thread(target=lambda: stream(server, "Once upon a time", 400, leave_after=4))
+        for thread in (*threads, leaver):
+            thread.start()
+        for thread in (*threads, leaver):
+            thread.join(timeout=180)
+        for i, prompt in enumerate(PROMPTS):
+            plain, margins = plain_with_margins(gemma_model, gemma_model.tokenize(prompt), N)
+            assert_lossless_text(gemma_model, plain, margins, answers[i])
+        deadline = time.monotonic() + 30
+        while not any("client went away" in line for line in server.log) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("client went away" in line for line in server.log), "the leaver's generation was cancelled"
+        assert health(server) == {"status": "ok", "slots_processing": 0, "slots_idle": 4, "requests_waiting": 0}
+
+
+def test_a_slow_reader_holds_back_no_one(gemma_path):
+    with serving("--target", gemma_path, "--parallel", "2", "--no-memory") as server:
+        done: dict[str, float] = {}
+        slow = threading.Thread(target=lambda: (stream(server, PROMPTS[1], 48, pause=0.2),
+                                                done.__setitem__("slow", time.monotonic())))
+        slow.start()
+        time.sleep(1.0)  # the slow reader is under way
+        stream(server, PROMPTS[0], N)  # a whole answer while the slow one still reads its first
+        done["fast"] = time.monotonic()
+        slow.join(timeout=120)
+        assert done["fast"] < done["slow"], "the fast answer did not wait for the slow reader"
+
+
+def test_a_hundred_requests_from_sixteen_clients_that_come_and_go(gemma_path):
+    """0 × 5xx, every request that stayed complete, the server healthy after and its memory
+    back near where it started (bounded: 100 requests, 300 s)."""
+    with serving("--target", gemma_path, "--parallel", "4", "--queue", "16", "-c", "512") as server:
+        rss = lambda: int(next(line.split()[1] for line in open(f"/proc/{server.process.pid}/status")  # noqa: E731
+                               if line.startswith("VmRSS")))
+        stream(server, "Hello", 4)  # warm: the first request's allocations are not a leak
+        before = rss()
+        rng = random.Random(7)
+        plan = [(rng.choice(PROMPTS), rng.randint(2, 12), rng.random() < 0.25) for _ in range(100)]
+        statuses: list[int] = []
+        complete: list[bool] = []
+        lock = threading.Lock()
+        deadline = time.monotonic() + 300
+
+        def client(mine: list) -> None:
+            for prompt, max_tokens, leaves in mine:
+                if time.monotonic() > deadline:
+                    return
+                if leaves:
+                    text = stream(server, prompt, 200, leave_after=rng.randint(1, 4))
+                    with lock:
+                        statuses.append(200 if text is not None else 0)
+                    continue
+                reply = httpx.post(server.url + "/completions", timeout=120,
+                                   json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+                with lock:
+                    statuses.append(reply.status_code)
+                    complete.append(reply.status_code == 200 and
+                                    reply.json()["usage"]["completion_tokens"] == max_tokens)
+
+        threads = [threading.Thread(target=client, args=(plan[i::16],)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=320)
+        assert len(statuses) == 100, "every request was made within the time bound"
+        assert all(status < 500 for status in statuses), statuses
+        assert complete and all(complete)
+        deadline = time.monotonic() + 30
+        while health(server)["slots_processing"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert health(server) == {"status": "ok", "slots_processing": 0, "slots_idle": 4, "requests_waiting": 0}
+        assert stream(server, PROMPTS[0], 8)  # still answering
+        assert rss() < before + 64 * 1024, f"RSS grew from {before} to {rss()} kB"
+        assert os.path.exists(f"/proc/{server.process.pid}")
