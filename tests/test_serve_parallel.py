@@ -12,8 +12,9 @@ import threading
 import time
 
 import httpx
+import jsonschema
 import pytest
-from helpers import assert_lossless_text, plain_with_margins, serving
+from helpers import HERMES, assert_lossless_text, plain_with_margins, serving
 
 pytestmark = pytest.mark.slow  # real models, real processes
 
@@ -123,3 +124,48 @@ def test_a_hundred_requests_from_sixteen_clients_that_come_and_go(gemma_path):
         assert stream(server, PROMPTS[0], 8)  # still answering
         assert rss() < before + 64 * 1024, f"RSS grew from {before} to {rss()} kB"
         assert os.path.exists(f"/proc/{server.process.pid}")
+
+
+READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 40}}, "required": ["path"],
+        "additionalProperties": False}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_a_mixed_batch_each_request_its_own_tools_schema_logprobs_and_prediction(smollm_path):
+    """Five kinds of request at once on four slots: each answer is valid for its own request,
+    with its own provenance (spans that join to its own content)."""
+    text = "The quick brown fox jumps over the lazy dog, then runs into the forest."
+    user = lambda content: [{"role": "user", "content": content}]  # noqa: E731
+    requests = {
+        "tool": dict(messages=user("Read the file src/app/main.py."), tool_choice="required", parallel_tool_calls=False,
+                     tools=[{"type": "function", "function": {"name": "read_file", "parameters": READ}}]),
+        "schema": dict(messages=user("Ann is 31. Give her name and age as JSON."),
+                       response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}),
+        "logprobs": dict(messages=user("Name three colours."), logprobs=True, top_logprobs=2),
+        "plain": dict(messages=user("Say hello.")),
+        "prediction": dict(messages=user(f"Repeat this sentence exactly: {text}"),
+                           extra_body={"prediction": {"type": "content", "content": text}}),
+    }
+    with serving("--target", smollm_path, "--chat-template-file", HERMES, "-c", "2048", "--parallel", "4") as server:
+        client = server.client()
+        replies: dict[str, object] = {}
+        threads = [threading.Thread(target=lambda name=name, body=body: replies.__setitem__(
+            name, client.chat.completions.create(model="x", temperature=0, max_tokens=48, **body)))
+            for name, body in requests.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+    assert set(replies) == set(requests)
+    (call,) = replies["tool"].choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), READ)
+    if replies["schema"].choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(replies["schema"].choices[0].message.content), PERSON)
+    logprobs = replies["logprobs"].choices[0].logprobs.content
+    assert len(logprobs) == replies["logprobs"].usage.completion_tokens and len(logprobs[0].top_logprobs) == 2
+    for name in ("schema", "logprobs", "plain", "prediction"):
+        choice = replies[name].choices[0]
+        spans = choice.model_extra["spans"]
+        assert "".join(span["text"] for span in spans) == choice.message.content, name
+    assert replies["prediction"].usage.completion_tokens_details.accepted_prediction_tokens > 0
