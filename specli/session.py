@@ -26,7 +26,6 @@ from specli.decode.proposers import LookupThenModel, NoProposer, Proposer
 from specli.decode.request import AUTO, GenerationRequest
 from specli.decode.shapes import GPU_SIZES
 from specli.decode.slots import Slot, open_slots
-from specli.decode.text import common_prefix_length
 from specli.errors import UsageError
 from specli.llama import mtp
 from specli.llama.backend import LoadSettings, Model
@@ -67,15 +66,12 @@ class Session:
         self._exact_cap = exact_cap  # measured at load with spec.exact, else by `exact()` when first asked
         self._cache = TargetCache()  # what the target's KV cache holds, across generations
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
-        # With target_load.sequences above 1: a slot per sequence, one decode a step for all
-        # (decode/slots.py), each with what its cache holds.
+        # target_load.sequences above 1: a slot per sequence, one decode a step for all (decode/slots.py).
         self.slots: list[Slot] = open_slots(target) if target.sequences > 1 else []
-        self._slot_caches = [TargetCache() for _ in self.slots]
 
     def exact(self) -> BatchCap:
-        """The verify batches that give one-token logits bit for bit, by position, for the
-        loaded repacking setting: measured at load with spec.exact, else now (once per model
-        and settings, then stored). The one place the session gives them."""
+        """The verify batches exact by position for the loaded repacking setting: measured at
+        load with spec.exact, else now (once, then stored). The one place the session gives them."""
         if self._exact_cap is None:
             repack = self.spec.target_load.repack
             self._exact_cap = exact_caps(self.spec, repacks=(repack,))[repack]
@@ -98,16 +94,8 @@ class Session:
         options = EngineOptions(self.spec.verify_on_device and slot is None,
                                 self.exact() if request.exact and drafting else None,
                                 kind.model_name(self.spec) if drafting else "", reach=self.target.max_rewind)
-        target, cache = (self.target, self._cache) if slot is None else (slot, self._slot_caches[slot.sequence])
+        target, cache = (self.target, self._cache) if slot is None else (slot, slot.cache)
         return Engine(target, proposer, policy, request, cache=cache, matcher=matcher, options=options)
-
-    def slot_for(self, prompt: list[int], free: Iterable[Slot]) -> Slot:
-        """Of the free slots, the one whose cache holds the longest prefix of `prompt` (the
-        first on a tie): an agent resending its conversation prefills only the new turn."""
-        def held(slot: Slot) -> int:
-            return min(slot.n_past, common_prefix_length(self._slot_caches[slot.sequence].tokens, prompt))
-
-        return max(free, key=held)
 
     def vocabulary(self) -> Vocabulary:
         """The target's tokens as a constraint reads them, built on the first constrained request."""

@@ -34,9 +34,12 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
+
+from specli.decode.engine import TargetCache
+from specli.decode.text import common_prefix_length
 
 PREFILL_CHUNK = 128  # a prompt's rows a step, while other slots run
 
@@ -195,8 +198,8 @@ class SharedSteps:
 
 
 class Slot:
-    """One sequence of the target, as an engine sees it: decode, rewind, its positions; the
-    target's vocabulary is read through it."""
+    """One sequence of the target, as an engine sees it: decode, rewind, its positions, and
+    what its cache holds across generations (`cache`); the target's vocabulary is read through it."""
 
     def __init__(self, steps: SharedSteps, sequence: int) -> None:
         self.steps = steps
@@ -204,6 +207,7 @@ class Slot:
         self.n_ctx = steps.model.n_ctx
         self.n_past = 0
         self.exclusive = False
+        self.cache = TargetCache()
 
     def __getattr__(self, name: str) -> Any:  # the target's tokens, pieces, end-of-generation test
         return getattr(self.steps.model, name)
@@ -273,6 +277,12 @@ class Slot:
         if rows_wanted or self.exclusive or self.steps.running <= 1:
             return whole
         return min(whole, PREFILL_CHUNK)
+
+
+def slot_for(prompt: list[int], free: Iterable[Slot]) -> Slot:
+    """Of the free slots, the one whose cache holds the longest prefix of `prompt` (the first on
+    a tie): an agent resending its conversation prefills only the new turn."""
+    return max(free, key=lambda slot: min(slot.n_past, common_prefix_length(slot.cache.tokens, prompt)))
 
 
 def open_slots(model: SequenceModel) -> list[Slot]:

@@ -33,6 +33,7 @@ from typing import Awaitable, Callable
 from specli.decode.events import Stats, StepRecord, Token
 from specli.decode.ngram import TokenIndex
 from specli.decode.request import GenerationRequest
+from specli.decode.slots import slot_for
 from specli.session import Session
 from specli.stream import Outcome, stream
 
@@ -265,7 +266,7 @@ class Worker:
             self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
         else:  # (a shared step's time is the batch's: no review of the costs)
             with self._slots:
-                slot = self.session.slot_for(job.tokens, self._free)
+                slot = slot_for(job.tokens, self._free)
                 self._free.remove(slot)
             try:
                 engine = self.session.engine_for(job.request, memory=memory, slot=slot)
