@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
-from benchmarks.parallel_bench import llama_server, run_clients  # noqa: E402
+from benchmarks.parallel_bench import run_clients  # noqa: E402
+from benchmarks.serve_bench import llama_server  # noqa: E402
 from specli.comparison import load_workloads  # noqa: E402
 
 HELD_OUT = Path(__file__).with_name("heldout.toml")
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return time.perf_counter() - started, tokens
 
         def served() -> tuple[float, int]:
-            with llama_server(args.llama_server, args.target, args.parallel, None, args.ctx) as url:
+            with llama_server(args.llama_server, args.target, None, args.ctx, args.parallel) as url:
                 figures = run_clients(url, args.parallel, args.count // args.parallel,
                                       [(text, args.max_tokens) for text in texts])
             return figures["wall"], figures["tokens"]

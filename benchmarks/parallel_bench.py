@@ -26,36 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
-from benchmarks.serve_bench import Result, complete, specli_server  # noqa: E402
+from benchmarks.serve_bench import Result, complete, llama_server, specli_server  # noqa: E402
 from specli.comparison import load_workloads  # noqa: E402
-from tests.support.harness import free_port, stop, wait_healthy  # noqa: E402
-
-
-@contextmanager
-def llama_server(binary: Path, target: Path, clients: int, spec_type: str | None, ctx: int) -> Iterator[str]:
-    port = free_port()
-    command = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx * clients),
-               "-t", str(os.cpu_count() or 1), "-np", str(clients), "--no-webui"]
-    if spec_type:
-        command += ["--spec-type", spec_type]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, 120, f"llama-server ({' '.join(command)})")
-        yield url
-    finally:
-        stop(process)
 
 
 def sides(target: Path, binary: Path | None, clients: int, ctx: int):
@@ -69,7 +49,7 @@ def sides(target: Path, binary: Path | None, clients: int, ctx: int):
     if binary is not None:
         for spec_type in (None, "ngram-simple", "ngram-mod"):
             name = f"llama-server -np {clients}" + (f" --spec-type {spec_type}" if spec_type else "")
-            yield name, (lambda s=spec_type: llama_server(binary, target, clients, s, ctx))
+            yield name, (lambda s=spec_type: llama_server(binary, target, s, ctx, clients))
 
 
 def prompts(max_tokens: int) -> list[tuple[str, int]]:
