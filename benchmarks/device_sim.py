@@ -222,6 +222,7 @@ class SimulatedModel:
         self.n_vocab = script.n_vocab
         self.n_ctx = self.n_ctx_train = n_ctx
         self.batch_size = batch_size
+        self.sequences = 1  # one sequence, as backend.Model loads by default
         self.n_past = 0
         self.bos, self.add_bos, self.add_eos = 0, True, False
         self.ledger = Ledger()

@@ -144,6 +144,7 @@ DraftServers = Annotated[Optional[str], typer.Option("--draft-rpc", metavar="LIS
 
 DEFAULT_CTX_SIZE = 4096
 DEFAULT_MAX_TOKENS = 256
+DEFAULT_PARALLEL = 4  # serve's requests and run --batch's prompts at once, as llama-server's automatic slots
 NO_LIMIT = 1 << 30  # a chat's turns and a server's requests: until the model ends, or the context is full
 
 

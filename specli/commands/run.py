@@ -26,7 +26,6 @@ from specli.stream import stream
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
-DEFAULT_PARALLEL = 4  # run --batch's prompts at once, as llama-server's automatic slots
 
 
 class ColorMode(str, Enum):
@@ -75,7 +74,7 @@ def run(
             raise UsageError("give the prompt either as an argument or with -p, not both")
         prompt = prompt_option
     if batch is not None:
-        raise typer.Exit(_batch(ctx, batch, parallel or DEFAULT_PARALLEL, given=(prompt, file, prediction)))
+        raise typer.Exit(_batch(ctx, batch, parallel or opt.DEFAULT_PARALLEL, given=(prompt, file, prediction)))
     if parallel is not None:
         raise UsageError("--parallel goes with --batch FILE (or specli serve)")
     conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())

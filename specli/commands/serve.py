@@ -13,7 +13,6 @@ from specli.commands import options as opt
 from specli.commands.app import Command, app
 
 SERVER = "Server"
-DEFAULT_PARALLEL = 4  # requests at once, as llama-server's automatic slots
 
 
 @app.command("serve", cls=Command)
@@ -31,17 +30,16 @@ def serve(
     allow_origin: Annotated[Optional[list[str]], typer.Option("--allow-origin", metavar="ORIGIN", rich_help_panel=SERVER, help="Let web pages from ORIGIN (https://app.example) use the API (repeatable; * any). The page at / and pages on localhost always may.")] = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API, with a chat page at /; sampling options are defaults a request may override."""
+    from specli.render import notifier
     from specli.serve.guard import Access
     from specli.serve.server import ServeSettings
     from specli.serve.server import serve as run_server
-
-    from specli.render import notifier
 
     models = opt.models(ctx.params)
     spec = drafts.for_server(opt.session_spec(models, ctx.params))  # what a request may ask to draft with
     # A draft model and the NextN layers draft in one sequence only: beside others, n-gram lookup.
     loaded = [kind for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
-    parallel = parallel or (1 if loaded else DEFAULT_PARALLEL)
+    parallel = parallel or (1 if loaded else opt.DEFAULT_PARALLEL)
     if parallel > 1 and loaded:
         notifier(sys.stderr)(f"--parallel {parallel}: {', '.join(kind.name for kind in loaded)} drafts in one "
                              "sequence only; requests draft with n-gram lookup (--parallel 1 drafts with it)")
