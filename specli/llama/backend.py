@@ -390,7 +390,8 @@ class Model(_Vocabulary):
         # batch size it was given: holding n_ctx to what was asked keeps every decode within
         # both, and makes --ctx-size exact.
         self.sequences = settings.sequences
-        self.n_ctx = min(int(llama.llama_n_ctx_seq(self._ctx)), int(ctx_params.n_ctx) // self.sequences)
+        held = llama.llama_n_ctx_seq(self._ctx) if self.sequences > 1 else llama.llama_n_ctx(self._ctx)
+        self.n_ctx = min(int(held), int(ctx_params.n_ctx) // self.sequences)  # each sequence's
         self.batch_size = min(settings.batch_size, int(llama.llama_n_batch(self._ctx)))
         self._init_recurrent(settings)
         self._memory = llama.llama_get_memory(self._ctx)
