@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping, Optional, Union, get_type_hints
 
@@ -271,6 +271,20 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
         loads=(models.draft,),
     )
+
+
+def drafting_alone(spec: SessionSpec) -> list[str]:
+    """The draft kinds the spec loads that draft in one sequence only (a draft model, the
+    target's NextN layers): beside other sequences (--parallel above 1) they cannot draft."""
+    return [kind.name for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
+
+
+def beside_others(models: ResolvedModels, alone: list[str], parallel: int,
+                  notice: Callable[[str], None]) -> ResolvedModels:
+    """--parallel above 1 with kinds that draft alone: n-gram lookup drafts instead, said in one line."""
+    notice(f"--parallel {parallel}: {', '.join(alone)} drafts in one sequence only; drafting with n-gram lookup "
+           "(--parallel 1 drafts with it)")
+    return replace(models, draft=drafts.NGRAM.name if models.draft in alone else models.draft, draft_model=None)
 
 
 def generation_request(models: ResolvedModels, params: Mapping[str, Any], *, max_tokens: int) -> GenerationRequest:

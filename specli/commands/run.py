@@ -105,7 +105,6 @@ def run(
 
 def _batch(ctx: typer.Context, path: Path, parallel: int, *, given: tuple) -> int:
     """run --batch: every line of the file, `parallel` at a time (specli/commands/batch.py)."""
-    from specli import drafts
     from specli.commands.batch import read_lines, run_batch
 
     if ctx.info_name == "chat" or any(value is not None for value in given):
@@ -113,11 +112,9 @@ def _batch(ctx: typer.Context, path: Path, parallel: int, *, given: tuple) -> in
     lines = read_lines(path, sys.stdin)
     models = opt.models(ctx.params)
     notice = notifier(sys.stderr, quiet=ctx.params.get("quiet", False))
-    kind = drafts.KINDS.get(models.draft)
-    if parallel > 1 and kind is not None and kind.load is not None:
-        notice(f"--parallel {parallel}: --draft {models.draft} drafts in one sequence only; drafting with n-gram "
-               "lookup (--parallel 1 drafts with it)")
-        models = replace(models, draft=drafts.NGRAM.name, draft_model=None)
+    alone = opt.drafting_alone(opt.session_spec(models, ctx.params))
+    if parallel > 1 and alone:
+        models = opt.beside_others(models, alone, parallel, notice)
     spec = opt.session_spec(models, {**ctx.params, "parallel": parallel})
     max_tokens = ctx.params.get("max_tokens") or opt.DEFAULT_MAX_TOKENS
     request = opt.generation_request(models, ctx.params, max_tokens=max_tokens)

@@ -37,14 +37,10 @@ def serve(
 
     models = opt.models(ctx.params)
     spec = drafts.for_server(opt.session_spec(models, ctx.params))  # what a request may ask to draft with
-    # A draft model and the NextN layers draft in one sequence only: beside others, n-gram lookup.
-    loaded = [kind for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
-    parallel = parallel or (1 if loaded else opt.DEFAULT_PARALLEL)
-    if parallel > 1 and loaded:
-        notifier(sys.stderr)(f"--parallel {parallel}: {', '.join(kind.name for kind in loaded)} drafts in one "
-                             "sequence only; requests draft with n-gram lookup (--parallel 1 drafts with it)")
-        models = replace(models, draft=drafts.NGRAM.name if drafts.KINDS[models.draft] in loaded else models.draft,
-                         draft_model=None)
+    alone = opt.drafting_alone(spec)  # a draft model, the NextN layers: one sequence only
+    parallel = parallel or (1 if alone else opt.DEFAULT_PARALLEL)
+    if parallel > 1 and alone:
+        models = opt.beside_others(models, alone, parallel, notifier(sys.stderr))
         spec = opt.session_spec(models, ctx.params)
     spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel))
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
