@@ -8,7 +8,10 @@ once. Sides, each started afresh for every measurement, in an order rotated roun
 - specli `--parallel C` with n-gram drafting (-k auto), and with `--draft none`;
 - specli `--parallel 1` (one generation at a time, the rest queued: specli before --parallel);
 - llama-server `-np C`, plain and with `--spec-type ngram-simple` and `ngram-mod` (its -c is
-  C times specli's, which llama-server divides between its slots).
+  C times specli's, which llama-server divides between its slots; `--llama-modes` chooses).
+
+With `--draft-model FILE` both specli sides that draft draft with it (n-gram lookup in front,
+as `--draft FILE` does), and llama-server's `draft-simple` mode drafts with it (`-md FILE`).
 
 Reported per side and C: aggregate tokens per second (all completion tokens over the wall
 time of the whole run), each request's tokens per second and time to its first token (p50,
@@ -17,6 +20,7 @@ request per step (drafted / (tokens - accepted): a step writes one token of the 
 besides the kept ones). Medians over rounds; the ratios are taken within each round.
 
     python benchmarks/parallel_bench.py --target gemma.gguf --llama-server PATH [--clients 1,2,4,8] [--rounds 3]
+        [--draft-model smollm.gguf --llama-modes plain,draft-simple]
 
 Build llama-server from the llama.cpp that llama-cpp-python vendors:
     TARGETS=llama-server benchmarks/build_llama_cpp.sh
@@ -38,18 +42,22 @@ from benchmarks.serve_bench import Result, complete, llama_server, specli_server
 from specli.comparison import load_workloads  # noqa: E402
 
 
-def sides(target: Path, binary: Path | None, clients: int, ctx: int):
+def sides(target: Path, binary: Path | None, clients: int, ctx: int, draft: Path | None = None,
+          modes: Sequence[str] = ("plain", "ngram-simple", "ngram-mod")):
     """(name, server factory) for every side at `clients` concurrent clients."""
-    common = ("-c", str(ctx), "--no-memory", "--queue", "64")
+    common = ("-c", str(ctx), "--no-memory", "--queue", "64", *(("--draft", str(draft)) if draft else ()))
     yield f"specli --parallel {clients}", lambda: specli_server(target, "--parallel", str(clients), *common)
     yield f"specli --parallel {clients} --draft none", lambda: specli_server(
-        target, "--parallel", str(clients), "--draft", "none", *common)
+        target, "--parallel", str(clients), *common, "--draft", "none")
     if clients > 1:
         yield "specli --parallel 1", lambda: specli_server(target, "--parallel", "1", *common)
     if binary is not None:
-        for spec_type in (None, "ngram-simple", "ngram-mod"):
+        for mode in modes:
+            spec_type = None if mode == "plain" else mode
             name = f"llama-server -np {clients}" + (f" --spec-type {spec_type}" if spec_type else "")
-            yield name, (lambda s=spec_type: llama_server(binary, target, s, ctx, clients))
+            md = draft if spec_type is not None and spec_type.startswith("draft") else None
+            yield name + (" -md" if md else ""), (lambda s=spec_type, md=md: llama_server(binary, target, s, ctx,
+                                                                                        clients, md))
 
 
 def prompts(max_tokens: int) -> list[tuple[str, int]]:
@@ -96,7 +104,7 @@ def _quantile(values: list[float], q: float) -> float:
 def measure(target: Path, binary: Path | None, clients: int, args, progress: Callable[[str], None]) -> dict:
     """Every side at `clients`, `args.rounds` rounds in rotated order; medians and in-round ratios."""
     requests = prompts(args.max_tokens)
-    named = list(sides(target, binary, clients, args.ctx))
+    named = list(sides(target, binary, clients, args.ctx, args.draft_model, args.llama_modes.split(",")))
     rounds: list[dict[str, dict]] = []
     for round_index in range(args.rounds):
         shift = round_index % len(named)
@@ -121,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", type=Path, required=True)
     parser.add_argument("--llama-server", type=Path, help="llama-server binary (leave out for specli alone)")
     parser.add_argument("--clients", default="1,2,4,8")
+    parser.add_argument("--draft-model", type=Path, help="the draft model both sides draft with")
+    parser.add_argument("--llama-modes", default="plain,ngram-simple,ngram-mod",
+                        help="llama-server's sides: plain and --spec-type values (draft-simple: with -md)")
     parser.add_argument("--per-client", type=int, default=3, help="requests each client sends, one after the other")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)

@@ -157,13 +157,17 @@ def specli_server(target: Path, *extra: str) -> Iterator[str]:
 
 
 @contextmanager
-def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int, slots: int = 1) -> Iterator[str]:
-    """llama-server with `slots` slots (-np) of `ctx` positions each (its -c is divided between them)."""
+def llama_server(binary: Path, target: Path, spec_type: str | None, ctx: int, slots: int = 1,
+                 draft: Path | None = None) -> Iterator[str]:
+    """llama-server with `slots` slots (-np) of `ctx` positions each (its -c is divided between
+    them); `draft`: its draft model (-md)."""
     port = free_port()
     command = [str(binary), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx * slots),
                "-t", str(os.cpu_count() or 1), "-np", str(slots), "--no-webui"]
     if spec_type:
         command += ["--spec-type", spec_type]
+    if draft is not None:
+        command += ["-md", str(draft)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -11,6 +11,8 @@ A record says:
   lookup proposes before it;
 - why it cannot draft on a loaded session (`unavailable`), and what a server loads so that a
   request may ask for it (`offered`);
+- what it drafts with in each of the target's slots, beside other requests (`in_slots`;
+  None: where it loads anything, it drafts in one sequence only);
 - its cost path (`cost_key`: where its measurements are stored; `drafter`: the model that
   drafts, as specli/pricing/ times and stores it; None: the target's costs alone price it);
 - how --draft auto weighs it (`choose`, tried in AUTO's order), and what of the target's own
@@ -34,6 +36,7 @@ from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.ngram import NGramProposer
 from specli.decode.proposers import Proposer
 from specli.decode.request import DraftKind, GenerationRequest
+from specli.decode.slots import Slot, draft_slots
 from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
 from specli.llama import mtp
@@ -68,6 +71,8 @@ class Kind:
     # Why it cannot draft, from what was loaded for it (None: where it loads anything, that it did).
     unavailable: Callable[[Any, Model], str | None] | None = None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
+    # (loaded, the session's slots): what it drafts with in each slot, one per slot, in their order.
+    in_slots: Callable[[Any, list[Slot]], list[Any]] | None = None
     # Where its drafter's measurements are stored, beside the target's key (draft file, its load settings).
     cost_key: Callable[[StoreKey, Path | None, LoadSettings], StoreKey] | None = None
     drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, its cost_key, target, spec)
@@ -87,6 +92,11 @@ class Kind:
         if self.unavailable is not None:
             return self.unavailable(loaded, target)
         return "not loaded on this session" if self.load is not None and loaded is None else None
+
+    @property
+    def alone(self) -> bool:
+        """It loads something that drafts in one sequence only (not beside other requests)."""
+        return self.load is not None and self.in_slots is None
 
     def is_wanted(self, spec: Any) -> bool:
         return self.wanted(spec) if self.wanted is not None else self.name in spec.loads
@@ -109,6 +119,13 @@ def _open_draft(spec: Any, target: Model, notice: Notice) -> DraftModel:
     except BaseException:
         draft.close()
         raise
+
+
+def _draft_in_slots(draft: DraftModel, slots: list[Slot]) -> list[DraftModel]:
+    """The draft model's sequence beside each slot (it was loaded with as many): their drafting
+    decodes go into one draft decode across the slots (decode/slots.py)."""
+    return [DraftModel(sequence, through_text=draft.through_text)  # type: ignore[arg-type]
+            for sequence in draft_slots(slots, draft.model)]  # type: ignore[arg-type]
 
 
 def _model_proposer(draft: DraftModel, target: Model, request: GenerationRequest, matcher: Matcher | None,
@@ -174,6 +191,7 @@ MODEL = Kind(DraftKind.MODEL, "model: the small draft model loaded with --draft 
              wanted=lambda spec: spec.draft_model is not None, load=_open_draft,
              unavailable=lambda loaded, target: None if loaded is not None else "no draft model is loaded "
                                                                                 "(load one with --draft MODEL)",
+             in_slots=_draft_in_slots,
              cost_key=lambda key, draft, load: draft_key(key, draft, load), drafter=_model_cost, choose=_auto_model)
 MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            build=lambda nextn, target, request, matcher, lookup: MtpProposer(

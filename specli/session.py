@@ -68,6 +68,9 @@ class Session:
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
         # target_load.sequences above 1: a slot per sequence, one decode a step for all (decode/slots.py).
         self.slots: list[Slot] = open_slots(target) if target.sequences > 1 else []
+        # By draft kind: what it drafts with in each slot (drafts.Kind.in_slots), where it loads anything.
+        self._in_slots = {name: drafts.KINDS[name].in_slots(thing, self.slots)  # type: ignore[misc]
+                          for name, thing in self.loaded.items() if self.slots and drafts.KINDS[name].in_slots}
 
     def exact(self) -> BatchCap:
         """The verify batches exact by position for the loaded repacking setting: measured at
@@ -88,7 +91,7 @@ class Session:
         request = request.seeded()
         kind = drafts.get(request.draft)
         matcher = Matcher(self.vocabulary(), request.constraint) if request.constraint is not None else None
-        proposer = self._proposer(request, kind, memory, matcher)
+        proposer = self._proposer(request, kind, memory, matcher, slot)
         policy = self._policy(request, kind, proposer, slot)
         drafting = not isinstance(proposer, NoProposer)
         options = EngineOptions(self.spec.verify_on_device and slot is None,
@@ -112,7 +115,7 @@ class Session:
     def unavailable(self, kind: drafts.Kind) -> str | None:
         """Why `kind` cannot draft on this session (None: it can)."""
         reason = kind.why_not(self.loaded.get(kind.name), self.target)
-        if reason is None and self.slots and kind.load is not None:
+        if reason is None and self.slots and kind.alone:
             return f"{kind.name} drafts in one sequence only, not beside others (--parallel 1)"
         return reason
 
@@ -141,7 +144,7 @@ class Session:
         return most if reach is None else min(most, reach)
 
     def _proposer(self, request: GenerationRequest, kind: drafts.Kind, memory: TokenIndex | None,
-                  matcher: Matcher | None) -> Proposer:
+                  matcher: Matcher | None, slot: Slot | None) -> Proposer:
         if kind.build is None or self.plain_reason(request) is not None:
             return NoProposer()
         reason = self.unavailable(kind)
@@ -149,7 +152,9 @@ class Session:
             raise UsageError(f"draft '{kind.name}': {reason}")
         prediction = self.target.tokenize(request.prediction, add_special=False) if request.prediction else []
         lookup = NGramProposer(references=[memory] if memory is not None else [], prediction=prediction)
-        proposer = kind.build(self.loaded.get(kind.name), self.target, request, matcher, lookup)
+        loaded = self._in_slots[kind.name][slot.sequence] if slot is not None and kind.name in self._in_slots \
+            else self.loaded.get(kind.name)
+        proposer = kind.build(loaded, self.target, request, matcher, lookup)
         # A prediction feeds lookup whatever the draft; without one, --no-ngram is honoured.
         return LookupThenModel(lookup, proposer) if kind.behind_lookup and (request.lookup or prediction) else proposer
 
@@ -210,6 +215,8 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         _warm_up(target, loaded.values())
         if session.slots:  # read (or measured) now: a calibration decodes sequence 0, which a slot runs in
             session.pricing.costs()
+            for name in loaded:  # and each drafter's, with the target's
+                session.pricing.costs(kind=name if drafts.KINDS[name].drafter is not None else None)
     except BaseException:
         for thing in reversed(loaded.values()):
             thing.close()

@@ -71,11 +71,12 @@ def test_the_same_batch_writes_the_same_text_and_one_at_a_time_writes_runs_text(
 
 
 @pytest.mark.slow
-def test_stdin_and_a_draft_model_that_cannot_share_the_step(gemma_path):
-    result = batch(gemma_path, "-", "--draft", gemma_path, "--parallel", 2, stdin="\n".join(PROMPTS[:2]) + "\n")
+def test_stdin_and_a_draft_model_beside_others(gemma_path, smollm_path):
+    result = batch(gemma_path, "-", "--draft", smollm_path, "--parallel", 2, stdin="\n".join(PROMPTS[:2]) + "\n")
     assert result.code == 0, result.err
-    assert "drafting with n-gram lookup" in result.err
-    assert [record["stats"]["proposer"] for record in result.records] == ["ngram", "ngram"]
+    assert "n-gram lookup" not in result.err  # no falling back: the draft model drafts in both slots
+    assert [record["stats"]["proposer"] for record in result.records] == ["draft+ngram", "draft+ngram"]
+    assert all(record["stats"]["drafted_by"].get("draft", 0) > 0 for record in result.records)
 
 
 @pytest.mark.parametrize("args,fragment", [

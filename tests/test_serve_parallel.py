@@ -140,8 +140,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 def test_a_mixed_batch_each_request_its_own_tools_schema_logprobs_and_prediction(smollm_path):
-    """Five kinds of request at once on four slots: each answer is valid for its own request,
-    with its own provenance (spans that join to its own content)."""
+    """Five kinds of request at once on four slots, a draft model drafting in each: each answer
+    is valid for its own request, with its own provenance (spans that join to its own content)."""
     text = "The quick brown fox jumps over the lazy dog, then runs into the forest."
     user = lambda content: [{"role": "user", "content": content}]  # noqa: E731
     requests = {
@@ -154,7 +154,9 @@ def test_a_mixed_batch_each_request_its_own_tools_schema_logprobs_and_prediction
         "prediction": dict(messages=user(f"Repeat this sentence exactly: {text}"),
                            extra_body={"prediction": {"type": "content", "content": text}}),
     }
-    with serving("--target", smollm_path, "--chat-template-file", HERMES, "-c", "2048", "--parallel", "4") as server:
+    # SmolLM2 drafting for itself: a draft model in every slot, one draft decode a position.
+    with serving("--target", smollm_path, "--draft", smollm_path, "--chat-template-file", HERMES, "-c", "2048",
+                 "--parallel", "4") as server:
         client = server.client()
         replies: dict[str, object] = {}
         threads = [threading.Thread(target=lambda name=name, body=body: replies.__setitem__(
@@ -176,3 +178,5 @@ def test_a_mixed_batch_each_request_its_own_tools_schema_logprobs_and_prediction
         spans = choice.model_extra["spans"]
         assert "".join(span["text"] for span in spans) == choice.message.content, name
     assert replies["prediction"].usage.completion_tokens_details.accepted_prediction_tokens > 0
+    proposers = {span.get("proposer") for name in ("logprobs", "plain") for span in replies[name].choices[0].model_extra["spans"]}
+    assert "draft" in proposers  # the draft model's tokens, kept

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import assert_lossless, plain_with_margins
 from specli.decode.request import GenerationRequest
-from specli.decode.slots import SharedSteps, Slot, open_slots
+from specli.decode.slots import SharedSteps, Slot, draft_slots, open_slots
 
 # --- the lock step, on a stand-in model -----------------------------------------------------
 
@@ -153,6 +153,34 @@ def test_an_exclusive_slot_runs_alone_on_an_emptied_cache():
     steps.close()
 
 
+def test_a_draft_model_drafts_for_every_slot_in_one_decode_a_position():
+    target, draft = Recorder(), Recorder()
+    slots = open_slots(target)
+    drafting = draft_slots(slots, draft)
+    started = threading.Barrier(3)
+
+    def generation(index: int, k: int) -> None:
+        slot, drafter = slots[index], drafting[index]
+        with slot.running():
+            started.wait()
+            for step in range(2):
+                drafter.decode([1, 2] if step == 0 else [3])  # a catch-up, and the first draft row
+                for _ in range(k - 1):
+                    drafter.decode([4])  # each further drafted token
+                drafter.rewind(drafter.n_past - (k - 1))
+                slot.decode([5] * (k + 1), all_logits=True)  # [last] + the draft, verified
+
+    assert in_threads(*(lambda index=index, k=k: generation(index, k) for index, k in enumerate((3, 1, 2)))) == []
+    # The draft model's decodes: every slot's catch-up in one, then the slots still drafting
+    # together, and the target's steps each with every slot's rows.
+    assert draft.decodes == [[(0, 0, 2), (1, 0, 2), (2, 0, 2)], [(0, 2, 1), (2, 2, 1)], [(0, 3, 1)],
+                             [(0, 2, 1), (1, 2, 1), (2, 2, 1)], [(0, 3, 1), (2, 3, 1)], [(0, 4, 1)]]
+    assert [len(parts) for parts in target.decodes] == [3, 3]
+    assert slots[0].steps.draft_steps == 6 and slots[0].steps.draft_rows == 15
+    assert sorted(draft.forgotten) == [(0, 2), (0, 3), (2, 2), (2, 3)]  # each its own rewinds
+    slots[0].steps.close()
+
+
 # --- on Gemma: four generations at once ------------------------------------------------------
 
 PROMPTS = [
@@ -234,3 +262,62 @@ def test_exact_requests_among_others_write_plain_decodings_tokens(gemma_model, p
         assert done[index].error is None
         assert done[index].outcome.tokens == _plain(gemma_model, PROMPTS[index])[0]  # bit for bit, near-ties too
     assert all(done[index].error is None for index in range(1, len(PROMPTS), 2))
+
+
+# --- a draft model beside others: one draft decode a position across the slots ---------------
+
+
+def _drafted_side_by_side(session, plain_model, prompts, request):
+    from specli.parallel import Job, run_jobs
+
+    steps = session.slots[0].steps
+    before = (steps.draft_steps, steps.draft_rows)
+    decode, widths = steps.draft.decode_sequences, []
+
+    def spied(parts):
+        widths.append(len(parts))
+        return decode(parts)
+
+    steps.draft.decode_sequences = spied  # (on the instance: the session's draft model alone)
+    jobs = [Job(session.target.tokenize(prompt), request) for prompt in prompts]
+    done = {d.index: d for d in run_jobs(session, jobs)}
+    assert sorted(done) == list(range(len(prompts))) and all(d.error is None for d in done.values())
+    for index, prompt in enumerate(prompts):
+        plain, margins = plain_with_margins(plain_model, plain_model.tokenize(prompt), MAX_TOKENS)
+        if plain_model.is_end_of_generation(plain[-1]):
+            plain = plain[:-1]  # (a generation's tokens end before it)
+        assert_lossless(plain, margins, done[index].outcome.tokens)
+    stats = [d.outcome.stats for d in done.values()]
+    assert all(s.proposer == "draft" for s in stats) and sum(s.accepted for s in stats) > 0
+    decodes, rows = steps.draft_steps - before[0], steps.draft_rows - before[1]
+    assert len(widths) == decodes and max(widths) == min(len(prompts), len(session.slots))  # all in one
+    return decodes, rows, stats
+
+
+@pytest.mark.slow
+def test_a_draft_model_drafts_for_every_slot_and_the_text_stays_the_targets(smollm_path, smollm_model):
+    """SmolLM2 drafting for itself in 4 slots: one draft decode carries several slots' rows."""
+    from specli.llama.backend import LoadSettings
+    from specli.session import SessionSpec, open_session
+
+    load = LoadSettings(ctx_size=512, sequences=4)
+    request = GenerationRequest(max_tokens=MAX_TOKENS, draft="model", draft_tokens=3, lookup=False, seed=0)
+    with open_session(SessionSpec(smollm_path, draft_model=smollm_path, target_load=load, draft_load=load)) as session:
+        decodes, rows, stats = _drafted_side_by_side(session, smollm_model, PROMPTS, request)
+    # Request after request, each drafted token would take a draft decode of its own (and each
+    # prompt one more); side by side one decode serves several slots (49 for 105 tokens, here).
+    drafted = sum(s.drafted for s in stats)
+    assert 0 < decodes * 1.5 < drafted and rows > decodes
+
+
+@pytest.mark.slow
+def test_a_draft_model_of_another_vocabulary_drafts_through_text_beside_others(gemma_path, smollm_path,
+                                                                             gemma_model):
+    """Gemma drafted by SmolLM2 through text, two at once: still Gemma's text."""
+    from specli.llama.backend import LoadSettings
+    from specli.session import SessionSpec, open_session
+
+    load = LoadSettings(ctx_size=512, sequences=2)
+    request = GenerationRequest(max_tokens=MAX_TOKENS, draft="model", draft_tokens=3, lookup=False, seed=0)
+    with open_session(SessionSpec(gemma_path, draft_model=smollm_path, target_load=load, draft_load=load)) as session:
+        _drafted_side_by_side(session, gemma_model, PROMPTS[:2], request)

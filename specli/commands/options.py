@@ -264,7 +264,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         draft_model=models.draft_model,
         # --parallel N (run --batch, serve): N sequences of the target, each of -c positions
         target_load=LoadSettings(layers, rpc=where.rpc, sequences=params.get("parallel") or 1, **load),
-        draft_load=LoadSettings(draft_layers, rpc=where.draft_rpc, **load),
+        draft_load=LoadSettings(draft_layers, rpc=where.draft_rpc, sequences=params.get("parallel") or 1, **load),
         exact=params.get("exact", False),
         verify_on_device=where.verify_on_device,
         verbose=params.get("verbose", False),
@@ -274,9 +274,9 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
 
 
 def drafting_alone(spec: SessionSpec) -> list[str]:
-    """The draft kinds the spec loads that draft in one sequence only (a draft model, the
-    target's NextN layers): beside other sequences (--parallel above 1) they cannot draft."""
-    return [kind.name for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
+    """The draft kinds the spec loads that draft in one sequence only (the target's NextN
+    layers): beside other sequences (--parallel above 1) they cannot draft."""
+    return [kind.name for kind in drafts.KINDS.values() if kind.alone and kind.is_wanted(spec)]
 
 
 def beside_others(models: ResolvedModels, alone: list[str], parallel: int,

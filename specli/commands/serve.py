@@ -23,7 +23,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", metavar="HOST", rich_help_panel=SERVER, help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="PORT", callback=opt.check(lambda v: 0 <= v < 65536, "is not a port"), rich_help_panel=SERVER, help="Port (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
-    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where a draft model or MTP layers draft).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where MTP layers draft).")] = None,
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt.not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
     allow_host: Annotated[Optional[list[str]], typer.Option("--allow-host", metavar="NAME", rich_help_panel=SERVER, help="Also answer requests whose Host is NAME (repeatable; * any). IP addresses, localhost and this machine's name are always answered.")] = None,
@@ -37,12 +37,13 @@ def serve(
 
     models = opt.models(ctx.params)
     spec = drafts.for_server(opt.session_spec(models, ctx.params))  # what a request may ask to draft with
-    alone = opt.drafting_alone(spec)  # a draft model, the NextN layers: one sequence only
+    alone = opt.drafting_alone(spec)  # the NextN layers: one sequence only
     parallel = parallel or (1 if alone else opt.DEFAULT_PARALLEL)
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notifier(sys.stderr))
         spec = opt.session_spec(models, ctx.params)
-    spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel))
+    spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel),
+                   draft_load=replace(spec.draft_load, sequences=parallel))
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access)

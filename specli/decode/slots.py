@@ -24,6 +24,11 @@ Invariants:
 - a failed decode fails every slot that was in it, and nobody else;
 - a step's rows are in the order of their sequences, however the threads came in: the same
   slots with the same rows decode the same batch;
+- a draft model (`SharedSteps.draft`, loaded with as many sequences) drafts the same way:
+  each slot's `DraftSlot` hands in its rows, and once every running slot has handed in rows
+  for one model or the other, the draft model's rows go first, in one decode of their own
+  (one draft decode per draft position across the sequences, as llama-server drafts), while
+  the slots already done drafting wait for the target's step;
 - what a slot's draft-length policy reads of the others (`Slot.others`: their rows and the
   tokens they expected from them) is the last step's, fixed when it was decoded, so it reads
   the same whatever the threads' timing.
@@ -66,13 +71,17 @@ class SharedSteps:
     """The step every running slot's rows go into. `steps`, `rows`: decodes run and rows
     decoded so far (the batch's mean rows a step: rows / steps)."""
 
-    def __init__(self, model: SequenceModel) -> None:
+    def __init__(self, model: SequenceModel, draft: SequenceModel | None = None) -> None:
         self.model = model
+        self.draft = draft  # a draft model with as many sequences (DraftSlot decodes on it)
         self._lock = threading.Condition()
         self._running: set[int] = set()
-        self._pending: dict[int, _Part] = {}
+        self._pending: dict[int, _Part] = {}  # the target's rows for the next step, by sequence
+        self._drafting: dict[int, _Part] = {}  # the draft model's
         self._results: dict[int, np.ndarray | BaseException] = {}
-        self._ready: dict[int, _Part] | None = None  # a step for the decoding thread
+        # A decode for the decoding thread (which model, its parts), and whether one is in hand.
+        self._ready: tuple[SequenceModel, dict[int, _Part]] | None = None
+        self._busy = False
         self._thread: threading.Thread | None = None
         self._closed = False
         self._exclusive: int | None = None  # the slot running alone
@@ -82,6 +91,8 @@ class SharedSteps:
         self.slots: list[Slot] = []
         self.steps = 0
         self.rows = 0
+        self.draft_steps = 0  # the draft model's decodes, and their rows
+        self.draft_rows = 0
 
     @property
     def running(self) -> int:
@@ -114,10 +125,11 @@ class SharedSteps:
             self._run_if_ready()
             self._lock.notify_all()  # a slot waiting to start, alone or beside
 
-    def submit(self, sequence: int, part: _Part) -> np.ndarray:
-        """Hand in a slot's rows; return its logits rows once the step has decoded them."""
+    def submit(self, sequence: int, part: _Part, *, draft: bool = False) -> np.ndarray:
+        """Hand in a slot's rows (for the draft model: `draft`); return its logits rows once
+        they are decoded."""
         with self._lock:
-            self._pending[sequence] = part
+            (self._drafting if draft else self._pending)[sequence] = part
             self._run_if_ready()
             while sequence not in self._results:
                 self._lock.wait()
@@ -126,9 +138,11 @@ class SharedSteps:
             raise result
         return result
 
-    def forget(self, sequence: int, n_keep: int) -> None:
+    def forget(self, sequence: int, n_keep: int, *, draft: bool = False) -> None:
         with self._lock:
-            self.model.forget(sequence, n_keep)
+            model = self.draft if draft else self.model
+            assert model is not None
+            model.forget(sequence, n_keep)
 
     def expect(self, sequence: int, tokens: float) -> None:
         with self._lock:
@@ -150,13 +164,21 @@ class SharedSteps:
             self._thread.join()
 
     def _run_if_ready(self) -> None:
-        """Hand the step to the decoding thread once every running slot has handed in (the
-        lock held)."""
-        if not self._pending or not self._running <= set(self._pending):
+        """Hand a decode to the decoding thread once every running slot has handed in rows
+        (the lock held): the draft model's where any slot has handed in draft rows, else the
+        target's step."""
+        if self._ready is not None or self._busy:
             return
-        self._ready, self._pending = self._pending, {}
-        self._last = {sequence: (len(part.tokens), self._expected.pop(sequence, 1.0 if part.outputs[-1] else 0.0))
-                      for sequence, part in self._ready.items()}
+        waiting = self._pending.keys() | self._drafting.keys()
+        if not waiting or not self._running <= waiting:
+            return
+        if self._drafting:
+            assert self.draft is not None
+            self._ready, self._drafting = (self.draft, self._drafting), {}
+        else:
+            self._ready, self._pending = (self.model, self._pending), {}
+            self._last = {sequence: (len(part.tokens), self._expected.pop(sequence, 1.0 if part.outputs[-1] else 0.0))
+                          for sequence, part in self._ready[1].items()}
         if self._thread is None:
             self._thread = threading.Thread(target=self._decoding, name="specli-steps", daemon=True)
             self._thread.start()
@@ -169,28 +191,36 @@ class SharedSteps:
                     self._lock.wait()
                 if self._ready is None:
                     return
-                parts, self._ready = self._ready, None
+                (model, parts), self._ready = self._ready, None
+                self._busy = True
                 try:
-                    self._results.update(self._decode(parts))
+                    self._results.update(self._decode(model, parts))
                 except BaseException as error:  # every slot in the step hears of it
                     for sequence in parts:
                         self._results[sequence] = error
+                self._busy = False
+                self._run_if_ready()  # (rows handed in meanwhile by a slot that is not running)
                 self._lock.notify_all()
 
-    def _decode(self, parts: dict[int, _Part]) -> dict[int, np.ndarray]:
-        """The step in as few decodes as the batch size allows (the earlier ones' rows copied:
-        the next decode reuses the buffer; the last one's handed back as views)."""
+    def _decode(self, model: SequenceModel, parts: dict[int, _Part]) -> dict[int, np.ndarray]:
+        """One model's rows in as few decodes as its batch size allows (the earlier ones' rows
+        copied: the next decode reuses the buffer; the last one's handed back as views)."""
         results: dict[int, np.ndarray] = {}
         groups: list[list[tuple[int, _Part]]] = [[]]
         for sequence, part in sorted(parts.items()):  # by sequence, whoever handed in first
-            if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > self.model.batch_size:
+            if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > model.batch_size:
                 groups.append([])
             groups[-1].append((sequence, part))
         for index, group in enumerate(groups):
-            rows = self.model.decode_sequences([(sequence, part.first, part.tokens, part.outputs)
-                                                for sequence, part in group])
-            self.steps += 1
-            self.rows += sum(len(part.tokens) for _, part in group)
+            rows = model.decode_sequences([(sequence, part.first, part.tokens, part.outputs)
+                                           for sequence, part in group])
+            decoded = sum(len(part.tokens) for _, part in group)
+            if model is self.model:
+                self.steps += 1
+                self.rows += decoded
+            else:
+                self.draft_steps += 1
+                self.draft_rows += decoded
             last = index == len(groups) - 1
             for (sequence, _), out in zip(group, rows):
                 results[sequence] = out if last else np.array(out)
@@ -201,16 +231,22 @@ class Slot:
     """One sequence of the target, as an engine sees it: decode, rewind, its positions, and
     what its cache holds across generations (`cache`); the target's vocabulary is read through it."""
 
+    drafts = False  # its rows go to the target (DraftSlot: to the draft model)
+
     def __init__(self, steps: SharedSteps, sequence: int) -> None:
         self.steps = steps
         self.sequence = sequence
-        self.n_ctx = steps.model.n_ctx
+        self.n_ctx = self.model.n_ctx
         self.n_past = 0
         self.exclusive = False
         self.cache = TargetCache()
 
-    def __getattr__(self, name: str) -> Any:  # the target's tokens, pieces, end-of-generation test
-        return getattr(self.steps.model, name)
+    @property
+    def model(self) -> SequenceModel:
+        return self.steps.model
+
+    def __getattr__(self, name: str) -> Any:  # the model's tokens, pieces, end-of-generation test
+        return getattr(self.model, name)
 
     @contextmanager
     def running(self, exclusive: bool = False) -> Iterator[Slot]:
@@ -239,7 +275,7 @@ class Slot:
             raise ValueError("decode needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise ValueError(f"sequence {self.sequence}: {len(tokens)} rows past its {self.n_ctx} positions")
-        if (all_logits or outputs is not None) and len(tokens) > self.steps.model.batch_size:
+        if (all_logits or outputs is not None) and len(tokens) > self.model.batch_size:
             raise ValueError("a decode with rows besides the last is limited to one batch")
         flags = [True] * len(tokens) if all_logits else \
             [bool(flag) for flag in outputs[: len(tokens)]] if outputs is not None else [False] * len(tokens)
@@ -248,7 +284,8 @@ class Slot:
         start = 0
         while True:
             end = min(len(tokens), start + chunk)
-            rows = self.steps.submit(self.sequence, _Part(self.n_past, tokens[start:end], flags[start:end]))
+            rows = self.steps.submit(self.sequence, _Part(self.n_past, tokens[start:end], flags[start:end]),
+                                     draft=self.drafts)
             self.n_past += end - start
             if end == len(tokens):
                 return rows
@@ -267,16 +304,42 @@ class Slot:
 
     def rewind(self, n_keep: int) -> None:
         if n_keep < self.n_past:
-            self.steps.forget(self.sequence, n_keep)
+            self.steps.forget(self.sequence, n_keep, draft=self.drafts)
         self.n_past = min(self.n_past, n_keep)
 
     def _chunk(self, n: int, rows_wanted: bool) -> int:
         """Rows a step for a decode of n: whole where the slot is alone or wants rows from
         more than the last (a verify batch); else PREFILL_CHUNK, within the batch."""
-        whole = min(n, self.steps.model.batch_size)
+        whole = min(n, self.model.batch_size)
         if rows_wanted or self.exclusive or self.steps.running <= 1:
             return whole
         return min(whole, PREFILL_CHUNK)
+
+
+class DraftSlot(Slot):
+    """The same sequence of the draft model (DraftModel's model, in a slot): its decodes go
+    into the draft model's shared decodes (SharedSteps.draft); the target's slot of the same
+    sequence holds the generation's place in the step (Slot.running)."""
+
+    drafts = True
+
+    @property
+    def model(self) -> SequenceModel:
+        assert self.steps.draft is not None
+        return self.steps.draft
+
+    def close(self) -> None:
+        pass  # the session closes the draft model itself
+
+
+def draft_slots(slots: Sequence[Slot], draft: SequenceModel) -> list[DraftSlot]:
+    """The draft model's sequences beside the target's slots, one each, sharing their steps
+    (`draft` loaded with as many sequences)."""
+    if draft.sequences < len(slots):
+        raise ValueError(f"a draft model of {draft.sequences} sequences beside {len(slots)} slots")
+    steps = slots[0].steps
+    steps.draft = draft
+    return [DraftSlot(steps, slot.sequence) for slot in slots]
 
 
 def slot_for(prompt: list[int], free: Iterable[Slot]) -> Slot:
