@@ -133,7 +133,7 @@ DraftGpuLayers = Annotated[Optional[int], typer.Option("--draft-gpu-layers", "-n
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", metavar="N", callback=_context, rich_help_panel=HARDWARE,
                                       help="Context size in tokens.")]
 Threads = Annotated[Optional[int], typer.Option("-t", "--threads", metavar="N", callback=positive, rich_help_panel=HARDWARE,
-                                                help="CPU threads (default: all cores).")]
+                                                help="CPU threads (default: all).")]
 Repack = Annotated[bool, typer.Option("--repack/--no-repack", rich_help_panel=HARDWARE, help="CPU weight repacking (--exact picks it).")]
 Servers = Annotated[Optional[str], typer.Option("--rpc", metavar="LIST", callback=_servers, rich_help_panel=HARDWARE,
                                                 help="Target layers on rpc-servers (HOST:PORT,...).")]
@@ -271,6 +271,15 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
         loads=(models.draft,),
     )
+
+
+def default_parallel(spec: SessionSpec, *, alone: bool = False) -> int:
+    """--parallel's default: DEFAULT_PARALLEL, or 1 for a target with recurrent layers (specli
+    runs those one sequence at a time) and, where `alone`, one that loads a kind that drafts alone."""
+    from specli.llama.gguf_header import has_recurrent_layers
+
+    recurrent = spec.target.is_file() and has_recurrent_layers(spec.target)
+    return 1 if recurrent or (alone and drafting_alone(spec)) else DEFAULT_PARALLEL
 
 
 def drafting_alone(spec: SessionSpec) -> list[str]:

@@ -64,7 +64,7 @@ def run(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", rich_help_panel=opt.OUTPUT, help="No legend and no stats line.")] = False,
     prediction: Annotated[Optional[Path], typer.Option("--prediction", metavar="PATH", rich_help_panel=opt.DRAFTING, help="Text the answer should repeat much of (an edit's file).")] = None,
     batch: Annotated[Optional[Path], typer.Option("--batch", metavar="FILE", rich_help_panel=opt.MODEL, help="Prompts, a line each; JSONL out.")] = None,
-    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Prompts at once (default 4).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Prompts at once (default 4; 1 on recurrent targets).")] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli.models import resolve
@@ -74,7 +74,7 @@ def run(
             raise UsageError("give the prompt either as an argument or with -p, not both")
         prompt = prompt_option
     if batch is not None:
-        raise typer.Exit(_batch(ctx, batch, parallel or opt.DEFAULT_PARALLEL, given=(prompt, file, prediction)))
+        raise typer.Exit(_batch(ctx, batch, parallel, given=(prompt, file, prediction)))
     if parallel is not None:
         raise UsageError("--parallel goes with --batch FILE (or specli serve)")
     conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
@@ -103,8 +103,9 @@ def run(
     raise typer.Exit(code)
 
 
-def _batch(ctx: typer.Context, path: Path, parallel: int, *, given: tuple) -> int:
-    """run --batch: every line of the file, `parallel` at a time (specli/commands/batch.py)."""
+def _batch(ctx: typer.Context, path: Path, parallel: int | None, *, given: tuple) -> int:
+    """run --batch: every line of the file, `parallel` at a time (specli/commands/batch.py;
+    None: the default for the target)."""
     from specli.commands.batch import read_lines, run_batch
 
     if ctx.info_name == "chat" or any(value is not None for value in given):
@@ -113,6 +114,7 @@ def _batch(ctx: typer.Context, path: Path, parallel: int, *, given: tuple) -> in
     models = opt.models(ctx.params)
     notice = notifier(sys.stderr, quiet=ctx.params.get("quiet", False))
     alone = opt.drafting_alone(opt.session_spec(models, ctx.params))
+    parallel = parallel or opt.default_parallel(opt.session_spec(models, ctx.params))
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notice)
     spec = opt.session_spec(models, {**ctx.params, "parallel": parallel})
