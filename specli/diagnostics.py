@@ -85,6 +85,7 @@ class ModelState:
     # ({"start", "end", "rows"}: batches starting in [start, end) have at most `rows` rows)
     exact_batch: dict[str, list[dict[str, int]]]
     nextn_layers: int = 0  # NextN (MTP) layers the file holds, which `--draft mtp` drafts with
+    nextn_problem: str | None = None  # why the file's NextN layers cannot draft here (None: they can, or none)
     # Why drafts are not verified on this target (its recurrent state cannot be rolled back); None: they are.
     rewind_problem: str | None = None
 
@@ -231,7 +232,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     from specli.pricing import exact_caps
     from specli.session import open_session
 
-    from specli.llama.mtp import nextn_layers
+    from specli.llama.mtp import nextn_layers, nextn_problem
 
     exact = exact_caps(spec, notice, measure=calibrate, again=calibrate)
     with open_session(spec) as session:
@@ -247,7 +248,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
                       {name: cap.report() for name, cap in named.items() if cap is not None},
-                      nextn_layers(spec.target), problem)
+                      nextn_layers(spec.target), nextn_problem(spec.target), problem)
 
 
 def check_backend() -> Backend:

@@ -71,6 +71,7 @@ class Kind:
     # Why it cannot draft, from what was loaded for it (None: where it loads anything, that it did).
     unavailable: Callable[[Any, Model], str | None] | None = None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
+    declined: Callable[[Any], str | None] = lambda spec: None  # why a server does not, though the file has it
     # (loaded, the session's slots): what it drafts with in each slot, one per slot, in their order.
     in_slots: Callable[[Any, list[Slot]], list[Any]] | None = None
     # Where its drafter's measurements are stored, beside the target's key (draft file, its load settings).
@@ -124,8 +125,8 @@ def _open_draft(spec: Any, target: Model, notice: Notice) -> DraftModel:
 def _draft_in_slots(draft: DraftModel, slots: list[Slot]) -> list[DraftModel]:
     """The draft model's sequence beside each slot (it was loaded with as many): their drafting
     decodes go into one draft decode across the slots (decode/slots.py)."""
-    return [DraftModel(sequence, through_text=draft.through_text)  # type: ignore[arg-type]
-            for sequence in draft_slots(slots, draft.model)]  # type: ignore[arg-type]
+    return [DraftModel(sequence, through_text=draft.through_text)
+            for sequence in draft_slots(slots, draft.model)]
 
 
 def _model_proposer(draft: DraftModel, target: Model, request: GenerationRequest, matcher: Matcher | None,
@@ -158,7 +159,13 @@ def _auto_mtp(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | No
     from specli.models.local import draft_candidates
 
     say = notice or (lambda line: print(f"specli: {line}", file=sys.stderr))
-    if not target.is_file() or mtp.nextn_layers(target) <= 0:
+    if not target.is_file():
+        return None
+    problem = mtp.nextn_problem(target)
+    if problem is not None:
+        say(f"--draft auto: the target has NextN (MTP) layers, but {problem}")
+        return None
+    if mtp.nextn_layers(target) <= 0:
         return None
     reason = mtp.unsupported_reason()
     if reason is not None:
@@ -172,6 +179,10 @@ def _auto_mtp(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | No
     gains = [(gain, c.draft.name) for c in candidates
              if (gain := speedup(target, Path(c.draft.path)) if speedup is not None else None) is not None]
     best = max(gains, default=None)
+    if best is not None and best[0] > 1 and own is None:  # a measured gain beats an unmeasured one
+        say(f"--draft auto: {best[1]} measured {best[0]:.2f}x; the target's NextN (MTP) layers are not measured "
+            "(`specli drafts TARGET --measure`)")
+        return None
     if own is not None and best is not None and best[0] > own:
         say(f"--draft auto: {best[1]} measured {best[0]:.2f}x, more than the target's NextN (MTP) layers' {own:.2f}x")
         return None
@@ -179,6 +190,10 @@ def _auto_mtp(target: Path, speedup: Any, notice: Notice) -> ResolvedModels | No
     say(f"--draft auto: drafting with the target's own NextN (MTP) layers{measured}")
     return ResolvedModels(target, DraftKind.MTP)
 
+
+# In the NextN layers' cost key: a change in how they are timed measures them again (2: the
+# catch-up decodes no logits row).
+MTP_COSTS_VERSION = 2
 
 NONE = Kind(DraftKind.NONE, "none: plain decoding, the target writes every token")
 NGRAM = Kind(DraftKind.NGRAM, "ngram: n-gram lookup in the prompt, the answer so far and a prediction",
@@ -201,7 +216,8 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            unavailable=lambda loaded, target: None if loaded is not None else
            f"{target.path.name} has no NextN (MTP) layers open to draft with",
            offered=lambda spec: _nextn_layers(spec.target) > 0,
-           cost_key=lambda key, draft, load: key.beside("mtp"),
+           declined=lambda spec: mtp.nextn_problem(spec.target) if spec.target.is_file() else None,
+           cost_key=lambda key, draft, load: key.beside(f"mtp-v{MTP_COSTS_VERSION}"),
            drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
            choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers")
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
@@ -257,10 +273,14 @@ def offered(own: str, unavailable: Callable[[Kind], str | None]) -> list[str]:
             if name in KINDS and unavailable(KINDS[name]) is None]
 
 
-def for_server(spec: Any) -> Any:
+def for_server(spec: Any, notice: Notice = None) -> Any:
     """The SessionSpec with what a server loads so that requests may ask for it (the target's
-    NextN layers wherever they can draft)."""
+    NextN layers wherever they can draft); `notice` hears why a kind the file has is not."""
     extra = tuple(name for name, kind in KINDS.items() if name not in spec.loads and kind.offered(spec))
+    for name, kind in KINDS.items():
+        reason = kind.declined(spec) if name not in spec.loads + extra else None
+        if reason is not None and notice is not None:
+            notice(f"requests cannot draft with '{name}': {reason}")
     return replace(spec, loads=spec.loads + extra)
 
 

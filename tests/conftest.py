@@ -129,14 +129,16 @@ def gemma_server(gemma_path):
 @pytest.fixture(scope="session")
 def mtp_files(tmp_path_factory):
     """Tiny GGUFs with NextN layers (tests/support/synthetic_mtp.py): one layer, three chained, one
-    whose head is closed (its output scaled to 0), a hybrid target (Qwen3.5's shape) and
-    Qwen3-Next's (which this llama.cpp cannot roll back)."""
+    whose head is closed (its output scaled to 0), a hybrid target (Qwen3.5's shape),
+    Qwen3-Next's (which this llama.cpp cannot roll back) and a Qwen3.5 with two NextN layers."""
     from tests.support.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
 
     folder = tmp_path_factory.mktemp("mtp")
     return {"one": write_tiny_mtp(folder), "chained": write_tiny_mtp(folder, heads=3),
             "closed": write_tiny_mtp(folder, head_scale=0.0), "hybrid": write_tiny_hybrid(folder),
-            "next": write_tiny_hybrid(folder, HybridSpec(arch=QWEN3NEXT))}
+            "next": write_tiny_hybrid(folder, HybridSpec(arch=QWEN3NEXT)),
+            # two NextN layers on an architecture whose MTP graph takes one (llama.cpp aborts)
+            "two_on_one": write_tiny_hybrid(folder / "two", HybridSpec(n_nextn=2))}
 
 
 @pytest.fixture(scope="module")

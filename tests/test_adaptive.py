@@ -118,6 +118,23 @@ def test_one_early_miss_does_not_stop_a_draft_model_whose_agreement_was_measured
     assert measured.choose(None, 0, 16) > 0
 
 
+def test_a_drafter_whose_agreement_falls_with_depth_drafts_shorter():
+    """The NextN layers fed their own states: agreement measured by depth prices each depth
+    with its own, so the first choice is shorter than with the first depth's at every depth,
+    and the expected speed-up's length follows."""
+    from dataclasses import replace
+
+    from specli.decode.costs import expected_speedup
+
+    flat = replace(flat_cost(), draft_per_token=0.001, draft_acceptance=0.9)
+    falling = replace(flat, draft_depths=(0.9, 0.6, 0.4, 0.3))
+    assert falling.acceptance_at(0) == 0.9 and falling.acceptance_at(9) == 0.3
+    long, short = (AdaptiveDraftPolicy(c, max_draft=16).choose(None, 0, 16) for c in (flat, falling))
+    assert 0 < short < long
+    assert expected_speedup(falling)[1] < expected_speedup(flat)[1]
+    assert falling.to_json()["draft_depths"] == [0.9, 0.6, 0.4, 0.3] and "draft_depths" not in flat.to_json()
+
+
 def test_a_draft_model_that_brings_nothing_when_asked_is_asked_less():
     """Through text, a draft model's decodes may bring no target token (its text ends inside
     a character): a miss at the first token, and decodes paid for nothing."""

@@ -122,6 +122,48 @@ def test_a_draft_reads_the_last_token_with_the_targets_state_before_it(mtp_files
         target.close()
 
 
+def test_a_catch_up_asks_for_no_logits_row_and_a_draft_for_one(mtp_files, monkeypatch):
+    """As llama.cpp's own catch-up: the entries a cache catches up with put out no row (no
+    output head run), the draft's own entries one each."""
+    import llama_cpp
+
+    target, heads = load(mtp_files["chained"])
+    flags: list[bool] = []
+    original = llama_cpp.llama_batch_ext_set_output_logits
+    monkeypatch.setattr(llama_cpp, "llama_batch_ext_set_output_logits",
+                        lambda batch, index, output: (flags.append(bool(output)), original(batch, index, output))[1])
+    try:
+        draft = NextnDraft(heads)
+        tokens = target.tokenize(PROMPT)
+        target.decode(tokens[:-1])
+        draft.prepare(tokens[:-1])  # a catch-up of every layer with the prompt
+        assert len(flags) == 3 * (len(tokens) - 1) and not any(flags)
+        flags.clear()
+        draft.row_after(tokens)  # the first layer: the last token's entry, with a row
+        assert flags == [True]
+        flags.clear()
+        draft.extend(1)  # the second layer (caught up at prepare): the draft's two entries, a row after them
+        assert flags == [False, True]
+    finally:
+        heads.close()
+        target.close()
+
+
+def test_the_hidden_rows_read_by_every_cache_are_let_go_and_greedy_stays_plain(mtp_files):
+    target, heads = load(mtp_files["one"])
+    try:
+        prompt = target.tokenize(PROMPT * 12)
+        plain, _ = generate(target, NoProposer(), 0, prompt)
+        tokens, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 3, prompt)
+        assert [t.id for t in tokens] == [t.id for t in plain] and stats.accepted > 0
+        # Rows below what the cache has read are gone: far fewer kept than the target holds.
+        assert heads.low > 0 and heads.rows_kept < target.n_past
+        assert not heads.target_hidden(0, 2).any()  # released rows read as zeros
+    finally:
+        heads.close()
+        target.close()
+
+
 # --- drafting through the engine ----------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from helpers import assert_one_line_error
 from typer.testing import CliRunner
@@ -111,6 +112,9 @@ def test_k_auto_prices_mtp_by_its_layers_and_measures_them(mtp_files, quiet_cali
         stored = session.pricing.store.get(session.pricing.drafter("mtp").key)
         assert priced.draft_per_token is not None and 0 < priced.draft_per_token == stored
         assert priced.draft_acceptance is not None and priced.draft_acceptance > 0.5
+        # Agreement by depth, one per chained layer, as a run drafts (each layer fed its own states).
+        assert len(priced.draft_depths) == 3 and all(0 <= a <= 1 for a in priced.draft_depths)
+        assert priced.draft_depths[0] > 0.5
         engine = session.engine_for(GenerationRequest(max_tokens=24, draft=DraftKind.MTP))
         assert engine.proposer.name == "mtp+ngram"
         tokens = [e for e in engine.generate(session.target.tokenize(PROMPT)) if getattr(e, "id", -1) >= 0]
@@ -126,6 +130,22 @@ def test_draft_auto_takes_mtp_unless_a_measured_draft_beats_it(mtp_files, tmp_pa
     assert "NextN" in said[-1]
     assert MTP.choose(mtp_files["chained"], lambda target, draft: 0.9 if draft is None else None, said.append) is None
     assert "lose" in said[-1]
+
+
+def test_draft_auto_takes_a_measured_draft_model_over_unmeasured_mtp(mtp_files, smollm_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from specli.drafts import MTP
+
+    candidate = SimpleNamespace(draft=SimpleNamespace(name="small.gguf", path=str(smollm_path)))
+    monkeypatch.setattr("specli.models.local.draft_candidates", lambda target, speedup=None: (None, [candidate]))
+    said: list[str] = []
+    gains = {None: None, smollm_path: 1.4}
+    assert MTP.choose(mtp_files["chained"], lambda target, draft: gains[draft], said.append) is None
+    assert "small.gguf measured 1.40x" in said[-1] and "not measured" in said[-1]
+    gains[None] = 1.6  # measured, and better: MTP
+    chosen = MTP.choose(mtp_files["chained"], lambda target, draft: gains[draft], said.append)
+    assert chosen is not None and chosen.draft == "mtp"
 
 
 def test_the_registry_takes_draft_mtp(tmp_path):
@@ -155,3 +175,78 @@ def test_drafts_lists_the_target_s_own_layers(mtp_files, smollm_path):
     listing = json.loads(invoke("drafts", mtp_files["chained"], "--json").stdout)
     assert listing["mtp"] == {"nextn_layers": 3, "speedup": None}
     assert "mtp" not in json.loads(invoke("drafts", smollm_path, "--json").stdout)
+
+
+# --- NextN layers llama.cpp has no graph for: decided from the header, before anything opens ---
+
+
+def test_the_table_says_which_architectures_draft_with_how_many_layers():
+    assert mtp.graph_problem("mimo2", 3) is None and mtp.graph_problem("qwen35", 1) is None
+    assert "takes one NextN layer" in mtp.graph_problem("qwen35", 2)
+    assert "skips their tensors" in mtp.graph_problem("glm4", 1)
+    assert "only the trunk" in mtp.graph_problem("nemotron_h", 1)
+    assert "no MTP graph for llama" in mtp.graph_problem("llama", 1)  # not listed: refused
+
+
+def _glm4_header_only(path):
+    """A GLM-4 (dense) header with one NextN layer's tensor: llama.cpp skips such tensors and has
+    no MTP graph for glm4. Its tensors are too few to load: nothing may try before refusing."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(path, "glm4")
+    writer.add_block_count(3)
+    writer.add_uint32("glm4.nextn_predict_layers", 1)
+    writer.add_tensor("blk.2.nextn.eh_proj.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_mtp_on_an_architecture_without_an_mtp_graph_is_refused_before_loading(tmp_path):
+    path = _glm4_header_only(tmp_path / "glm4-nextn.gguf")
+    assert mtp.nextn_layers(path) == 0 and "glm4" in mtp.nextn_problem(path)
+    assert_one_line_error(invoke("run", "--target", path, "--draft", "mtp", "hi"), 2, "no MTP graph")
+
+
+def test_more_nextn_layers_than_the_graph_takes_never_reach_llama_cpp(mtp_files):
+    """llama.cpp asserts one NextN layer on qwen35 and aborts the process (exit 134, tried
+    with the guard lifted); specli decides from its table first."""
+    path = mtp_files["two_on_one"]
+    assert mtp.nextn_layers(path) == 0
+    result = invoke("run", "--target", path, *SMALL, "--draft", "mtp", PROMPT)
+    assert_one_line_error(result, 2, "takes one NextN layer")
+    auto = invoke("run", "--target", path, *SMALL, "--draft", "auto", PROMPT)
+    assert auto.exit_code == 0, auto.output
+    said = [line for line in auto.stderr.splitlines() if "NextN" in line]
+    assert len(said) == 1 and "takes one NextN layer" in said[0] and auto.stdout.strip()
+    doctor = invoke("doctor", "--target", path)
+    assert doctor.exit_code == 0 and "not usable" in doctor.stdout
+
+
+def test_serve_on_a_file_whose_nextn_layers_cannot_draft_starts_and_answers(mtp_files):
+    from helpers import serving
+
+    with serving("--target", mtp_files["two_on_one"], "-c", "256") as server:
+        reply = server.client().completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0)
+        health = httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json()
+    assert reply.choices[0].text and health["slots_idle"] == 1  # a hybrid target: one slot by default
+    assert any("requests cannot draft with 'mtp'" in line for line in server.log)
+
+
+def test_exact_sizes_are_measured_on_the_target_as_loaded_with_its_nextn_layers(mtp_files, monkeypatch):
+    """The session loads such a target with its NextN layers (its trunk then runs otherwise):
+    --exact's sizes are measured on that load, under a key of their own."""
+    from specli import pricing
+    from specli.pricing.keys import build_key, cost_store, exact_key
+
+    opened = []
+    load_target = mtp.load_target
+    monkeypatch.setattr(mtp, "load_target", lambda path, *args, **kw: opened.append(path) or load_target(path, *args, **kw))
+    load = LoadSettings(ctx_size=256, threads=1)
+    caps = pricing.exact_caps(SessionSpec(target=mtp_files["one"], target_load=load), repacks=(True,), again=True)
+    assert opened == [mtp_files["one"]] and caps[True].largest >= 1
+    key = exact_key(mtp_files["one"], load, build_key())
+    assert cost_store().get(key.beside("nextn")) == caps[True].to_json() and cost_store().get(key) is None

@@ -173,8 +173,9 @@ def print_model(model: ModelState, console) -> None:
     facts.add_row("model", Text(model.target))
     facts.add_row("verify costs", Text(costs))
     facts.add_row("exact batch", Text(found))
-    facts.add_row("NextN layers", Text(f"{model.nextn_layers} (--draft mtp drafts with them)" if model.nextn_layers
-                                       else "none (--draft mtp needs a GGUF with its MTP layers)"))
+    nextn = f"{model.nextn_layers} (--draft mtp drafts with them)" if model.nextn_layers else \
+        f"not usable: {model.nextn_problem}" if model.nextn_problem else "none (--draft mtp needs a GGUF with its MTP layers)"
+    facts.add_row("NextN layers", Text(nextn))
     if model.rewind_problem:
         facts.add_row("drafting", Text(f"no: {model.rewind_problem}; it decodes plainly", style="yellow"))
     console.print(facts)

@@ -23,7 +23,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", metavar="HOST", rich_help_panel=SERVER, help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="PORT", callback=opt.check(lambda v: 0 <= v < 65536, "is not a port"), rich_help_panel=SERVER, help="Port (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
-    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where MTP layers draft).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where MTP layers draft or the target has recurrent layers).")] = None,
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt.not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
     allow_host: Annotated[Optional[list[str]], typer.Option("--allow-host", metavar="NAME", rich_help_panel=SERVER, help="Also answer requests whose Host is NAME (repeatable; * any). IP addresses, localhost and this machine's name are always answered.")] = None,
@@ -36,9 +36,10 @@ def serve(
     from specli.serve.server import serve as run_server
 
     models = opt.models(ctx.params)
-    spec = drafts.for_server(opt.session_spec(models, ctx.params))  # what a request may ask to draft with
+    # what a request may ask to draft with
+    spec = drafts.for_server(opt.session_spec(models, ctx.params), notifier(sys.stderr))
     alone = opt.drafting_alone(spec)  # the NextN layers: one sequence only
-    parallel = parallel or (1 if alone else opt.DEFAULT_PARALLEL)
+    parallel = parallel or opt.default_parallel(spec, alone=True)
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notifier(sys.stderr))
         spec = opt.session_spec(models, ctx.params)

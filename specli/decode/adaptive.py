@@ -147,6 +147,7 @@ class AdaptiveDraftPolicy:
         self._behind = 0  # the draft model's tokens to catch up with, this step (choose)
         self._model_acceptance = PRIOR_ACCEPTANCE if costs.draft_acceptance is None else costs.draft_acceptance
         self._measured = costs.draft_acceptance is not None
+        self._costs = costs  # (a drafter measured by depth: StepCosts.acceptance_at)
         self._loop = costs.loop
         self._seconds = 0.0  # the run's steps so far, as the costs price them
         self._drafting_loss = 0.0  # what drafting steps cost beyond the plain steps they replaced
@@ -233,7 +234,9 @@ class AdaptiveDraftPolicy:
         several earlier occurrences all continued with a position's token, its hazard is
         lowered (AGREEMENT_POWER); where they split their vote, its acceptance is scaled by
         the share its token won (its support)."""
-        if self._prior is None or key is None:  # a draft model's tokens
+        if self._prior is None or key is None:  # a draft model's tokens (by depth, where measured so)
+            if self._costs.draft_depths:
+                return [1.0 - self._costs.acceptance_at(depth) for depth in range(most)]  # type: ignore[operator]
             return [1.0 - self._model_acceptance] * most
         table = self._hazard_table(key, extent + most)
         hazards = [table[0]] * most if extent <= 0 else table[extent : extent + most]

@@ -100,6 +100,17 @@ class StepCosts:
     # On a GPU, what a change of the verify batch's shape costs (a decode without the captured
     # graph, then its capture: specli.decode.shapes); None: not measured.
     shape_change: float | None = None
+    # A drafter whose agreement falls with depth (the target's NextN layers, fed their own
+    # states): the chance that the draft's i-th token is kept once the ones before it were, by
+    # i from 0 (its first is draft_acceptance), the last for any deeper; (): the same at every depth.
+    draft_depths: tuple[float, ...] = ()
+
+    def acceptance_at(self, depth: int) -> float | None:
+        """The prior chance that the draft's token at `depth` (0: its first) is kept once the
+        ones before it were (None: not measured)."""
+        if self.draft_depths:
+            return self.draft_depths[min(depth, len(self.draft_depths) - 1)]
+        return self.draft_acceptance
 
     @property
     def change(self) -> float:
@@ -111,6 +122,10 @@ class StepCosts:
         data["verify"] = {str(size): seconds for size, seconds in sorted(self.verify.items())}
         if self.shape_change is None:  # (measured on a GPU only: a CPU's entries keep their fields)
             del data["shape_change"]
+        if not self.draft_depths:  # (a drafter's, read beside its own key: never stored here)
+            del data["draft_depths"]
+        else:
+            data["draft_depths"] = list(self.draft_depths)
         return data
 
     @classmethod
@@ -423,7 +438,7 @@ class CostStore:
 
 def expected_speedup(costs: StepCosts, most: int = 16) -> tuple[float, int] | None:
     """What a draft model should gain over plain decoding, and at which draft length, from its
-    costs: each drafted token accepted with its measured greedy agreement, independently, and
+    costs: each drafted token accepted with its measured greedy agreement at its depth, and
     every step priced by the verify curve, the draft's tokens and the loop. None where its
     agreement is not measured (a draft through text). It leaves out the draft's catch-up decode
     and its per-token proposing, so the gain runs high (0.89x against 0.49x timed on a tiny
@@ -432,10 +447,12 @@ def expected_speedup(costs: StepCosts, most: int = 16) -> tuple[float, int] | No
         return None
     curve = VerifyCurve(costs.verify)
     plain = curve.cost(1) + costs.loop
-    accept = min(max(costs.draft_acceptance, 0.0), 0.999)
     best: tuple[float, int] | None = None
+    reach = [1.0]  # the chance that the draft's first i tokens are all kept
+    for depth in range(most):
+        reach.append(reach[-1] * min(max(costs.acceptance_at(depth) or 0.0, 0.0), 0.999))
     for k in range(1, most + 1):
-        tokens = (1 - accept ** (k + 1)) / (1 - accept)  # the kept drafts of a step, and the target's own
+        tokens = sum(reach[: k + 1])  # the kept drafts of a step, and the target's own
         seconds = k * costs.draft_per_token + curve.cost(k + 1) + costs.loop
         gain = tokens * plain / seconds
         if best is None or gain > best[0]:

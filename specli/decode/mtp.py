@@ -40,8 +40,9 @@ class NextnLayers(Protocol):
     n_ctx: int
 
     def target_hidden(self, first: int, count: int) -> np.ndarray: ...
-    def decode(self, layer: int, tokens: list[int], start: int,
-               hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def release(self, below: int) -> None: ...
+    def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray,
+               *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None: ...
     def rewind(self, layer: int, n_keep: int) -> None: ...
     def close(self) -> None: ...
 
@@ -70,7 +71,14 @@ class NextnDraft:
         started = time.perf_counter()
         out = self.heads.decode(layer, tokens, start, states)
         self.decode_seconds += time.perf_counter() - started
+        assert out is not None
         return out
+
+    def _read(self, layer: int, tokens: list[int], start: int, states: np.ndarray) -> None:
+        """Entries a cache catches up with: decoded without a logits row (nothing reads it)."""
+        started = time.perf_counter()
+        self.heads.decode(layer, tokens, start, states, logits=False)
+        self.decode_seconds += time.perf_counter() - started
 
     def forget(self) -> None:
         """Empty every cache (before its decodes are timed, or the target's cache is emptied)."""
@@ -86,6 +94,12 @@ class NextnDraft:
         """Bring every cache to the prompt (the target has decoded all of it)."""
         for layer in range(len(self.cached)):
             self._catch_up(layer, prompt)
+        self._release()
+
+    def _release(self) -> None:
+        """Let the target's hidden rows go below what every cache has read (entry q reads row
+        q - 1: the row before each cache's end stays, for its next catch-up)."""
+        self.heads.release(min(len(cached) for cached in self.cached) - 1)
 
     def _catch_up(self, layer: int, tokens: list[int]) -> None:
         """Make `layer`'s cache hold exactly the entries of `tokens`, decoding the ones it lacks."""
@@ -94,7 +108,7 @@ class NextnDraft:
         self.heads.rewind(layer, keep)
         del cached[keep:]
         if len(tokens) > keep:
-            self._decode(layer, tokens[keep:], keep, self.heads.target_hidden(keep - 1, len(tokens) - keep))
+            self._read(layer, tokens[keep:], keep, self.heads.target_hidden(keep - 1, len(tokens) - keep))
             cached.extend(tokens[keep:])
 
     def row_after(self, tokens: list[int]) -> np.ndarray:
@@ -104,6 +118,7 @@ class NextnDraft:
         # The draft's first entry is decoded alone, after the catch-up: a one-entry decode's
         # state is its own on every architecture (MtpHeads.decode).
         self._catch_up(0, tokens[:last])
+        self._release()
         self._committed, self._tokens = tokens, [tokens[last]]
         self._states = [self.heads.target_hidden(last - 1, 1)[0]]
         logits, self._written = self._decode(0, self._tokens, last, np.stack(self._states))

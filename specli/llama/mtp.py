@@ -12,9 +12,12 @@ Invariants:
 - MTP entry q holds (token q, the target's hidden state at q - 1); entry 0 a zero state, as
   in llama.cpp's `draft-mtp`. An entry's inputs depend only on tokens 0..q, so a cache that
   matches the committed tokens up to q is valid up to q.
-- `MtpHeads.hidden_rows` mirrors the target's KV cache: the row of every position below the
-  target's n_past is the one its current content wrote (each decode overwrites the rows of
-  its positions; a rewind only lowers n_past).
+- `MtpHeads` keeps the target's hidden rows by position from `low` up: the row of every such
+  position below the target's n_past is the one its current content wrote (each decode
+  overwrites the rows of its positions; a rewind only lowers n_past). The caches release the
+  rows they have read (`release`), so the rows kept are those a catch-up still needs, not one
+  per position of the context; a rewind below `low` reads zeros there (a draft's input only:
+  what it drafts is verified).
 - A model with one NextN layer drafts at any depth, the layer reading its own last state;
   with several, step i is drafted by layer i (llama.cpp's chained heads), so the depth is
   their number. Each chained layer has its own context, so each cache is written by one layer.
@@ -60,28 +63,62 @@ def unsupported_reason() -> str | None:
     return None
 
 
+# What the llama.cpp that llama-cpp-python 0.3.36 vendors builds for a file's NextN layers, by
+# architecture (its src/models/*.cpp), read before anything is opened: llama.cpp itself has no
+# guard, and opening an MTP context where it has no graph, or more layers than its graph takes,
+# fails or aborts the process (llama.cpp's own draft-mtp included).
+CHAINED = frozenset({"mimo2", "step35", "hy_v3"})  # a graph over any number of layers, chained
+ONE_LAYER = frozenset({"qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "deepseek2", "deepseek32",
+                       "deepseek4", "cohere2moe", "bailingmoe3", "nemotron_h_moe"})  # asserts exactly one
+NO_GRAPH = {  # NextN tensors in the file, no MTP graph in this llama.cpp
+    **dict.fromkeys(("glm4", "exaone4", "exaone-moe", "bailingmoe2", "dots3note"), "skips their tensors at load"),
+    "nemotron_h": "loads them but builds only the trunk's graph",
+    "glm5-next": "has no graph for them yet",
+}
+
+
+def graph_problem(arch: str, layers: int) -> str | None:
+    """Why this llama.cpp cannot draft with `layers` NextN layers of architecture `arch` (None:
+    it can), from the table above; an architecture it does not list is refused."""
+    if arch in CHAINED or (arch in ONE_LAYER and layers == 1):
+        return None
+    if arch in ONE_LAYER:
+        return f"llama.cpp's {arch} MTP graph takes one NextN layer and aborts on this file's {layers}"
+    if arch in NO_GRAPH:
+        return f"llama.cpp {NO_GRAPH[arch]} for {arch}: it has no MTP graph to draft with"
+    return f"llama.cpp has no MTP graph for {arch}"
+
+
 def supports_mtp() -> bool:
     """Whether this build can draft with a target's NextN layers (for `doctor`)."""
     return unsupported_reason() is None
 
 
-def _declared_and_held(path: Path | str) -> tuple[int, bool]:
-    """The NextN layers the GGUF's header declares, and whether the file holds the first
-    one's tensors (a trunk-only file leaves them to an MTP sidecar GGUF)."""
+def _declared_and_held(path: Path | str) -> tuple[int, bool, str]:
+    """The NextN layers the GGUF's header declares, whether the file holds the first one's
+    tensors (a trunk-only file leaves them to an MTP sidecar GGUF), and its architecture."""
     header = read_header(path)
     arch = header.metadata.get("general.architecture", "")
     declared, blocks = (header.metadata.get(f"{arch}.{key}", 0) for key in ("nextn_predict_layers", "block_count"))
     if not isinstance(declared, int) or not isinstance(blocks, int) or declared <= 0:
-        return 0, False
+        return 0, False, arch
     probe = f"blk.{blocks - declared}.nextn.eh_proj.weight"
-    return declared, any(tensor.name == probe for tensor in header.tensors)
+    return declared, any(tensor.name == probe for tensor in header.tensors), arch
 
 
 def nextn_layers(path: Path | str) -> int:
-    """How many NextN layers the GGUF at `path` holds (0: none, or only declared), read
-    from its header without llama.cpp."""
-    declared, held = _declared_and_held(path)
-    return declared if held else 0
+    """How many NextN layers the GGUF at `path` holds where this llama.cpp can draft with them
+    (0: none, only declared, or no MTP graph for them: nextn_problem says), read from its
+    header without llama.cpp."""
+    declared, held, arch = _declared_and_held(path)
+    return declared if held and graph_problem(arch, declared) is None else 0
+
+
+def nextn_problem(path: Path | str) -> str | None:
+    """Why the NextN layers the GGUF at `path` holds cannot draft on this llama.cpp (None: it
+    holds none, or they can)."""
+    declared, held, arch = _declared_and_held(path)
+    return graph_problem(arch, declared) if held else None
 
 
 def nextn_share(path: Path | str) -> float:
@@ -124,12 +161,15 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **mod
     if reason is not None:
         raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
     check_gguf_file(Path(path))
-    declared, held = _declared_and_held(path)
+    declared, held, arch = _declared_and_held(path)
     if not held:
         where = f"declares {declared} NextN (MTP) layers but holds none of their tensors" if declared else \
             "has no NextN (MTP) layers to draft with"
         raise MtpUnavailableError(f"{Path(path).name} {where}",
                                   "use a GGUF converted with its MTP layers, or another --draft")
+    problem = graph_problem(arch, declared)
+    if problem is not None:
+        raise MtpUnavailableError(f"{Path(path).name}: {problem}", "draft with --draft ngram or a draft model")
     target = Model(path, settings, load_mtp=True, **model_options)
     if llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
         target.close()
@@ -139,12 +179,18 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **mod
     return target
 
 
+# The most hidden rows kept behind the target's end once every cache has read them: a catch-up
+# needs only what was committed since a cache last drafted.
+KEEP_BEHIND = 1024
+
+
 class MtpHeads:
     """The MTP context(s) over a target from `load_target`: one for a single NextN layer,
     one per layer for chained layers. Each appends entries (token, hidden-state row) and
     gives the logits and the hidden state it writes after the last; `rewind` forgets
-    positions. The target's hidden states are kept by position as it decodes them: n_ctx
-    rows of n_embd floats at most (16 KB a position at n_embd 4096)."""
+    positions. The target's hidden states are kept by position as it decodes them, and let
+    go once every cache has read them (`release`): what a catch-up needs, not a row of
+    n_embd floats (16 KB at n_embd 4096) for every position of the context."""
 
     def __init__(self, target: Model) -> None:
         reason = unsupported_reason()
@@ -161,7 +207,8 @@ class MtpHeads:
         self.n_ctx = target.n_ctx
         self._contexts: list = []
         self._batches: list = []
-        self.hidden_rows = np.zeros((0, self.n_embd), dtype=np.float32)  # by target position
+        self._rows = np.zeros((0, self.n_embd), dtype=np.float32)  # row i: target position low + i
+        self.low = 0  # the first position whose row is kept
         for layer in range(self.layers if self.depth else 1):
             self._open(layer)
         _ext.llama_set_embeddings_nextn(target.context_handle, True, False)  # as load_target left it
@@ -189,31 +236,52 @@ class MtpHeads:
     def _keep_hidden(self, first: int, count: int) -> None:
         """After a target decode of positions [first, first + count): keep their hidden rows."""
         pointer = _ext.llama_get_embeddings_nextn(self.target.context_handle)
-        end = first + count
-        if end > len(self.hidden_rows):
-            grown = np.zeros((min(max(end, 2 * len(self.hidden_rows), 64), max(self.n_ctx, end)), self.n_embd),
-                             dtype=np.float32)
-            grown[: len(self.hidden_rows)] = self.hidden_rows
-            self.hidden_rows = grown
-        self.hidden_rows[first:end] = np.ctypeslib.as_array(pointer, shape=(count, self.n_embd))
+        if first < self.low:  # the target went back below what is kept: keep from there
+            self._rows = np.concatenate([np.zeros((self.low - first, self.n_embd), dtype=np.float32), self._rows])
+            self.low = first
+        end = first + count - self.low
+        if end > len(self._rows):
+            grown = np.zeros((max(end, 2 * len(self._rows), 64), self.n_embd), dtype=np.float32)
+            grown[: len(self._rows)] = self._rows
+            self._rows = grown
+        self._rows[first - self.low : end] = np.ctypeslib.as_array(pointer, shape=(count, self.n_embd))
+
+    def release(self, below: int) -> None:
+        """The rows of positions below `below` will not be read again (each cache has read
+        them), nor any KEEP_BEHIND behind the target's end (a chained layer that seldom drafts
+        and lags that far reads zeros there): free them, once they are at least half of what
+        is held."""
+        below = min(max(below, self.target.n_past - KEEP_BEHIND), self.target.n_past)
+        if below - self.low >= max(64, len(self._rows) // 2):
+            self._rows = np.array(self._rows[below - self.low :])
+            self.low = below
+
+    @property
+    def rows_kept(self) -> int:
+        """Hidden rows held (n_embd float32 each)."""
+        return len(self._rows)
 
     def target_hidden(self, first: int, count: int) -> np.ndarray:
-        """The target's hidden rows at positions [first, first + count) (position -1: zeros),
-        each one the target wrote for what its cache holds there now."""
+        """The target's hidden rows at positions [first, first + count) (position -1, and any
+        released: zeros), each one the target wrote for what its cache holds there now."""
         if first + count > self.target.n_past:
             raise RuntimeError(f"the target holds {self.target.n_past} positions, not {first + count}")
         rows = np.zeros((count, self.n_embd), dtype=np.float32)
-        start = max(first, 0)
-        rows[start - first :] = self.hidden_rows[start : first + count]
+        start = max(first, self.low)
+        if start < first + count:
+            rows[start - first :] = self._rows[start - self.low : first + count - self.low]
         return rows
 
-    def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray,
+               *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
         """Append entries (tokens[i], hidden[i]) at positions start + i to `layer`'s context
         (0 for a single NextN layer); (the logits row after the last, its hidden state),
         both copies. The state is the last entry's for a one-entry decode; for a longer one
         only on architectures whose MTP graph keeps the output rows before the state
         (MiMo-2, Step-3.5: those that chain layers), as GLM-4.x's, DeepSeek's and
-        Qwen3.5's put out the batch's first rows."""
+        Qwen3.5's put out the batch's first rows. `logits` False (a catch-up): no row is put
+        out, so the output head (a read of n_vocab × n_embd weights) is not run, as
+        llama.cpp's own catch-up asks for none; returns None."""
         context, batch = self._contexts[layer], self._batches[layer]
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         done = 0
@@ -221,11 +289,13 @@ class MtpHeads:
             count = min(len(tokens) - done, self.target.batch_size)
             llama.llama_batch_ext_clear(batch)
             for i in range(done, done + count):
-                self._add(batch, tokens[i], start + i, hidden[i], i == len(tokens) - 1)
+                self._add(batch, tokens[i], start + i, hidden[i], logits and i == len(tokens) - 1)
             status = llama.llama_process(context, llama.LLAMA_PROCESS_TYPE_DECODE, batch)
             if status != 0:
                 raise DecodeError(status, self.target.path, "failed to decode a batch of its MTP layers")
             done += count
+        if not logits:
+            return None
         index = (len(tokens) - 1) % self.target.batch_size
         logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(context, index), shape=(self.n_vocab,))
         state = np.ctypeslib.as_array(_ext.llama_get_embeddings_nextn_ith(context, index), shape=(self.n_embd,))

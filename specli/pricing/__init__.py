@@ -50,6 +50,7 @@ from specli.decode.events import Stats
 from specli.decode.exact import CPU_ROWS, BatchCap, measure_cap
 from specli.decode.request import GenerationRequest
 from specli.errors import CalibrationError
+from specli.llama import mtp
 from specli.llama.backend import LoadSettings, Model, supports_gpu_offload
 from specli.pricing.drafters import CATCH_UP_BATCH, Drafter, timed_speedup
 from specli.pricing.keys import StoreKey, build_key, cost_store, exact_key, settings_key
@@ -275,12 +276,17 @@ def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *
                again: bool = False, repacks: tuple[bool, ...] = (True, False)) -> dict[bool, BatchCap]:
     """The exact verify batch sizes along the context (BatchCap) with repacking on (True) and
     off (False) (or only those in `repacks`), measured once per model, settings and build and
-    stored with the costs. measure=False: only what is stored; again=True: measured anew."""
+    stored with the costs. measure=False: only what is stored; again=True: measured anew.
+    Measured on the target as a session loads it: with its NextN layers and their hidden states
+    where it has usable ones (mtp.load_model: the trunk's last layer then runs on every row,
+    which may round otherwise), stored under a key of its own."""
     store = cost_store()
     caps: dict[bool, BatchCap] = {}
+    nextn = mtp.supports_mtp() and spec.target.is_file() and mtp.nextn_layers(spec.target) > 0
     for repack in repacks:
         load = replace(spec.target_load, repack=repack)
         key = exact_key(spec.target, load, build_key())
+        key = key.beside("nextn") if nextn else key
         stored = BatchCap.from_json(store.get(key))
         if stored is not None and not again:
             caps[repack] = stored
@@ -290,7 +296,7 @@ def exact_caps(spec: LoadedFiles, notice: Callable[[str], None] | None = None, *
         if notice is not None:
             notice(f"finding which verify batches are exact with repacking {'on' if repack else 'off'}, "
                    "at several depths of the context (once per model and settings)")
-        with Model(spec.target, load, verbose=spec.verbose) as model:
+        with mtp.load_model(spec.target, load, verbose=spec.verbose) as model:
             largest = MAX_DRAFT + 1 if model.on_gpu else CPU_ROWS
             caps[repack] = measure_cap(model, min(largest, model.batch_size))
         store.put(key, caps[repack].to_json())

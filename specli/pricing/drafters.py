@@ -27,6 +27,8 @@ from specli.llama.backend import Model
 from specli.pricing.keys import StoreKey
 
 CATCH_UP_BATCH = 16  # a drafter's catch-up is priced per token of a batch this long
+DEPTHS = 4  # the draft depths whose agreement is measured where it falls with depth (deeper: the last's)
+DEPTH_TOKENS = 32  # the trunk's greedy continuation they are measured along
 MTP_SHARE_FLOOR = 0.02  # a NextN layer's decode is never priced below this share of a plain one
 MEASURE_TOKENS = 96  # a timed generation of `specli drafts --measure`
 MEASURE_ROUNDS = 3
@@ -66,6 +68,9 @@ class Drafter:
     share: Callable[[], float]
     agreement: Callable[[], float] | None
     per_target_token: Callable[[float], float] = _same
+    # Its agreement by draft depth (StepCosts.draft_depths), where it falls with depth (the
+    # NextN layers, fed their own states); None: its agreement holds at every depth.
+    depths: Callable[[], list[float]] | None = None
 
     def measurements(self, store: CostStore) -> tuple[float, float, float | None] | None:
         """Its stored cost per token, catch-up per token and agreement (None where it is not
@@ -74,14 +79,25 @@ class Drafter:
         measured = values if self.agreement is not None else values[:2]
         if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in measured):
             return None
+        if self.depths is not None and self.depths_stored(store) is None:
+            return None
         seconds, catch_up = float(values[0]), float(values[1])  # type: ignore[arg-type]
         return seconds, catch_up, float(values[2]) if self.agreement is not None else None  # type: ignore[arg-type]
+
+    def depths_stored(self, store: CostStore) -> tuple[float, ...] | None:
+        """Its stored agreement by depth (None: not stored)."""
+        value = store.get(self.key.beside("depths"))
+        if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) for v in value):
+            return None
+        return tuple(float(v) for v in value)
 
     def store(self, store: CostStore, seconds: float, catch_up: float) -> float:
         """Store what a timing found (its agreement measured now); its cost per target token."""
         seconds = self.per_target_token(seconds)
         if self.agreement is not None:
             store.put(self.key.beside("acceptance"), self.agreement())
+        if self.depths is not None:
+            store.put(self.key.beside("depths"), self.depths())
         store.put(self.key.beside("catch_up"), catch_up)
         store.put(self.key, seconds)
         return seconds
@@ -91,7 +107,8 @@ class Drafter:
         measured = self.measurements(store)
         if measured is not None:
             seconds, catch_up, acceptance = measured
-            return replace(target, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance)
+            return replace(target, draft_per_token=seconds, draft_catch_up=catch_up, draft_acceptance=acceptance,
+                           draft_depths=self.depths_stored(store) or ())
         seconds = self.share() * VerifyCurve(target.verify).cost(1)  # a token caught up at a decode's cost
         return replace(target, draft_per_token=seconds, draft_catch_up=seconds)
 
@@ -110,12 +127,14 @@ def model_drafter(key: StoreKey, target: Model, draft: DraftModel, path: Path, t
 
 def nextn_drafter(key: StoreKey, target: Model, nextn: NextnDraft) -> Drafter:
     """The target's NextN layers: the first layer's decode, fed zero hidden states (the time
-    does not depend on them), priced by the share of the weights it reads until timed."""
+    does not depend on them), priced by the share of the weights it reads until timed. A
+    one-entry decode is a drafting one (a logits row); a longer one a catch-up (none, as
+    NextnDraft catches up)."""
     heads, filled = nextn.heads, [0]
     zeros = np.zeros((CATCH_UP_BATCH, heads.n_embd), dtype=np.float32)
 
     def decode(tokens: list[int]) -> None:
-        heads.decode(0, tokens, filled[0], zeros[: len(tokens)])
+        heads.decode(0, tokens, filled[0], zeros[: len(tokens)], logits=len(tokens) == 1)
         filled[0] += len(tokens)
 
     def rewind(n_keep: int) -> None:
@@ -123,7 +142,8 @@ def nextn_drafter(key: StoreKey, target: Model, nextn: NextnDraft) -> Drafter:
         filled[0] = min(filled[0], n_keep)
 
     return Drafter(DraftKind.MTP, key, decode, rewind, nextn.forget, target.bos if target.bos >= 0 else 0,
-                   lambda: mtp_share(target.path), lambda: mtp_agreement(target, nextn))
+                   lambda: mtp_share(target.path), lambda: mtp_agreement(target, nextn),
+                   depths=lambda: mtp_depths(target, nextn))
 
 
 def timed_speedup(drafter: Drafter, costs: StepCosts, target: Model, store: CostStore,
@@ -180,6 +200,40 @@ def mtp_agreement(target: Model, nextn: NextnDraft, sample: str = AGREEMENT_SAMP
     target.rewind(0)
     nextn.forget()
     return float(np.mean(np.asarray(choices) == trunk[: len(choices)]))
+
+
+def mtp_depths(target: Model, nextn: NextnDraft, sample: str = AGREEMENT_SAMPLE, most: int = DEPTHS) -> list[float]:
+    """The chance that the NextN layers' i-th drafted token is the trunk's greedy choice once
+    the ones before it were, for i < `most` (chained layers: at most their number), drafted as
+    a run drafts (each layer fed its own states) after every position of the trunk's own
+    greedy continuation of the sample, DEPTH_TOKENS long: there each drafted token is checked
+    against the token the trunk wrote. A depth never reached takes the one before it. Both
+    caches are left empty."""
+    most = min(most, nextn.depth or most)
+    prompt = target.tokenize(sample)[: max(2, min(target.n_ctx - DEPTH_TOKENS - 1, target.batch_size) // 2)]
+    nextn.forget()
+    target.rewind(0)
+    tokens = list(prompt)
+    row = target.decode(tokens)[0]
+    for _ in range(DEPTH_TOKENS):  # one token a decode: plain decoding's own choices
+        tokens.append(int(np.argmax(row)))
+        row = target.decode([tokens[-1]])[0]
+    kept, tried = [0] * most, [0] * most
+    for last in range(len(prompt) - 1, len(tokens) - 1):
+        logits = nextn.row_after(tokens[: last + 1])
+        for depth in range(min(most, len(tokens) - 1 - last)):
+            if depth:
+                logits = nextn.extend(tokens[last + depth])
+            tried[depth] += 1
+            if int(np.argmax(logits)) != tokens[last + depth + 1]:
+                break
+            kept[depth] += 1
+    target.rewind(0)
+    nextn.forget()
+    depths: list[float] = []
+    for depth in range(most):
+        depths.append(kept[depth] / tried[depth] if tried[depth] else depths[-1] if depths else 0.0)
+    return depths
 
 
 def mtp_share(path: Path) -> float:

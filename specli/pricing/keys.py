@@ -28,7 +28,7 @@ EXACT_VERSION = 2
 
 # What is stored beside a key: the NextN layers' measurements, a busy finding, exact batch
 # sizes; a drafter's catch-up per token, greedy agreement and measured speed-up.
-Beside = Literal["mtp", "busy", "exact", "catch_up", "acceptance", "speedup"]
+Beside = Literal["mtp-v2", "nextn", "busy", "exact", "catch_up", "acceptance", "depths", "speedup"]
 
 
 class StoreKey(str):
