@@ -81,11 +81,14 @@ def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_goes_in_
     slots = open_slots(model)
     both = threading.Barrier(2)
 
+    seen: list[tuple[int, float]] = []
+
     def short(slot: Slot) -> None:
         with slot.running():
             both.wait()
             for _ in range(3):
                 slot.decode([7])
+                seen.append(slot.others())
 
     def long(slot: Slot) -> None:
         with slot.running():
@@ -95,6 +98,8 @@ def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_goes_in_
     assert in_threads(lambda: short(slots[0]), lambda: long(slots[1])) == []
     chunks = [rows for parts in model.decodes for sequence, _, rows in parts if sequence == 1]
     assert chunks == [4, 4, 2] and slots[1].n_past == 10
+    # What the other's chunks stand for beside it: the one row it will decode a step, not 4.
+    assert [rows for rows, _ in seen] == [1, 1, 1]
     # Slot 2 never ran: every step went ahead without it.
     assert all(sequence != 2 for parts in model.decodes for sequence, *_ in parts)
     slots[0].steps.close()
