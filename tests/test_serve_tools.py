@@ -106,6 +106,35 @@ def test_required_call_parses_validates_and_streams_in_pieces_that_join(smol_too
     assert len(deltas) > 2, "the arguments come in pieces"
 
 
+def test_a_call_cut_by_the_token_limit_says_so_and_one_whose_frame_alone_was_cut_does_not(smol_tools):
+    """OpenAI's semantics: the limit inside a call's arguments is "length", with the call as
+    far as it was written (whole and streamed alike: instructor raises its incomplete-output
+    error); the limit after complete arguments, inside the template's closing frame (which
+    the grammar forces), is "tool_calls" with the call whole."""
+    client = smol_tools.client()
+    request = dict(model="x", messages=ASK, tools=TOOLS[:1], tool_choice="required", parallel_tool_calls=False,
+                   temperature=0, extra_body={"exact": True})
+    full = client.chat.completions.create(**request, max_tokens=80)
+    arguments = full.choices[0].message.tool_calls[0].function.arguments
+    finishes = {}
+    for limit in range(full.usage.completion_tokens - 1, 2, -1):
+        whole = client.chat.completions.create(**request, max_tokens=limit)
+        choice = whole.choices[0]
+        calls = choice.message.tool_calls
+        assert calls is not None and calls[0].function.name == "read_file", limit
+        written = calls[0].function.arguments
+        if choice.finish_reason == "tool_calls":
+            assert written == arguments and "length" not in finishes.values(), "complete only nearest the end"
+        else:
+            assert choice.finish_reason == "length" and arguments.startswith(written) and written != arguments
+        finishes[limit] = choice.finish_reason
+        streamed, finish, _ = streamed_calls(client.chat.completions.create(**request, max_tokens=limit, stream=True))
+        assert finish == choice.finish_reason and [c["arguments"] for c in streamed] == [written], limit
+        if choice.finish_reason == "length" and len(written) < len(arguments) // 2:
+            break  # cut well inside the arguments: enough
+    assert "tool_calls" in finishes.values() and "length" in finishes.values(), finishes
+
+
 def test_named_function_is_the_one_called(smol_tools):
     whole = smol_tools.client().chat.completions.create(
         model="x", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "grep"}},

@@ -119,14 +119,24 @@ def _response(asked: Asked, outcome: Outcome, model: str, special: SpecialText |
 
 def _message(plan: ToolPlan, special_text: str, text: str, finish: str) -> tuple[AssistantMessage, str]:
     """The whole answer's message (content, and the calls read from the text with its
-    special tokens written out) and finish reason: "tool_calls" where it made calls. An
-    answer cut off inside a call keeps its text as content."""
+    special tokens written out) and finish reason, as OpenAI's: "tool_calls" where it made
+    complete calls, even where the token limit cut only the template's closing frame after
+    them (the grammar forces it: nothing of the calls is missing); "length" with the call as
+    far as it was written where the limit cut its arguments. An answer that ended inside a
+    call otherwise keeps its text as content."""
     parsed = plan.read(special_text)
     calls = [ToolCall(id=plan.new_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
              for call in parsed.calls if call.complete]
     if any(not call.complete for call in parsed.calls):
         return AssistantMessage(content=text, tool_calls=calls or None), finish
+    if finish == "length" and plan.choice != "none":
+        cut = [call for call in plan.format.parse(special_text, final=False).calls if not call.complete]
+        if cut:  # its arguments cut by the limit: the call as far as it was written
+            calls += [ToolCall(id=plan.new_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
+                      for call in cut]
+            return AssistantMessage(content=answer_content(parsed) if parsed.content.strip() else None,
+                                    tool_calls=calls), finish
     if not calls:
         return AssistantMessage(content=parsed.content), finish
     return AssistantMessage(content=answer_content(parsed), tool_calls=calls), \
-        "tool_calls" if finish == "stop" else finish
+        "tool_calls" if finish in ("stop", "length") else finish

@@ -248,7 +248,10 @@ class EventStream:
             rest = self.special.flush() if self.special is not None else ""
             lines = self._deltas(self._read(rest, final=True), None, "", self.held or None)
             self.held = self.held if not lines else 0
-            if self.calls is not None and self.calls.ids and finish == "stop":
+            # As the whole answer's (answer._message): complete calls, even with only their
+            # closing frame cut by the limit, are "tool_calls"; arguments cut are "length".
+            if self.calls is not None and self.calls.ids and (finish == "stop" or finish == "length"
+                                                              and not self.calls.cut):
                 finish = "tool_calls"
         lines.append(self.chunks(Piece(None, finish=finish, tokens=self.held or None, logprobs=self._logprobs(),
                                        drafted=self._taken_drafted())))

@@ -98,6 +98,7 @@ class ToolStream:
     text: str = ""
     _content: int = 0  # characters of content sent
     _arguments: list[int] = field(default_factory=list)  # characters of each call's arguments sent
+    cut: bool = False  # the text so far ends inside a call's arguments
 
     def feed(self, text: str, final: bool = False) -> list[Delta]:
         self.text += text
@@ -105,6 +106,8 @@ class ToolStream:
             parsed = Parsed(self.text)
         else:
             parsed = self.plan.format.parse(self.text, final)
+            if not final:
+                self.cut = any(not call.complete for call in parsed.calls)
         deltas: list[Delta] = []
         if len(parsed.content) > self._content and (self._content or parsed.content.strip()):
             deltas.append(ContentDelta(parsed.content[self._content:]))
