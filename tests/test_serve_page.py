@@ -279,11 +279,11 @@ class Scripted:
         self._event({"id": "x", "created": 0, "model": "scripted.gguf", "choices": [choice]})
         self.steps.append((source, tokens))
 
-    def end(self, drafted: int) -> None:
+    def end(self, drafted: int, finish: str = "stop") -> None:
         """The last chunk, the usage chunk with `timings`, then [DONE]."""
         tokens = sum(count for _, count in self.steps)
         accepted = sum(count for source, count in self.steps if source == "draft")
-        last = {"index": 0, "finish_reason": "stop", **({"delta": {}} if self.chat else {"text": ""})}
+        last = {"index": 0, "finish_reason": finish, **({"delta": {}} if self.chat else {"text": ""})}
         self._event({"id": "x", "created": 0, "model": "scripted.gguf", "choices": [last]})
         timings = {"prompt_n": 3, "prompt_ms": 1.0, "predicted_n": tokens, "predicted_ms": 100.0,
                    "predicted_per_second": 10.0 * tokens, "draft_n": drafted, "draft_n_accepted": accepted}
@@ -291,6 +291,12 @@ class Scripted:
         self.driver.execute_script("window.scriptedPush('data: [DONE]\\n\\n'); window.scriptedStream.close();")
         settle(self.driver)
         self.steps = []
+
+    def fail(self, message: str) -> None:
+        """An error event in place of the answer (the server's shape), then the stream's end."""
+        self._event({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+        self.driver.execute_script("window.scriptedStream.close();")
+        settle(self.driver)
 
     def _event(self, data: dict) -> None:
         self.driver.execute_script("window.scriptedPush(arguments[0]);", f"data: {json.dumps(data)}\n\n")
@@ -554,6 +560,13 @@ def test_markdown_and_code_are_built_as_elements_span_by_span(browser, page_serv
     assert built["language"] == "python"
     assert built["items"] == ["one", '<b>two</b> <img src=x onerror="window.pwned=1">'], "HTML stays text"
     assert built["elements"] == 0 and browser.execute_script("return window.pwned") is None
+    in_code = page.shown("""
+        const look = (selector) => { const style = getComputedStyle(answer.querySelector(selector));
+            return [style.textDecorationLine, style.backgroundColor]; };
+        return [look('pre code span.draft'), look('p code span.draft'), look('p span.draft')];""")
+    # Code keeps its underscores and indentation: a tint, no underline; prose keeps the underline.
+    assert [line for line, _ in in_code] == ["none", "none", "underline"], in_code
+    assert in_code[0][1] not in ("rgba(0, 0, 0, 0)", "transparent"), "drafted code is tinted"
     assert not any(mark in built["shown"] for mark in ("```", "**", "`", "- one")), built["shown"]
     assert_shown_with_provenance(answer_spans(browser), [(source, text) for source, text, _ in pushed])
     assert [stat(browser, name) for name in ("tokens", "accepted", "drafted", "rate")] == ["12", "9", "12", "75%"]
@@ -648,6 +661,21 @@ def test_the_answer_is_followed_unless_the_reader_scrolls_up(browser, page_serve
     page.end(drafted=40)
 
 
+def test_a_token_limit_is_noted_and_a_failed_send_leaves_no_counts_beside_the_dashes(browser, page_server):
+    page = Scripted(browser, page_server)
+    page.send()
+    page.push("Once upon a time", "target", 4)
+    page.end(drafted=0, finish="length")
+    notes = [note.text for note in find(browser, "#conversation .message.assistant .note")]
+    assert notes == ["cut at the token limit (Settings: Token limit)"]
+    assert stat(browser, "finish") == "length"
+    page.send("Again.")
+    page.fail("the generation failed")
+    shown = {name: stat(browser, name) for name in ("speed", "tokens", "accepted", "share", "drafted", "rate", "steps")}
+    assert set(shown.values()) == {"–"}, shown
+    assert stat(browser, "finish") == "error" and find(browser, "#error")[0].text == "the generation failed"
+
+
 def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, page_server):
     browser.set_window_size(420, 860)
     try:
@@ -665,6 +693,11 @@ def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, page_serv
             return [window.innerWidth, ids.filter((id) => !inView(id)),
                     document.scrollingElement.scrollHeight <= window.innerHeight];""")
         assert seen[0] <= 420 and seen[1] == [] and seen[2], seen
+        heights = browser.execute_script("""
+            const h = (selector) => Math.round(document.querySelector(selector).getBoundingClientRect().height);
+            return {conversation: h('#conversation'), header: h('header'), stats: h('#stats'), compose: h('#compose'),
+                    settings: h('#settings'), error: h('#error'), window: window.innerHeight};""")
+        assert heights["conversation"] >= 0.5 * heights["window"], f"the conversation keeps most of the height: {heights}"
         assert stat(browser, "rate") == "88%", "53 of the 60 drafted, kept"
         assert stat(browser, "steps") == "28", "one line: the tokens per step are left out"
         screenshot(browser, "serve-page-420.png")

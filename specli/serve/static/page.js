@@ -427,10 +427,13 @@ function settle(answer, turn, text) {
     turn.box.remove();
     if (turn.asked !== null) turn.asked.remove();
     if (state.chat) $("prompt").value = text;
+    clearStats(); // nothing was written: no counts of nothing beside the dashes
+    if (answer.finish) setStat("finish", answer.finish);
     return;
   }
   if (answer.finish === "stopped") note(turn.box, "stopped");
   if (answer.finish === "lost") note(turn.box, "the server was lost here");
+  if (answer.finish === "length") note(turn.box, "cut at the token limit (Settings: Token limit)");
   if (state.chat) state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer.text });
   keepEndInView();
 }
