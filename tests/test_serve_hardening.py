@@ -40,6 +40,7 @@ class WritingWorker:
     """Stands in for serve.worker.Worker: every generation writes "fine"."""
 
     queue = 2
+    parallel = 1
 
     def __init__(self) -> None:
         target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3],

@@ -1,5 +1,6 @@
-"""`specli serve`'s HTTP API on FastAPI: OpenAI's chat and text completions, the model list, a
-health check, and the page.
+"""`specli serve`'s HTTP API on FastAPI: OpenAI's chat and text completions, its Responses API
+(a translation of the chat route: openai_responses.py), the model list, a health check,
+llama-server's utility routes (utility.py), and the page.
 
 Each completion route reads its body (body.py) into a generation (generation.py) in a
 thread of its own, so the event loop never waits on a request's parsing, templating,
@@ -36,9 +37,11 @@ from specli.serve.errors import ERRORS, RETRY_AFTER_SECONDS, ApiError, api_error
 from specli.serve.generation import Asked, read
 from specli.serve.guard import Access, Guard
 from specli.serve.log import RequestLog
+from specli.serve.openai_responses import add_responses_route
 from specli.serve.page import add_page
 from specli.serve.requests import ChatRequest, CompletionRequest
-from specli.serve.responses import ErrorBody, ErrorResponse, ModelCard, ModelList
+from specli.serve.responses import ErrorBody, ErrorResponse, ModelCard, ModelList, ModelMeta
+from specli.serve.utility import add_utility_routes
 from specli.serve.worker import Worker
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
@@ -53,6 +56,8 @@ class ServerInfo:
     api_key: str | None
     defaults: GenerationRequest  # what a request's own fields override (serve's options)
     started: int
+    metrics: bool = False  # /metrics answers (serve --metrics)
+    build: str = ""  # specli's and llama-cpp-python's versions (/props' build_info)
 
 
 class Backend:
@@ -88,6 +93,9 @@ def _answer_errors(app: FastAPI, log: IO[str]) -> None:
 
     async def answer(request: Request, error: Exception) -> JSONResponse:
         answer = api_error(error, request.url.path)
+        if answer.status == 404 and isinstance(error, StarletteHTTPException):  # no such route: name those there are
+            answer = ApiError(404, f"no route {request.method} {request.url.path}; this server has "
+                              + ", ".join(_routes(app)), "not_found_error")
         RequestLog(log, request.method, request.url.path).line(answer.status, note=answer.body.message)
         return error_response(answer)
 
@@ -107,6 +115,9 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
         reading = asyncio.get_running_loop().run_in_executor(
             readers, lambda: read(parse(raw, model), worker.session, info.defaults))
         return replace(await reading, key=hashlib.sha256(raw).hexdigest())
+
+    async def in_reader(work: Callable):
+        return await asyncio.get_running_loop().run_in_executor(readers, work)
 
     @app.get("/health")
     async def health():
@@ -129,6 +140,15 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
     async def completions(request: Request):
         return await Answerer(backend.ready(), info.name, log)(await asked(CompletionRequest, request), request)
 
+    add_responses_route(app, backend, info, log, authorised, in_reader)
+    add_utility_routes(app, backend, info, authorised, in_reader)
+
+
+def _routes(app: FastAPI) -> list[str]:
+    """"METHOD /path" of every route the app serves (the page's own files left out)."""
+    return [f"{method} {route.path}" for route in app.routes if "." not in route.path
+            for method in sorted(getattr(route, "methods", None) or ()) if method != "HEAD"]
+
 
 def _authorisation(api_key: str | None) -> Callable[[Request], None]:
     """A dependency that lets a request through with `Authorization: Bearer KEY` (any, without a key)."""
@@ -148,9 +168,10 @@ def _models(worker: Worker, info: ServerInfo) -> ModelList:
     """The loaded pair, with the `draft` values a request may give: the server's own first,
     then the kinds that can draft on it, the most drafting first (specli/drafts.py)."""
     offered = drafts.offered(info.defaults.draft, worker.session.unavailable)
+    target = worker.session.target
     card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft,
-                     chat=worker.session.target.chat_template() is not None, drafts=offered,
-                     proposers=drafts.labels())
+                     chat=target.chat_template() is not None, drafts=offered, proposers=drafts.labels(),
+                     meta=ModelMeta(n_ctx=target.n_ctx, n_vocab=target.n_vocab, slots=worker.parallel))
     return ModelList(data=[card])
 
 

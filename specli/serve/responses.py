@@ -204,6 +204,14 @@ class TextChunk(BaseModel):
     timings: Optional[Timings] = None
 
 
+class ModelMeta(BaseModel):
+    """llama-server's `meta` names, where it has them."""
+
+    n_ctx: int  # each request's context (tokens)
+    n_vocab: int
+    slots: int  # requests generated at once (--parallel)
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -214,6 +222,7 @@ class ModelCard(BaseModel):
     chat: bool  # the target has a chat template (else /v1/completions only)
     drafts: list[str]  # the `draft` values a request may give, the server's own first
     proposers: dict[str, str]  # who drafted a span, by its `proposer` name, in words (the page's tooltips)
+    meta: Optional[ModelMeta] = None
 
 
 class ModelList(BaseModel):

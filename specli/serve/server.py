@@ -47,6 +47,7 @@ class ServeSettings:
     # options, and no token limit (until the end, or the context's).
     defaults: GenerationRequest = GenerationRequest(max_tokens=1 << 30)
     access: Access = Access()  # hosts and origins allowed beyond the server's own (--allow-host, --allow-origin)
+    metrics: bool = False  # /metrics answers (--metrics)
 
 
 def is_loopback(host: str) -> bool:
@@ -107,8 +108,12 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
         notice("warning: --allow-origin '*' without --api-key: any web page a browser here opens can use this server")
     sock = listen(settings.host, settings.port)
     draft = spec.draft_model.name if spec.draft_model is not None else settings.defaults.draft
+    from specli import __version__
+    from specli.llama.backend import library_versions
+
+    build = f"specli {__version__}, llama-cpp-python {library_versions()['llama_cpp_python']}"
     info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
-                      settings.defaults, int(time.time()))
+                      settings.defaults, int(time.time()), settings.metrics, build)
     backend = Backend()
     config = uvicorn.Config(create_app(backend, info, err, settings.access), host=settings.host, port=settings.port,
                             log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")

@@ -34,6 +34,7 @@ from specli.decode.events import Stats, StepRecord, Token
 from specli.decode.ngram import TokenIndex
 from specli.decode.request import GenerationRequest
 from specli.decode.slots import slot_for
+from specli.serve.totals import Totals
 from specli.session import Session
 from specli.stream import Outcome, stream
 
@@ -175,6 +176,7 @@ class Worker:
         self.line = Line()  # requests refused for a full queue, whose clients may retry
         self._free = list(session.slots)  # the slots no generation runs in
         self._slots = threading.Lock()  # over _free and the memory
+        self.totals = Totals()  # what the generations did, all told (/metrics)
 
     @property
     def generating(self) -> int:
@@ -183,6 +185,13 @@ class Worker:
     @property
     def waiting(self) -> int:
         return max(0, self._admitted - self.parallel)
+
+    def busy_slots(self) -> set[int]:
+        """The slots a generation runs in (one slot, 0, without --parallel)."""
+        if not self.session.slots:
+            return {0} if self.generating else set()
+        with self._slots:
+            return {slot.sequence for slot in self.session.slots if slot not in self._free}
 
     async def start(self, job: Job, on_event: Callable[[object], None] | None,
                     gone: Callable[[], Awaitable[bool]] | None = None,
@@ -279,6 +288,7 @@ class Worker:
             with self._slots:
                 self.memory.add(outcome.tokens)
         outcome.waited = max(0.0, started - admitted) if admitted else 0.0
+        self.totals.add(outcome.stats)
         return outcome
 
     def close(self) -> None:
