@@ -19,11 +19,12 @@ from specli.serve.app import Backend, ServerInfo, create_app
 def test_an_unknown_route_is_a_404_that_names_the_routes_there_are():
     info = ServerInfo("m", "m.gguf", "ngram", None, GenerationRequest(max_tokens=4), 0)
     client = TestClient(create_app(Backend(), info, io.StringIO()), base_url="http://127.0.0.1:8080")
-    reply = client.post("/v1/messages", json={"max_tokens": 4, "messages": []})
+    reply = client.post("/v1/embeddings", json={"input": "hi"})
     assert reply.status_code == 404
     error = reply.json()["error"]
-    assert error["type"] == "not_found_error" and error["message"].startswith("no route POST /v1/messages")
-    for route in ("POST /v1/chat/completions", "POST /v1/responses", "POST /v1/completions", "GET /v1/models", "GET /health",
+    assert error["type"] == "not_found_error" and error["message"].startswith("no route POST /v1/embeddings")
+    for route in ("POST /v1/chat/completions", "POST /v1/responses", "POST /v1/messages", "POST /v1/completions",
+                  "GET /v1/models", "GET /health",
                   "POST /tokenize", "GET /props"):
         assert route in error["message"]
     # /metrics is off unless the server was started with --metrics, as llama-server's

@@ -37,7 +37,10 @@ from specli.serve.errors import ERRORS, RETRY_AFTER_SECONDS, ApiError, api_error
 from specli.serve.generation import Asked, read
 from specli.serve.guard import Access, Guard
 from specli.serve.log import RequestLog
+from specli.serve.anthropic_messages import ROUTE as MESSAGES_ROUTE
+from specli.serve.anthropic_messages import add_messages_route, error_body
 from specli.serve.openai_responses import add_responses_route
+from specli.serve.through_chat import ThroughChat
 from specli.serve.page import add_page
 from specli.serve.requests import ChatRequest, CompletionRequest
 from specli.serve.responses import ErrorBody, ErrorResponse, ModelCard, ModelList, ModelMeta
@@ -97,6 +100,9 @@ def _answer_errors(app: FastAPI, log: IO[str]) -> None:
             answer = ApiError(404, f"no route {request.method} {request.url.path}; this server has "
                               + ", ".join(_routes(app)), "not_found_error")
         RequestLog(log, request.method, request.url.path).line(answer.status, note=answer.body.message)
+        if request.url.path == MESSAGES_ROUTE:  # Anthropic's clients read Anthropic's shape
+            return JSONResponse(error_body(answer.status, answer.body.message), status_code=answer.status,
+                                headers=answer.headers)
         return error_response(answer)
 
     for kind, _ in ERRORS:
@@ -140,7 +146,9 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
     async def completions(request: Request):
         return await Answerer(backend.ready(), info.name, log)(await asked(CompletionRequest, request), request)
 
-    add_responses_route(app, backend, info, log, authorised, in_reader)
+    through_chat = ThroughChat(backend, info, log, in_reader)
+    add_responses_route(app, through_chat, authorised)
+    add_messages_route(app, through_chat, authorised)
     add_utility_routes(app, backend, info, authorised, in_reader)
 
 
@@ -151,15 +159,18 @@ def _routes(app: FastAPI) -> list[str]:
 
 
 def _authorisation(api_key: str | None) -> Callable[[Request], None]:
-    """A dependency that lets a request through with `Authorization: Bearer KEY` (any, without a key)."""
+    """A dependency that lets a request through with `Authorization: Bearer KEY`, or `x-api-key:
+    KEY` as Anthropic's clients send it (any, without a key)."""
 
     def authorised(request: Request) -> None:
         if api_key is None:
             return
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
-            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "authentication_error",
-                           code="invalid_api_key")
+        if scheme.lower() != "bearer":
+            key = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+                           "authentication_error", code="invalid_api_key")
 
     return authorised
 

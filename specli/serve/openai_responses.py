@@ -14,26 +14,20 @@ built-in tools (web search, files, computer use) are refused by name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import replace
-from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from specli.serve.answer import Answerer
 from specli.serve.body import parse
-from specli.serve.generation import read
-from specli.serve.requests import ChatRequest, RequestError
-
-if TYPE_CHECKING:
-    from specli.serve.app import Backend, ServerInfo
+from specli.serve.requests import RequestError
+from specli.serve.through_chat import ThroughChat
 
 RESPONSES_KEPT = 256  # responses whose conversation previous_response_id may continue
 # Fields the Responses API has that change nothing here (bookkeeping, hints, what to include).
@@ -449,26 +443,23 @@ class EventTranslator:
         return message
 
 
-def add_responses_route(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str], authorised,
-                        in_reader: Callable) -> None:
-    """`POST /v1/responses`, behind the API key as the chat route is (`in_reader`: runs a
-    function in a reader thread, where a body becomes a generation)."""
+def add_responses_route(app: FastAPI, answer: ThroughChat, authorised) -> None:
+    """`POST /v1/responses`, behind the API key as the chat route is."""
     conversations = Conversations()
 
     @app.post("/v1/responses", dependencies=[authorised])
     async def responses(request: Request):
-        worker = backend.ready()
+        answer.backend.ready()
         raw = await request.body()
         body = parse(raw, ResponsesRequest)
         chat, conversation = chat_body(body, conversations)
-        chat_raw = json.dumps(chat).encode()
-        asked = await in_reader(lambda: read(parse(chat_raw, ChatRequest), worker.session, info.defaults))
-        answered = await Answerer(worker, info.name, log)(replace(asked, key=hashlib.sha256(raw).hexdigest()), request)
+        answered = await answer(request, raw, chat)
+        model = answer.info.name
         if not body.stream:
-            response, said = from_chat(body, answered, info.name)
+            response, said = from_chat(body, answered, model)
             conversations.put(response["id"], conversation + [said])
             return response
-        translator = EventTranslator(body, info.name)
+        translator = EventTranslator(body, model)
 
         async def events():
             async for line in translator.translate(answered.body_iterator):

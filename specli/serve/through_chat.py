@@ -1,0 +1,37 @@
+"""What every other dialect's route shares (the Responses API, Anthropic's Messages): its body,
+translated to the chat route's, is read and generated as a chat request is, and the chat
+answer (a whole ChatCompletion, or the stream of chat chunks) is handed back for the dialect
+to write in its own shape. So tools, schemas, drafting and provenance have one copy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from typing import IO, TYPE_CHECKING, Callable
+
+from fastapi import Request
+
+from specli.serve.answer import Answerer
+from specli.serve.body import parse
+from specli.serve.generation import read
+from specli.serve.requests import ChatRequest
+
+if TYPE_CHECKING:
+    from specli.serve.app import Backend, ServerInfo
+
+
+class ThroughChat:
+    """Answers a dialect's request as the chat route would answer `chat` (a chat body as JSON):
+    a ChatCompletion as a dict, or (chat["stream"]) the StreamingResponse of its chunks."""
+
+    def __init__(self, backend: Backend, info: ServerInfo, log: IO[str], in_reader: Callable) -> None:
+        self.backend, self.info, self.log, self.in_reader = backend, info, log, in_reader
+
+    async def __call__(self, request: Request, raw: bytes, chat: dict):
+        worker = self.backend.ready()
+        chat_raw = json.dumps(chat).encode()
+        asked = await self.in_reader(lambda: read(parse(chat_raw, ChatRequest), worker.session, self.info.defaults))
+        # (a client that retries the same body keeps its place: keyed by the dialect's own body)
+        asked = replace(asked, key=hashlib.sha256(raw).hexdigest())
+        return await Answerer(worker, self.info.name, self.log)(asked, request)
