@@ -23,6 +23,7 @@ from specli.serve.requests import RequestError
 from specli.serve.through_chat import ThroughChat
 
 ROUTE = "/v1/messages"
+TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # Anthropic's: chat's
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}  # chat's: Anthropic's
 # Fields of Anthropic's API that change nothing here.
 IGNORED = frozenset({"model", "metadata", "service_tier", "container", "mcp_servers", "context_management"})
@@ -144,12 +145,8 @@ def _tool_choice(choice: dict) -> dict:
     chosen: dict[str, Any] = {}
     if choice.get("disable_parallel_tool_use"):
         chosen["parallel_tool_calls"] = False
-    if kind == "auto":
-        return {**chosen, "tool_choice": "auto"}
-    if kind == "any":
-        return {**chosen, "tool_choice": "required"}
-    if kind == "none":
-        return {**chosen, "tool_choice": "none"}
+    if kind in TOOL_CHOICES:
+        return {**chosen, "tool_choice": TOOL_CHOICES[kind]}
     if kind == "tool" and choice.get("name"):
         return {**chosen, "tool_choice": {"type": "function", "function": {"name": choice["name"]}}}
     raise RequestError(f"tool_choice: {choice!r} is not auto, any, tool (with a name) or none", "tool_choice")

@@ -21,7 +21,7 @@ import json
 import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import IO, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specli import drafts
 from specli.config import debug_enabled
-from specli.decode.request import GenerationRequest
 from specli.serve.answer import Answerer
 from specli.serve.body import parse
 from specli.serve.errors import ERRORS, RETRY_AFTER_SECONDS, ApiError, api_error, error_response
@@ -39,42 +38,18 @@ from specli.serve.guard import Access, Guard
 from specli.serve.log import RequestLog
 from specli.serve.anthropic_messages import ROUTE as MESSAGES_ROUTE
 from specli.serve.anthropic_messages import add_messages_route, error_body
+from specli.serve.ollama_api import add_ollama_routes
 from specli.serve.openai_responses import add_responses_route
 from specli.serve.through_chat import ThroughChat
 from specli.serve.page import add_page
 from specli.serve.requests import ChatRequest, CompletionRequest
 from specli.serve.responses import ErrorBody, ErrorResponse, ModelCard, ModelList, ModelMeta
 from specli.serve.utility import add_utility_routes
+from specli.serve.state import Backend, ServerInfo
 from specli.serve.worker import Worker
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
 READERS = 2  # threads that read bodies into generations beside the one that generates
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    name: str  # what responses call the model: the pair, or the target file
-    target: str
-    draft: str
-    api_key: str | None
-    defaults: GenerationRequest  # what a request's own fields override (serve's options)
-    started: int
-    metrics: bool = False  # /metrics answers (serve --metrics)
-    build: str = ""  # specli's and llama-cpp-python's versions (/props' build_info)
-
-
-class Backend:
-    """The server's worker, once the pair has loaded and its costs are read; None until then."""
-
-    def __init__(self, worker: Worker | None = None) -> None:
-        self.worker = worker
-
-    def ready(self) -> Worker:
-        """The worker; while loading, a 503 with Retry-After."""
-        if self.worker is None:
-            raise ApiError(503, "the model is still loading: retry in a moment", "server_error", code="loading",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        return self.worker
 
 
 def create_app(worker: Worker | Backend, info: ServerInfo, log: IO[str] = sys.stderr,
@@ -149,6 +124,7 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
     through_chat = ThroughChat(backend, info, log, in_reader)
     add_responses_route(app, through_chat, authorised)
     add_messages_route(app, through_chat, authorised)
+    add_ollama_routes(app, through_chat, authorised)
     add_utility_routes(app, backend, info, authorised, in_reader)
 
 

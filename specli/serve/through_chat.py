@@ -15,23 +15,26 @@ from fastapi import Request
 from specli.serve.answer import Answerer
 from specli.serve.body import parse
 from specli.serve.generation import read
-from specli.serve.requests import ChatRequest
+from specli.serve.requests import ChatRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from specli.serve.app import Backend, ServerInfo
+    from specli.serve.state import Backend, ServerInfo
 
 
 class ThroughChat:
     """Answers a dialect's request as the chat route would answer `chat` (a chat body as JSON):
-    a ChatCompletion as a dict, or (chat["stream"]) the StreamingResponse of its chunks."""
+    a ChatCompletion as a dict, or (chat["stream"]) the StreamingResponse of its chunks; or as
+    the completions route would (a raw prompt)."""
 
     def __init__(self, backend: Backend, info: ServerInfo, log: IO[str], in_reader: Callable) -> None:
         self.backend, self.info, self.log, self.in_reader = backend, info, log, in_reader
 
-    async def __call__(self, request: Request, raw: bytes, chat: dict):
+    async def __call__(self, request: Request, raw: bytes, chat: dict, *, chat_route: bool = True):
+        """`chat_route` False: `chat` is a completions body, answered as /v1/completions does."""
         worker = self.backend.ready()
         chat_raw = json.dumps(chat).encode()
-        asked = await self.in_reader(lambda: read(parse(chat_raw, ChatRequest), worker.session, self.info.defaults))
+        model = ChatRequest if chat_route else CompletionRequest
+        asked = await self.in_reader(lambda: read(parse(chat_raw, model), worker.session, self.info.defaults))
         # (a client that retries the same body keeps its place: keyed by the dialect's own body)
         asked = replace(asked, key=hashlib.sha256(raw).hexdigest())
         return await Answerer(worker, self.info.name, self.log)(asked, request)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specli.serve.body import parse
 
 if TYPE_CHECKING:
-    from specli.serve.app import Backend, ServerInfo
+    from specli.serve.state import Backend, ServerInfo
     from specli.serve.worker import Worker
 
 
