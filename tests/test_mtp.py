@@ -70,8 +70,37 @@ def test_a_target_without_nextn_layers_is_refused_in_one_line(smollm_path):
 def test_a_target_whose_nextn_layers_are_in_another_file_is_refused_in_one_line(tmp_path):
     path = write_mtp_model(tmp_path / "trunk-only.gguf", TINY_MTP, trunk_only=True)
     assert mtp.nextn_layers(path) == 0
-    with pytest.raises(MtpUnavailableError, match="declares 1 NextN .MTP. layers but holds none of their tensors"):
+    with pytest.raises(MtpUnavailableError, match="declares 1 NextN .MTP. layers but holds none of their tensors") \
+            as raised:
         mtp.load_target(path)
+    assert "mtp-*.gguf" in raised.value.hint
+
+
+def test_a_trunk_with_its_mtp_file_beside_it_drafts_as_the_whole_file(tmp_path):
+    """llama.cpp's converter writes the NextN layers as their own mtp-*.gguf: found beside the
+    trunk, loaded MTP-only, its contexts reading the trunk's; the same weights as the whole file
+    (one seed), so the same draft row."""
+    trunk = write_mtp_model(tmp_path / "split" / "model.gguf", TINY_MTP, trunk_only=True)
+    sidecar = write_mtp_model(tmp_path / "split" / "mtp-model.gguf", TINY_MTP, sidecar=True)
+    whole = write_mtp_model(tmp_path / "whole" / "model.gguf", TINY_MTP)
+    assert mtp.sidecar_for(trunk) == sidecar and mtp.nextn_layers(trunk) == 1 and mtp.sidecar_for(whole) is None
+    rows = []
+    for path in (trunk, whole):
+        target, heads = load(path)
+        try:
+            draft = NextnDraft(heads)
+            tokens = target.tokenize(PROMPT)
+            target.decode(tokens[:-1])
+            draft.prepare(tokens[:-1])
+            rows.append(np.array(draft.row_after(tokens)))
+            prompt = target.tokenize(PROMPT * 3)
+            plain, _ = generate(target, NoProposer(), 0, prompt)
+            drafted, stats = generate(target, MtpProposer(NextnDraft(heads), SamplingSettings()), 2, prompt)
+            assert [t.id for t in drafted] == [t.id for t in plain] and stats.accepted > 0
+        finally:
+            heads.close()
+            target.close()
+    np.testing.assert_allclose(rows[0], rows[1], rtol=1e-4, atol=1e-4)
 
 
 def test_a_build_without_the_api_is_refused_naming_what_it_lacks(mtp_files, monkeypatch):

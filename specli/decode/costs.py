@@ -248,7 +248,7 @@ class Calibration:
 
 def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], None], token: int,
               sizes: tuple[int, ...] = CALIBRATION_SIZES, passes: int = PASSES, threads: int | None = None, *,
-              steady: bool = False) -> Calibration:
+              steady: bool = False, verify_curve: bool = True) -> Calibration:
     """Time an all-logits decode of each batch size on an empty cache.
 
     The largest size is decoded once untimed first: its first use grows llama.cpp's buffers to
@@ -267,18 +267,22 @@ def calibrate(decode: Callable[[list[int]], object], rewind: Callable[[int], Non
     `steady` (a GPU, whose backend replays a captured graph only while decodes keep one shape):
     each size is decoded three times in a row and the third, a replay, is its sample, as a run
     that keeps a shape pays; the first (after another size: no graph) and the second (it
-    captures) price a change of shape, over the third (`Calibration.shape_change`)."""
+    captures) price a change of shape, over the third (`Calibration.shape_change`).
+
+    `verify_curve` False (a drafter's timings: a one-token draft and a catch-up, which may put
+    out no logits row and cost less than the one token): the curve is not held to a verify
+    curve's shape (`curve_problem`); the load checks stand."""
     started = time.perf_counter()
     timings = _Timings(decode, rewind, token, sizes, steady)
     decode([token] * max(sizes))  # the warm-up
     rewind(0)
     for index in range(passes):
         timings.one_pass(index)
-    result = judge(timings.samples, timings.plain, timings.cpu_share(threads))
+    result = judge(timings.samples, timings.plain, timings.cpu_share(threads), verify_curve)
     if result.problem is not None:
         for index in range(passes, passes + 2):
             timings.one_pass(index)
-        result = judge(timings.samples, timings.plain, timings.cpu_share(threads))
+        result = judge(timings.samples, timings.plain, timings.cpu_share(threads), verify_curve)
     changes = sorted(timings.changes)
     change = max(0.0, changes[len(changes) // 2]) if changes else None
     return replace(result, seconds=time.perf_counter() - started, shape_change=change)
@@ -328,7 +332,8 @@ class _Timings:
         return self.cpu / (self.wall * threads) if threads and self.wall > 0 else None
 
 
-def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None) -> Calibration:
+def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float | None = None,
+          verify_curve: bool = True) -> Calibration:
     """The curve from timed samples (each size's fastest), and whether it can be trusted. One
     token's cost is the fastest of its own samples and the plain steps': both are one-token
     decodes, and the price of a plain step is what every draft is weighed against."""
@@ -349,7 +354,7 @@ def judge(samples: dict[int, list[float]], plain: list[float], cpu_share: float 
     if plain_step is not None and one_token is not None:
         verify[1] = min(one_token, plain_step)
     # The curve as stored, one token at its price: a later run judges that one too.
-    problem = problem or curve_problem(verify)
+    problem = problem or (curve_problem(verify) if verify_curve else None)
     return Calibration(verify, plain_step, spread, problem, cpu_share=cpu_share)
 
 

@@ -106,19 +106,43 @@ def _declared_and_held(path: Path | str) -> tuple[int, bool, str]:
     return declared, any(tensor.name == probe for tensor in header.tensors), arch
 
 
-def nextn_layers(path: Path | str) -> int:
-    """How many NextN layers the GGUF at `path` holds where this llama.cpp can draft with them
-    (0: none, only declared, or no MTP graph for them: nextn_problem says), read from its
-    header without llama.cpp."""
+def sidecar_for(path: Path | str) -> Path | None:
+    """The MTP file beside a trunk-only GGUF that holds its NextN layers (None: there is none):
+    an `mtp-*.gguf` in the same folder, as llama.cpp's converter writes it and its `-hf`
+    downloads it, of the same architecture and width, holding NextN layers and no trunk block
+    (llama.cpp loads such a file "MTP-only")."""
+    path = Path(path)
     declared, held, arch = _declared_and_held(path)
+    if not declared or held:
+        return None
+    width = read_header(path).metadata.get(f"{arch}.embedding_length")
+    for candidate in sorted(path.parent.glob("mtp-*.gguf")):
+        try:
+            header = read_header(candidate)
+        except Exception:  # noqa: BLE001 - a file that is not a readable GGUF is no sidecar
+            continue
+        names = {tensor.name for tensor in header.tensors}
+        found, has, kind = _declared_and_held(candidate)
+        if (kind == arch and found == declared and has and "blk.0.attn_norm.weight" not in names
+                and header.metadata.get(f"{arch}.embedding_length") == width):
+            return candidate
+    return None
+
+
+def nextn_layers(path: Path | str) -> int:
+    """How many NextN layers the GGUF at `path` holds, or its MTP sidecar does (sidecar_for),
+    where this llama.cpp can draft with them (0: none, only declared, or no MTP graph for
+    them: nextn_problem says), read from headers without llama.cpp."""
+    declared, held, arch = _declared_and_held(path)
+    held = held or sidecar_for(path) is not None
     return declared if held and graph_problem(arch, declared) is None else 0
 
 
 def nextn_problem(path: Path | str) -> str | None:
-    """Why the NextN layers the GGUF at `path` holds cannot draft on this llama.cpp (None: it
-    holds none, or they can)."""
+    """Why the NextN layers the GGUF at `path` (or its sidecar) holds cannot draft on this
+    llama.cpp (None: it holds none, or they can)."""
     declared, held, arch = _declared_and_held(path)
-    return graph_problem(arch, declared) if held else None
+    return graph_problem(arch, declared) if held or sidecar_for(path) is not None else None
 
 
 def nextn_share(path: Path | str) -> float:
@@ -162,21 +186,36 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **mod
         raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
     check_gguf_file(Path(path))
     declared, held, arch = _declared_and_held(path)
-    if not held:
-        where = f"declares {declared} NextN (MTP) layers but holds none of their tensors" if declared else \
-            "has no NextN (MTP) layers to draft with"
-        raise MtpUnavailableError(f"{Path(path).name} {where}",
+    if not held and sidecar_for(path) is None:
+        if declared:
+            raise MtpUnavailableError(f"{Path(path).name} declares {declared} NextN (MTP) layers but holds none of "
+                                      "their tensors, and no mtp-*.gguf beside it holds them",
+                                      "put the model's MTP file (mtp-*.gguf) in the same folder, or use another --draft")
+        raise MtpUnavailableError(f"{Path(path).name} has no NextN (MTP) layers to draft with",
                                   "use a GGUF converted with its MTP layers, or another --draft")
     problem = graph_problem(arch, declared)
     if problem is not None:
         raise MtpUnavailableError(f"{Path(path).name}: {problem}", "draft with --draft ngram or a draft model")
-    target = Model(path, settings, load_mtp=True, **model_options)
+    target = Model(path, settings, load_mtp=True, **model_options)  # (trunk-only: its NextN tensors not required)
     if llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
         target.close()
         raise MtpUnavailableError(f"llama.cpp loaded no NextN layers from {Path(path).name}",
                                   "use a GGUF converted with its MTP layers, or another --draft")
     _ext.llama_set_embeddings_nextn(target.context_handle, True, False)
     return target
+
+
+def _load_sidecar(path: Path, target: Model):
+    """The MTP file's model (no context of its own: MtpHeads opens MTP contexts on it), its
+    layers where the target's are (on the GPU or not)."""
+    params = llama.llama_model_default_params()
+    params.n_gpu_layers = -1 if target.on_gpu else 0
+    params.load_mtp = True
+    model = llama.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise MtpUnavailableError(f"llama.cpp could not load the MTP file {path.name}",
+                                  "rerun with --verbose for llama.cpp's reason")
+    return model
 
 
 # The most hidden rows kept behind the target's end once every cache has read them: a catch-up
@@ -197,7 +236,14 @@ class MtpHeads:
         if reason is not None:
             raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
         self.target = target
-        self.layers = int(llama.llama_model_n_layer_nextn(target.model_handle))
+        # A trunk-only target's NextN layers come from its sidecar: a model of its own, loaded
+        # MTP-only, whose contexts read the target's (as llama.cpp's draft-mtp loads it).
+        self._sidecar = None
+        sidecar = sidecar_for(target.path)
+        if sidecar is not None:
+            self._sidecar = _load_sidecar(sidecar, target)
+        self._heads_model = self._sidecar or target.model_handle
+        self.layers = int(llama.llama_model_n_layer_nextn(self._heads_model))
         if self.layers <= 0:
             raise MtpUnavailableError(f"{target.path.name} was loaded without NextN layers",
                                       "load it with specli.llama.mtp.load_target")
@@ -223,7 +269,7 @@ class MtpHeads:
         params.n_threads = llama.llama_n_threads(self.target.context_handle)
         params.n_threads_batch = llama.llama_n_threads_batch(self.target.context_handle)
         params.no_perf = True
-        context = llama.llama_init_from_model(self.target.model_handle, params)
+        context = llama.llama_init_from_model(self._heads_model, params)
         if not context:
             self.close()
             raise MtpUnavailableError(f"llama.cpp could not create an MTP context for {self.target.path.name}",
@@ -326,6 +372,9 @@ class MtpHeads:
         for context in self._contexts:
             llama.llama_free(context)
         self._batches, self._contexts = [], []
+        if self._sidecar is not None:
+            llama.llama_model_free(self._sidecar)
+            self._sidecar = None
 
     def __del__(self) -> None:
         try:

@@ -196,12 +196,16 @@ def write_mtp_model(
     seed: int = 0,
     name: str = "specli-synthetic-mtp",
     trunk_only: bool = False,
+    sidecar: bool = False,
     workers: int = 1,
 ) -> Path:
     """Write a MiMo-2 GGUF with `spec.n_nextn` NextN blocks and a real tokenizer; return its
     path. `trunk_only`: the blocks are declared but their tensors left out, as in a GGUF whose
-    NextN layers ship in a separate MTP file. `workers` > 1: that many threads make the next
-    tensors while earlier ones are written (the same file)."""
+    NextN layers ship in a separate MTP file; `sidecar`: that file (the same header, the
+    embeddings, output head and NextN blocks, no trunk block), as llama.cpp's converter writes
+    `mtp-*.gguf` beside the trunk (the same seed gives the trunk-only file's weights).
+    `workers` > 1: that many threads make the next tensors while earlier ones are written (the
+    same file)."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
     if spec.n_embd % spec.n_head or spec.n_head % spec.n_head_kv:
@@ -213,6 +217,8 @@ def write_mtp_model(
     writer = gguf.GGUFWriter(partial, ARCH)
     _write_header(writer, spec, vocab, name)
     tensors = spec.tensors(vocab.n_tokens, nextn=not trunk_only)
+    if sidecar:
+        tensors = [(n, shape) for n, shape in tensors if not n.startswith("blk.") or int(n.split(".")[1]) >= spec.n_layer]
     for tensor_name, shape in tensors:
         item = np.dtype(np.float32) if len(shape) == 1 else matrix_dtype
         writer.add_tensor_info(tensor_name, shape, item, int(np.prod(shape)) * item.itemsize)
