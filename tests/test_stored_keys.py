@@ -88,7 +88,7 @@ def _unclocked(value: object) -> object:
     return {**value, "measured_at": "<time>"} if isinstance(value, dict) and value.get("measured_at") else value
 
 
-def _timed(decode, rewind, token, sizes, passes=3, threads=None, steady=False) -> Calibration:
+def _timed(decode, rewind, token, sizes, passes=3, threads=None, steady=False, verify_curve=True) -> Calibration:
     """A calibration as a quiet machine makes one (load here would leave nothing stored)."""
     return Calibration({size: 0.01 * (1 + 0.5 * (size - 1)) for size in sizes}, 0.01, 0.0, None)
 
