@@ -52,13 +52,18 @@ def test_exact_mtp_writes_what_exact_plain_decoding_writes(mtp_files):
     plain, _, _ = run_json(mtp_files["chained"], "--draft", "none", "--exact")
     tokens, stats, _ = run_json(mtp_files["chained"], "--draft", "mtp", "-k", "2", "--exact")
     assert texts(tokens) == texts(plain) and stats["exact"] is True
+    # Equal because drafts were verified, or because no batch above one row is exact on this
+    # build and it decoded plainly, as its stats say (the tiny MiMo on this CPU: one row, with
+    # or without its NextN layers loaded).
+    assert stats["accepted"] > 0 or (stats["proposer"] == "none" and stats["drafted"] == 0), stats
 
 
 def test_seeded_sampling_with_mtp_writes_plain_sampling_s_tokens(mtp_files):
     args = ("--temp", "0.8", "--seed", "7")
     plain, _, _ = run_json(mtp_files["chained"], "--draft", "none", *args)
-    tokens, _, _ = run_json(mtp_files["chained"], "--draft", "mtp", "-k", "2", *args)
+    tokens, stats, _ = run_json(mtp_files["chained"], "--draft", "mtp", "-k", "2", *args)
     assert texts(tokens) == texts(plain)
+    assert stats["drafted"] > 0 and stats["accepted"] > 0, "equal because drafts were verified, not skipped"
 
 
 @pytest.mark.parametrize("k", ["2", "6"])
