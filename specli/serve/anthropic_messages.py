@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import FastAPI, Request
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specli.serve.body import parse
 from specli.serve.requests import RequestError
-from specli.serve.through_chat import ThroughChat
+from specli.serve.through_chat import ThroughChat, chat_chunks
 
 ROUTE = "/v1/messages"
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # Anthropic's: chat's
@@ -208,22 +209,15 @@ class MessageEvents:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
     async def translate(self, chunks: AsyncIterator[Union[str, bytes]]) -> AsyncIterator[str]:
-        try:
-            message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                       "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
-            yield self._event("message_start", message=message)
-            async for raw in chunks:
-                text = raw.decode() if isinstance(raw, bytes) else raw
-                for line in text.split("\n"):
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        for event in self._chunk(json.loads(line[len("data: "):])):
-                            yield event
-            for event in self._end():
-                yield event
-        finally:  # a client that leaves stops the chat stream too, which cancels the generation
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()
+        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        yield self._event("message_start", message=message)
+        async with aclosing(chat_chunks(chunks)) as chat:
+            async for data in chat:
+                for event in self._chunk(data):
+                    yield event
+        for event in self._end():
+            yield event
 
     def _chunk(self, data: dict) -> list[str]:
         if "error" in data:

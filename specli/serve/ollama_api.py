@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import aclosing
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Union
 
@@ -22,7 +23,7 @@ from specli import __version__
 from specli.llama.gguf_header import read_metadata
 from specli.serve.body import parse
 from specli.serve.requests import RequestError
-from specli.serve.through_chat import ThroughChat
+from specli.serve.through_chat import ThroughChat, chat_chunks
 
 if TYPE_CHECKING:
     from specli.serve.worker import Worker
@@ -179,48 +180,39 @@ async def ndjson(chunks: AsyncIterator[Union[str, bytes]], model: str, chat: boo
     (with its provenance), a call whole once its arguments are, then the counts."""
     calls: dict[int, dict] = {}
     usage = timings = finish = None
-    try:
-        async for raw in chunks:
-            text = raw.decode() if isinstance(raw, bytes) else raw
-            for line in text.split("\n"):
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[len("data: "):])
-                if "error" in data:
-                    yield json.dumps({"error": data["error"].get("message", "")}) + "\n"
-                    return
-                if data.get("usage"):
-                    usage, timings = data["usage"], data.get("timings")
-                for choice in data.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    piece = delta.get("content") if chat else choice.get("text")
-                    for call in delta.get("tool_calls") or []:
-                        kept = calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
-                        function = call.get("function") or {}
-                        kept["function"]["name"] += function.get("name") or ""
-                        kept["function"]["arguments"] += function.get("arguments") or ""
-                    finish = choice.get("finish_reason") or finish
-                    if piece:
-                        out: dict[str, Any] = {"model": model, "created_at": _now(), "done": False,
-                                               "source": choice.get("source"), "proposer": choice.get("proposer")}
-                        if as_chat:
-                            out["message"] = {"role": "assistant", "content": piece}
-                        else:
-                            out["response"] = piece
-                        yield json.dumps(out, ensure_ascii=False) + "\n"
-        last: dict[str, Any] = {"model": model, "created_at": _now()}
-        if as_chat:
-            last["message"] = {"role": "assistant", "content": ""}
-            if calls:
-                last["message"]["tool_calls"] = _calls([calls[index] for index in sorted(calls)])
-        else:
-            last["response"] = ""
-        last.update(_counts(usage, timings, started, finish))
-        yield json.dumps(last) + "\n"
-    finally:  # a client that leaves stops the chat stream too, which cancels the generation
-        close = getattr(chunks, "aclose", None)
-        if close is not None:
-            await close()
+    async with aclosing(chat_chunks(chunks)) as chat_stream:
+        async for data in chat_stream:
+            if "error" in data:
+                yield json.dumps({"error": data["error"].get("message", "")}) + "\n"
+                return
+            if data.get("usage"):
+                usage, timings = data["usage"], data.get("timings")
+            for choice in data.get("choices") or []:
+                delta = choice.get("delta") or {}
+                piece = delta.get("content") if chat else choice.get("text")
+                for call in delta.get("tool_calls") or []:
+                    kept = calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
+                    function = call.get("function") or {}
+                    kept["function"]["name"] += function.get("name") or ""
+                    kept["function"]["arguments"] += function.get("arguments") or ""
+                finish = choice.get("finish_reason") or finish
+                if piece:
+                    out: dict[str, Any] = {"model": model, "created_at": _now(), "done": False,
+                                           "source": choice.get("source"), "proposer": choice.get("proposer")}
+                    if as_chat:
+                        out["message"] = {"role": "assistant", "content": piece}
+                    else:
+                        out["response"] = piece
+                    yield json.dumps(out, ensure_ascii=False) + "\n"
+    last: dict[str, Any] = {"model": model, "created_at": _now()}
+    if as_chat:
+        last["message"] = {"role": "assistant", "content": ""}
+        if calls:
+            last["message"]["tool_calls"] = _calls([calls[index] for index in sorted(calls)])
+    else:
+        last["response"] = ""
+    last.update(_counts(usage, timings, started, finish))
+    yield json.dumps(last) + "\n"
 
 
 def _card(worker: Worker, name: str) -> dict:

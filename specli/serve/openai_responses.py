@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from contextlib import aclosing
 import threading
 import time
 from collections import OrderedDict
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specli.serve.body import parse
 from specli.serve.requests import RequestError
-from specli.serve.through_chat import ThroughChat
+from specli.serve.through_chat import ThroughChat, chat_chunks
 
 RESPONSES_KEPT = 256  # responses whose conversation previous_response_id may continue
 # Fields the Responses API has that change nothing here (bookkeeping, hints, what to include).
@@ -302,22 +303,14 @@ class EventTranslator:
                 self._event("response.in_progress", response=self._response("in_progress"))]
 
     async def translate(self, chunks: AsyncIterator[Union[str, bytes]]) -> AsyncIterator[str]:
-        try:
-            for line in self.start():
-                yield line
-            async for raw in chunks:
-                text = raw.decode() if isinstance(raw, bytes) else raw
-                for line in text.split("\n"):
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    for event in self._chunk(json.loads(line[len("data: "):])):
-                        yield event
-            for event in self._end():
-                yield event
-        finally:  # a client that leaves stops the chat stream too, which cancels the generation
-            close = getattr(chunks, "aclose", None)
-            if close is not None:
-                await close()
+        for line in self.start():
+            yield line
+        async with aclosing(chat_chunks(chunks)) as chat:
+            async for data in chat:
+                for event in self._chunk(data):
+                    yield event
+        for event in self._end():
+            yield event
 
     def _chunk(self, data: dict) -> list[str]:
         if "error" in data:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
-from typing import IO, TYPE_CHECKING, Callable
+from typing import IO, TYPE_CHECKING, AsyncIterator, Callable, Union
 
 from fastapi import Request
 
@@ -38,3 +38,19 @@ class ThroughChat:
         # (a client that retries the same body keeps its place: keyed by the dialect's own body)
         asked = replace(asked, key=hashlib.sha256(raw).hexdigest())
         return await Answerer(worker, self.info.name, self.log)(asked, request)
+
+
+async def chat_chunks(stream: AsyncIterator[Union[str, bytes]]) -> AsyncIterator[dict]:
+    """The chat stream's chunks (its `data: {...}` lines, as serve/sse.py writes them) as dicts,
+    [DONE] left out. Closed (a client that left), it closes the chat stream, which cancels the
+    generation: read it inside `contextlib.aclosing`."""
+    try:
+        async for raw in stream:
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            for line in text.split("\n"):
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield json.loads(line[len("data: "):])
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
