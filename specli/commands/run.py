@@ -113,8 +113,9 @@ def _batch(ctx: typer.Context, path: Path, parallel: int | None, *, given: tuple
     lines = read_lines(path, sys.stdin)
     models = opt.models(ctx.params)
     notice = notifier(sys.stderr, quiet=ctx.params.get("quiet", False))
-    alone = opt.drafting_alone(opt.session_spec(models, ctx.params))
-    parallel = parallel or opt.default_parallel(opt.session_spec(models, ctx.params))
+    asked = opt.session_spec(models, ctx.params)
+    alone = opt.drafting_alone(asked)
+    parallel = parallel or opt.default_parallel(asked)
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notice)
     spec = opt.session_spec(models, {**ctx.params, "parallel": parallel})
