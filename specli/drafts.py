@@ -16,7 +16,8 @@ A record says:
 - its cost path (`cost_key`: where its measurements are stored; `drafter`: the model that
   drafts, as specli/pricing/ times and stores it; None: the target's costs alone price it);
 - how --draft auto weighs it (`choose`, tried in AUTO's order), and what of the target's own
-  it drafts with (`own`: `specli drafts` lists and measures it beside the draft models).
+  it drafts with (`own`: `specli drafts` lists and measures it beside the draft models);
+- whether it drafts after a prompt's images (`after_images`).
 
 Adding a kind: its proposer (decode/), what it loads (llama/), its record (`register`, here
 or from its own module); nothing else names it. Only `Session.engine_for` calls `build`.
@@ -83,6 +84,9 @@ class Kind:
     own: Callable[[Path], int] | None = None
     own_field: str = "layers"
     order: tuple[str, ...] = field(default=())  # auto only: the kinds it tries, in turn
+    # It drafts from a prompt's text around its images (decode/media.py). False: its proposer
+    # reads the target's own state by position, so such a prompt drafts with n-gram lookup.
+    after_images: bool = True
 
     @property
     def drafts(self) -> bool:
@@ -219,7 +223,7 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            declined=lambda spec: mtp.nextn_problem(spec.target) if spec.target.is_file() else None,
            cost_key=lambda key, draft, load: key.beside(f"mtp-v{MTP_COSTS_VERSION}"),
            drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
-           choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers")
+           choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers", after_images=False)
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
             "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,
                                                                           DraftKind.NGRAM))
@@ -239,6 +243,12 @@ def register(kind: Kind) -> Kind:
     """Declare a draft kind (or replace one of the same name)."""
     KINDS[kind.name] = kind
     return kind
+
+
+def after_images(kind: Kind) -> Kind:
+    """The kind that drafts for a prompt with images where `kind` is asked for: itself, or
+    n-gram lookup where it cannot draft after them."""
+    return kind if kind.after_images or not kind.drafts else NGRAM
 
 
 def get(name: str) -> Kind:

@@ -11,6 +11,7 @@ from specli.llama.template import apply_chat_template, check_jinja_template
 
 if TYPE_CHECKING:
     from specli.llama.backend import Model
+    from specli.llama.vision import Image, Images, Projector
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None, stdin: IO[str]) -> str:
@@ -114,6 +115,31 @@ def prompt_tokens(model: Model, prompt: str, *, system: str | None = None, chat:
         return model.tokenize(prompt, add_special=True, parse_special=False)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return chat_tokens(model, messages)
+
+
+def prompt_with_images(projector: Projector, model: Model, prompt: str, images: list[Image], *,
+                       system: str | None = None, chat: bool | None = None) -> tuple[list[int], Images]:
+    """As prompt_tokens, with images: each goes where the prompt has the marker (MARKER),
+    the rest before the prompt's text (inside the user's turn, through a chat template). The
+    tokens hold a placeholder at each image position (specli.decode.media)."""
+    from specli.llama.vision import MARKER
+
+    if chat is None:
+        chat = model.chat_template() is not None
+    text = MARKER * max(0, len(images) - prompt.count(MARKER)) + prompt
+    if not chat:
+        if system:
+            raise PromptError("--system needs a chat template", "drop --no-chat, or put the instructions in the prompt")
+        return projector.prompt(text, images, add_special=True, parse_special=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return projector.prompt(apply_chat_template(model, messages), images, add_special=True, parse_special=True)
+
+
+def chat_with_images(projector: Projector, model: Model, messages: list[dict[str, Any]], images: list[Image],
+                     tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> tuple[list[int], Images]:
+    """As chat_tokens, for messages whose text holds an image marker where each image goes."""
+    text = apply_chat_template(model, messages, tools, variables)
+    return projector.prompt(text, images, add_special=True, parse_special=True)
 
 
 def chat_tokens(model: Model, messages: list[dict[str, Any]], tools: list[dict] | None = None,

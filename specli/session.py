@@ -10,6 +10,7 @@ draft kind's record), the draft-length policy and the engine that run it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -27,7 +28,7 @@ from specli.decode.request import AUTO, GenerationRequest
 from specli.decode.shapes import GPU_SIZES
 from specli.decode.slots import Slot, open_slots
 from specli.errors import UsageError
-from specli.llama import mtp
+from specli.llama import mtp, vision
 from specli.llama.backend import LoadSettings, Model
 from specli.pricing import Pricing, exact_caps
 
@@ -51,6 +52,7 @@ class SessionSpec:
     # The draft kinds whose own things the session opens (specli/drafts.py: "mtp", the target's
     # NextN layers), besides the draft model, which draft_model names.
     loads: tuple[str, ...] = ()
+    projector: Path | None = None  # --mmproj: what the target's prompts' images become (specli.llama.vision)
 
 
 class Session:
@@ -58,9 +60,12 @@ class Session:
     target's NextN layers), reusable across generations."""
 
     def __init__(self, spec: SessionSpec, target: Model, loaded: dict[str, Any] | None = None, *,
-                 exact_cap: BatchCap | None = None, notice: Callable[[str], None] | None = None) -> None:
+                 exact_cap: BatchCap | None = None, notice: Callable[[str], None] | None = None,
+                 projector: vision.Projector | None = None) -> None:
         self.spec = spec
         self.target = target
+        self.projector = projector  # where the target takes images (spec.projector)
+        self._notice = notice
         self.loaded = dict(loaded or {})  # by draft kind: what it drafts with (specli/drafts.py)
         self.pricing = Pricing(spec, target, self._drafters(), notice=notice)
         self._exact_cap = exact_cap  # measured at load with spec.exact, else by `exact()` when first asked
@@ -81,15 +86,21 @@ class Session:
         return self._exact_cap
 
     def engine_for(self, request: GenerationRequest, *, memory: TokenIndex | None = None,
-                   slot: Slot | None = None) -> Engine:
+                   slot: Slot | None = None, images: bool = False) -> Engine:
         """The engine that runs `request` on the loaded models: its proposer (through its draft
         kind's record) and draft-length policy are built here and nowhere else. `memory`:
         recent outputs for lookup to search (the server's); `slot`: the target's sequence it
         runs in, beside others (run it inside `slot.running()`). What the target's (or the
         slot's) and the draft model's caches hold is kept across engines, so a request that
-        shares a prefix with the one before decodes only the rest."""
+        shares a prefix with the one before decodes only the rest. `images`: its prompt has
+        some (a kind that cannot draft after them gives way to n-gram lookup, saying so)."""
         request = request.seeded()
         kind = drafts.get(request.draft)
+        if images and drafts.after_images(kind) is not kind:
+            if self._notice is not None:
+                self._notice(f"{kind.name} cannot draft after an image (it reads the target's state by position): "
+                             f"drafting with {drafts.after_images(kind).name}")
+            kind = drafts.after_images(kind)
         matcher = Matcher(self.vocabulary(), request.constraint) if request.constraint is not None else None
         proposer = self._proposer(request, kind, memory, matcher, slot)
         policy = self._policy(request, kind, proposer, slot)
@@ -179,6 +190,8 @@ class Session:
     def close(self) -> None:
         if self.slots:
             self.slots[0].steps.close()
+        if self.projector is not None:
+            self.projector.close()
         for thing in reversed(self.loaded.values()):  # the NextN layers before the target they read
             thing.close()
         self.target.close()
@@ -203,6 +216,7 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     load = next((kind.target_loader for kind in wanted if kind.target_loader is not None), mtp.load_model)
     target = load(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
     loaded: dict[str, Any] = {}
+    projector = None
     try:
         if target.sequences > 1 and target.recurrent:
             raise UsageError(f"{spec.target.name} has recurrent layers: specli runs it one sequence at a time",
@@ -211,13 +225,18 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
             for kind in wanted:
                 assert kind.load is not None
                 loaded[kind.name] = kind.load(spec, target, notice)
-        session = Session(spec, target, loaded, exact_cap=exact_cap, notice=notice)
+        if spec.projector is not None:
+            projector = vision.Projector(spec.projector, target, threads=spec.target_load.threads or os.cpu_count() or 1,
+                                         gpu=spec.target_load.gpu_layers != 0 and target.on_gpu, verbose=spec.verbose)
+        session = Session(spec, target, loaded, exact_cap=exact_cap, notice=notice, projector=projector)
         _warm_up(target, loaded.values())
         if session.slots:  # read (or measured) now: a calibration decodes sequence 0, which a slot runs in
             session.pricing.costs()
             for name in loaded:  # and each drafter's, with the target's
                 session.pricing.costs(kind=name if drafts.KINDS[name].drafter is not None else None)
     except BaseException:
+        if projector is not None:
+            projector.close()
         for thing in reversed(loaded.values()):
             thing.close()
         target.close()

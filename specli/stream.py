@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 from specli.decode.engine import Engine
 from specli.decode.events import Finished, Stats, StepRecord, Token
+from specli.decode.media import PromptMedia
 from specli.decode.logprobs import TokenLogprob
 from specli.llama import backend, rpc
 
@@ -49,12 +50,12 @@ class Outcome:
 
 
 def stream(engine: Engine, prompt: list[int], sink: Sink, *,
-           cancelled: Callable[[], bool] | None = None) -> Outcome:
-    """Generate from `prompt`, handing every event to `sink`. `cancelled` is asked after each
-    step: True ends the generation there (finish_reason "cancelled"). Ctrl-C ends it too
-    ("interrupted"); the caller decides the exit code. The prompt is checked against the
-    context here, once, before the sink hears anything."""
-    events = engine.generate(prompt)
+           cancelled: Callable[[], bool] | None = None, media: PromptMedia | None = None) -> Outcome:
+    """Generate from `prompt` (with its images: `media`), handing every event to `sink`.
+    `cancelled` is asked after each step: True ends the generation there (finish_reason
+    "cancelled"). Ctrl-C ends it too ("interrupted"); the caller decides the exit code. The
+    prompt is checked against the context here, once, before the sink hears anything."""
+    events = engine.generate(prompt, media)
     outcome = Outcome(engine.stats)
     graphs = backend.cuda_graph_events()
     pieces: list[tuple[str, str, str]] = []  # (text, source, proposer) of every token that released text

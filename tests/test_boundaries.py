@@ -78,8 +78,12 @@ def test_no_import_cycle_in_specli():
     assert cycle(graph) == []
 
 
-def test_only_backend_and_the_mtp_binding_import_llama_cpp():
-    assert importers("llama_cpp") == {"llama/backend.py", "llama/mtp.py"}
+def test_only_backend_and_the_mtp_and_mtmd_bindings_import_llama_cpp():
+    assert importers("llama_cpp") == {"llama/backend.py", "llama/mtp.py", "llama/vision.py"}
+
+
+def test_only_the_vision_module_imports_mtmd():
+    assert importers("llama_cpp.mtmd_cpp") == {"llama/vision.py"}
 
 
 def test_only_the_constraint_module_imports_llguidance():

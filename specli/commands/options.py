@@ -123,6 +123,8 @@ JsonSchema = Annotated[Optional[str], typer.Option("-j", "--json-schema", metava
 JsonSchemaFile = Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", metavar="FILE",
                                                         rich_help_panel=FORMAT,
                                                         help="Read the JSON schema from this file.")]
+Mmproj = Annotated[Optional[Path], typer.Option("--mmproj", metavar="FILE", rich_help_panel=FORMAT,
+                                              help="Image projector (default: beside it).")]
 # --- Output ----------------------------------------------------------------------
 Verbose = Annotated[bool, typer.Option("--verbose", rich_help_panel=OUTPUT, help="Show llama.cpp's log.")]
 # --- Hardware --------------------------------------------------------------------
@@ -158,6 +160,7 @@ def _group(**options: tuple[Any, Any]) -> tuple[inspect.Parameter, ...]:
 # hardware and sampling find them by name.
 MODELS = _group(model=(Pair, None), target=(Target, None), draft=(Draft, None))
 TEMPLATE_OPTIONS = _group(chat_template_file=(ChatTemplateFile, None))
+VISION_OPTIONS = _group(mmproj=(Mmproj, None))
 DRAFTING_OPTIONS = _group(draft_tokens=(DraftTokensOption, None), draft_min_p=(DraftMinP, 0.0), exact=(Exact, False),
                           no_ngram=(NoLookup, False))
 SAMPLING_OPTIONS = _group(temperature=(Temperature, 0.0), top_k=(TopK, DEFAULT_TOP_K), top_p=(TopP, DEFAULT_TOP_P),
@@ -270,7 +273,27 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         verbose=params.get("verbose", False),
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
         loads=(models.draft,),
+        projector=params.get("mmproj"),
     )
+
+
+def with_projector(spec: SessionSpec, *, needed: bool, notice: Callable[[str], None] | None = None) -> SessionSpec:
+    """The spec with its projector: --mmproj, else the one beside the target (llama.cpp's
+    mmproj-*.gguf): where images are `needed` (a target with none refuses them in one line),
+    or, with a `notice` (serve), wherever there is one, said in one line."""
+    from specli.llama import vision
+
+    if spec.projector is not None or not (needed or notice):
+        return spec
+    found = vision.find_projector(spec.target) if spec.target.is_file() else None
+    if found is not None and notice is not None:
+        notice(f"images: reading them with {found.name}, found beside {spec.target.name} (--mmproj to choose)")
+    if found is None and not needed:
+        return spec
+    if found is None:
+        raise UsageError(f"{spec.target.name} has no projector to read images with (no mmproj-*.gguf beside it)",
+                         "give --mmproj FILE, the projector made for this model")
+    return replace(spec, projector=found)
 
 
 def default_parallel(spec: SessionSpec, *, alone: bool = False) -> int:

@@ -19,7 +19,8 @@ from specli.decode.engine import Engine, check_prompt_fits
 from specli.decode.proposers import NoProposer
 from specli.decode.request import GenerationRequest
 from specli.errors import UsageError
-from specli.prompt import prompt_tokens, read_prediction, read_prompt
+from specli.llama.vision import Image, read_image_file
+from specli.prompt import prompt_tokens, prompt_with_images, read_prediction, read_prompt
 from specli.render import JsonRenderer, Output, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
@@ -39,12 +40,13 @@ class Prompt:
     text: str
     system: str | None = None
     chat: bool | None = None  # None: when the target has a chat template
+    images: tuple[Image, ...] = ()  # --image: read and checked before any model loads
 
 
 @app.command("run", cls=Command)
 @app.command("chat", cls=Command, help="Chat with the target, turn by turn: the same options as run, and no prompt.")
-@opt.with_options(opt.MODELS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.TEMPLATE_OPTIONS, opt.CONSTRAINT_OPTIONS,
-                  opt.HARDWARE_OPTIONS)
+@opt.with_options(opt.MODELS, opt.DRAFTING_OPTIONS, opt.SAMPLING_OPTIONS, opt.TEMPLATE_OPTIONS, opt.VISION_OPTIONS,
+                  opt.CONSTRAINT_OPTIONS, opt.HARDWARE_OPTIONS)
 def run(
     ctx: typer.Context,
     prompt: Annotated[
@@ -57,6 +59,7 @@ def run(
     file: Annotated[Optional[Path], typer.Option("-f", "--file", metavar="PATH", rich_help_panel=opt.MODEL, help="Read the prompt from this file.")] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", rich_help_panel=opt.MODEL, help="Use the target's chat template (default: if it has one).")] = None,
     system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", rich_help_panel=opt.MODEL, help="System message for chat models.")] = None,
+    image: Annotated[Optional[list[Path]], typer.Option("--image", metavar="FILE", rich_help_panel=opt.FORMAT, help="An image for the prompt (repeatable).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", "--n-predict", metavar="N", callback=opt.positive, rich_help_panel=opt.SAMPLING, help="Tokens to write (default 256; a chat: no limit).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", rich_help_panel=opt.SAMPLING, help="Stop at this text (repeatable).")] = None,
     color: Annotated[ColorMode, typer.Option("--color", metavar="WHEN", rich_help_panel=opt.OUTPUT, help="auto, always or never.")] = ColorMode.auto,
@@ -74,17 +77,20 @@ def run(
             raise UsageError("give the prompt either as an argument or with -p, not both")
         prompt = prompt_option
     if batch is not None:
-        raise typer.Exit(_batch(ctx, batch, parallel, given=(prompt, file, prediction)))
+        raise typer.Exit(_batch(ctx, batch, parallel, given=(prompt, file, prediction, image)))
     if parallel is not None:
         raise UsageError("--parallel goes with --batch FILE (or specli serve)")
     conversation = ctx.info_name == "chat" or (prompt is None and file is None and sys.stdin.isatty())
     if conversation and json_output:
         raise UsageError("--json needs a prompt: a chat is for people", 'specli run --json "prompt"')
     text = None if conversation else read_prompt(prompt, file, sys.stdin)
+    images = tuple(read_image_file(path) for path in image or ())
+    if images and conversation:
+        raise UsageError("--image needs a prompt; in a chat, attach one to a turn with /image FILE")
     if prediction is not None and conversation:
         raise UsageError("--prediction needs a prompt: it is what one answer should repeat")
     models = opt.models(ctx.params)
-    spec = opt.session_spec(models, ctx.params)
+    spec = opt.with_projector(opt.session_spec(models, ctx.params), needed=bool(images))
     request = opt.generation_request(models, ctx.params,
                                      max_tokens=max_tokens or (opt.NO_LIMIT if conversation else opt.DEFAULT_MAX_TOKENS))
     if prediction is not None:
@@ -99,7 +105,7 @@ def run(
 
         code = converse(spec, request, output, system)
     else:
-        code = execute(spec, Prompt(text, system, chat), request, output)
+        code = execute(spec, Prompt(text, system, chat, images), request, output)
     raise typer.Exit(code)
 
 
@@ -142,18 +148,25 @@ def execute(spec: SessionSpec, prompt: Prompt, request: GenerationRequest, outpu
     stderr = stderr or sys.stderr
     notice = notifier(stderr, quiet=output.quiet or output.json)
     with open_session(spec, notice) as session:
-        tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
-        check_prompt_fits(len(tokens), session.target.n_ctx)  # before engine_for, which may measure costs
+        media = None
+        if prompt.images:
+            assert session.projector is not None
+            tokens, media = prompt_with_images(session.projector, session.target, prompt.text, list(prompt.images),
+                                               system=prompt.system, chat=prompt.chat)
+        else:
+            tokens = prompt_tokens(session.target, prompt.text, system=prompt.system, chat=prompt.chat)
+        # before engine_for, which may measure costs
+        check_prompt_fits(max(len(tokens), media.cells if media is not None else 0), session.target.n_ctx)
         reason = session.plain_reason(request)
         if reason is not None:
             notice(reason)
-        engine = session.engine_for(request)
+        engine = session.engine_for(request, images=media is not None)
         if output.json:
             sink = JsonRenderer(stdout, metadata(session, engine))
         else:
             sink = TextRenderer(stdout, stderr, colour=use_colour(output.colour, stdout), quiet=output.quiet)
         try:
-            outcome = stream(engine, tokens, sink)
+            outcome = stream(engine, tokens, sink, media=media)
         except BrokenPipeError:  # the reader went away (`| head`): a success
             _silence_stdout()
             return EXIT_OK

@@ -32,6 +32,7 @@ from specli.decode.constraint import Matcher
 from specli.decode.events import Event, Finished, Source, Stats, StepRecord, Token
 from specli.decode.exact import BatchCap
 from specli.decode.logprobs import TokenLogprob, token_logprob
+from specli.decode.media import PromptMedia, text_only
 from specli.decode.policy import MAX_DRAFT, DraftPolicy
 from specli.decode.proposers import NoProposer, Proposer
 from specli.decode.request import GenerationRequest
@@ -144,18 +145,19 @@ class Engine:
         self.stats = self._fresh_stats()
         self._step_ended: float | None = None  # when the previous step's logits were read
 
-    def generate(self, prompt: list[int]) -> Iterator[Event]:
+    def generate(self, prompt: list[int], media: PromptMedia | None = None) -> Iterator[Event]:
         """Token events as text is committed, a StepRecord after each step's tokens, then
-        Finished. The prompt is checked against the context now, before any event."""
+        Finished. The prompt is checked against the context now, before any event. `media`:
+        the prompt's images, whose positions hold placeholders in `prompt` (decode/media.py)."""
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
-        check_prompt_fits(len(prompt), self.target.n_ctx)
+        check_prompt_fits(len(prompt) if media is None else max(len(prompt), media.cells), self.target.n_ctx)
         self.stats = self._fresh_stats()
         if self.matcher is not None:
             self.matcher.reset()
-        return self._generate(prompt)
+        return self._generate(prompt, media)
 
-    def _prefill(self, prompt: list[int]) -> tuple[int | None, TokenLogprob | None]:
+    def _prefill(self, prompt: list[int], media: PromptMedia | None) -> tuple[int | None, TokenLogprob | None]:
         """Bring the target's cache to the prompt and choose the first token from its last row
         (None: a request for no tokens), with its logprob where the request asks for them.
 
@@ -173,7 +175,10 @@ class Engine:
         again = (request.max_tokens > 0 and cached == len(prompt) and cache.prompt == prompt
                  and cache.prompt_on_device == self._on_device)
         keep = len(prompt) if again else min(cached, len(prompt) - 1)
+        if media is not None:
+            keep = media.start_of(keep)  # an image is decoded whole
         target.rewind(keep)
+        keep = min(keep, target.n_past)  # (a recurrent target that held an image there: nothing)
         self.stats.prompt_cached = keep
         cache.tokens = []
         if request.max_tokens <= 0:
@@ -181,6 +186,9 @@ class Engine:
             return None, None
         if again:
             row = cache.prompt_row
+        elif media is not None:
+            row = np.array(media.decode(target, prompt, keep))
+            row = int(np.argmax(row)) if self._on_device else row  # (the device's argmax is the host's)
         elif self._on_device:
             row = int(target.decode_argmax(prompt[keep:])[0])
         else:
@@ -200,17 +208,25 @@ class Engine:
     def _fresh_stats(self) -> Stats:
         return Stats(proposer=self.proposer.name, translated=self.proposer.translated, draft_model=self.draft_model)
 
-    def _generate(self, prompt: list[int]) -> Iterator[Event]:
+    def _generate(self, prompt: list[int], media: PromptMedia | None) -> Iterator[Event]:
         target, stats = self.target, self.stats
         stats.prompt_tokens = len(prompt)
         started = time.perf_counter()
         self._step_ended = None
-        first, score = self._prefill(prompt)
-        self.proposer.prepare(prompt)
-        stats.prefill_seconds = time.perf_counter() - started
+        encoded = media.encode_seconds if media is not None else 0.0
+        first, score = self._prefill(prompt, media)
+        # What proposers read: the text, images left out (the same list where there are none).
+        tokens = list(prompt)  # the committed sequence: prompt + output
+        seen = tokens if media is None else text_only(prompt)
+        self.proposer.prepare(seen)
+        if media is not None:
+            stats.images = len(set(token for token in prompt if token < 0))
+            stats.encode_seconds = media.encode_seconds - encoded
+        stats.prefill_seconds = time.perf_counter() - started - stats.encode_seconds
+        # KV cells the prompt takes beyond its positions (an M-RoPE image's embeddings).
+        extra = max(0, media.cells - len(prompt)) if media is not None else 0
 
         text = TextStream(self.request.stop)
-        tokens = list(prompt)  # the committed sequence: prompt + output
         started = time.perf_counter()
         reason = "length"
         step: StepRecord | None = None
@@ -225,6 +241,8 @@ class Engine:
                 forced = step.forced if step else 0
                 for i, (token, source, score) in enumerate(zip(committed, sources, scores)):
                     tokens.append(token)
+                    if seen is not tokens:
+                        seen.append(token)
                     if target.is_end_of_generation(token):
                         reason = "eog"
                         break
@@ -242,11 +260,11 @@ class Engine:
                 if reason:
                     break
                 remaining = self.request.max_tokens - stats.tokens
-                room = target.n_ctx - target.n_past - 1  # positions left after committed[-1]
+                room = target.n_ctx - target.n_past - 1 - extra  # positions left after committed[-1]
                 if remaining <= 0 or room < 0:
                     reason = "length" if remaining <= 0 else "context"
                     break
-                committed, sources, scores, step = self._step(tokens, committed[-1], min(remaining - 1, room))
+                committed, sources, scores, step = self._step(tokens, seen, committed[-1], min(remaining - 1, room))
             tail = text.flush()
             if tail:
                 yield Token(-1, tail, "target")  # held-back text with no token of its own
@@ -259,13 +277,14 @@ class Engine:
         stats.finish_reason = reason
         yield Finished(reason, stats)
 
-    def _step(self, tokens: list[int], last: int,
+    def _step(self, tokens: list[int], seen: list[int], last: int,
               room: int) -> tuple[list[int], list[Source], list[TokenLogprob | None], StepRecord]:
-        """Propose, verify, accept, rewind: one target decode. Returns the committed tokens,
-        who wrote each, and their logprobs (None each, where the request asks for none)."""
+        """Propose (from `seen`, the text of `tokens`), verify, accept, rewind: one target
+        decode. Returns the committed tokens, who wrote each, and their logprobs (None each,
+        where the request asks for none)."""
         target = self.target
         t0 = time.perf_counter()
-        batch = self.batcher.next(tokens, last, room)
+        batch = self.batcher.next(seen, last, room)
         forced, draft, padding, proposal = batch.forced, batch.draft, batch.padding, batch.proposal
         t1 = time.perf_counter()
         rows = self._decode(batch)

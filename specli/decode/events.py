@@ -78,7 +78,9 @@ class Stats:
     accepted: int = 0
     forced: int = 0  # tokens the constraint forced (proposer "grammar"), apart from drafted
     rows_read: int = 0
-    prefill_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt's decode (its images' embeddings too), less encode_seconds
+    images: int = 0  # images in the prompt
+    encode_seconds: float = 0.0  # encoding the prompt's images (the projector), apart from prefill_seconds
     seconds: float = 0.0  # generation time after the prompt's decode
     draft_seconds: float = 0.0
     draft_decode_seconds: float = 0.0  # of draft_seconds, the draft model's decodes
@@ -129,7 +131,7 @@ class Stats:
                     draft_model=runs[0].draft_model if runs else "")
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
-                         "prefill_seconds", "seconds", "draft_seconds", "draft_decode_seconds", "verify_seconds",
+                         "prefill_seconds", "images", "encode_seconds", "seconds", "draft_seconds", "draft_decode_seconds", "verify_seconds",
                          "read_seconds", "batch_changes"):
                 setattr(total, name, getattr(total, name) + getattr(run, name))
             for name in ("draft_lengths", "accept_lengths"):

@@ -76,6 +76,7 @@ class SamplingSettings:
             return row
         out = np.array(row, dtype=np.float32, copy=True)
         recent = np.unique(np.asarray(context[-self.repeat_last_n :] if self.repeat_last_n > 0 else [], dtype=np.int64))
+        recent = recent[recent >= 0]  # an image's positions (decode/media.py) are no tokens
         if self.repeat_penalty != 1.0 and recent.size:
             values = out[recent]
             out[recent] = np.where(values > 0, values / self.repeat_penalty, values * self.repeat_penalty)

@@ -276,6 +276,14 @@ class Slot:
         self.exclusive = False
         self.steps.stop(self.sequence)
 
+    def took(self, first: int, positions: int) -> None:
+        """Count positions another binding decoded into this sequence (an image's, while this
+        slot runs alone: specli.llama.vision)."""
+        if first != self.n_past or not self.exclusive:
+            raise ValueError(f"sequence {self.sequence}: positions decoded at {first} beside others or not at "
+                             f"n_past ({self.n_past})")
+        self.n_past += positions
+
     def decode(self, tokens: list[int], *, all_logits: bool = False,
                outputs: Sequence[bool] | None = None) -> np.ndarray:
         """As the one-sequence Model.decode: rows for every token (all_logits), the flagged

@@ -54,6 +54,12 @@ _SILENT_LOG = llama.llama_log_callback(_silent_log)
 _backend_ready = False
 
 
+def log_callback(verbose: bool):
+    """The log callback for llama.cpp's other libraries (mtmd): llama.cpp's own logger
+    (stderr) when verbose, else silent."""
+    return llama.llama_log_callback() if verbose else _SILENT_LOG
+
+
 def init_backend(verbose: bool | None = None) -> None:
     """Start llama.cpp once per process; its log lines go to stderr only when verbose (None:
     as they went before, silent at first)."""
@@ -505,6 +511,21 @@ class Model(_Vocabulary):
                 self._reach = min(self.snapshots, n - 1)
         self._last_batch = (chunk, all_rows)
 
+    def took(self, first: int, positions: int) -> None:
+        """Count positions [first, first + positions) that another binding decoded into
+        sequence 0 after n_past (specli.llama.vision: an image's embeddings). A recurrent model
+        holds them as positions a rewind cannot decode again (rewind then empties the cache)."""
+        if first != self.n_past:
+            raise ValueError(f"positions decoded at {first}, not at n_past ({self.n_past})")
+        self.n_past += positions
+        if self.recurrent:
+            self._record.extend([-1] * positions)
+            self._reach = 0
+
+    def detach_sampler(self) -> None:
+        """Let the next decode's logits come to the host (before another binding decodes)."""
+        self._sample_on_device("")
+
     def decode_sequences(self, parts: Sequence[tuple[int, int, list[int], Sequence[bool]]]) -> list[np.ndarray]:
         """One llama_decode of several sequences' rows: each part is (sequence, its first
         position, its tokens, which of them want a logits row), at most batch_size rows in
@@ -646,11 +667,12 @@ class Model(_Vocabulary):
         n_keep - 1, which exists only within the last decode's batch, for its last
         `snapshots` tokens but its last one, and once: a rewind further than that (a cached
         prompt's prefix, a batch decoded again) empties the cache and decodes the kept
-        tokens again."""
+        tokens again; where they hold an image, it leaves the cache empty (n_past 0)."""
         if self.recurrent and 0 < n_keep < self.n_past and self.n_past - n_keep > self._reach:
             kept = self._record[:n_keep]
             self.rewind(0)
-            self._decode(kept, False)
+            if min(kept) >= 0:  # (an image's positions are not decoded again: n_past stays 0)
+                self._decode(kept, False)
             return
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             # Sliding-window caches keep n_swa + n_ubatch cells, enough for any rollback of a

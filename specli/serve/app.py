@@ -158,6 +158,7 @@ def _models(worker: Worker, info: ServerInfo) -> ModelList:
     target = worker.session.target
     card = ModelCard(id=info.name, created=info.started, target=info.target, draft=info.draft,
                      chat=target.chat_template() is not None, drafts=offered, proposers=drafts.labels(),
+                     capabilities=["completion"] + (["multimodal"] if worker.session.projector is not None else []),
                      meta=ModelMeta(n_ctx=target.n_ctx, n_vocab=target.n_vocab, slots=worker.parallel))
     return ModelList(data=[card])
 

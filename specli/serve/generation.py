@@ -8,6 +8,8 @@ naming the field, ToolsUnsupported, a ContextLengthError or a PromptError.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -16,8 +18,9 @@ from specli.decode.constraint import Constraint
 from specli.decode.constraint_sources import ConstraintSource, SourceKind
 from specli.decode.engine import check_prompt_fits
 from specli.decode.request import GenerationRequest
-from specli.prompt import chat_tokens, prompt_tokens
-from specli.serve.requests import ChatRequest, CompletionRequest, RequestError, for_field
+from specli.llama import vision
+from specli.prompt import chat_tokens, chat_with_images, prompt_tokens
+from specli.serve.requests import ChatRequest, CompletionRequest, ImageRefs, RequestError, for_field
 from specli.serve.worker import Job
 from specli.session import Session
 from specli.tools.plan import ToolPlan, tool_format
@@ -56,15 +59,51 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
     if unavailable is not None:
         raise RequestError(f"draft '{request.draft}': {unavailable}", "draft")
     reasoning = None
+    media = None
     if isinstance(body, ChatRequest):
-        prompt = chat_tokens(session.target, body.conversation(), body.template_tools(), body.chat_template_kwargs)
+        refs: ImageRefs = []
+        messages = body.conversation(refs)
+        if refs:
+            prompt, media = chat_with_images(_projector(session, refs), session.target, messages,
+                                             [_image(url, where) for url, where in refs], body.template_tools(),
+                                             body.chat_template_kwargs)
+        else:
+            prompt = chat_tokens(session.target, messages, body.template_tools(), body.chat_template_kwargs)
         reasoning = _reasoning(session, prompt)
         if reasoning is not None:
             request = replace(request, constraint=reasoning.constraint(request.constraint))
     else:
         prompt = _prompt_tokens(body, session)
-    check_prompt_fits(len(prompt), session.target.n_ctx)
-    return Asked(body, Job(prompt, request), tools.plan if tools is not None else None, reasoning)
+    check_prompt_fits(max(len(prompt), media.cells if media is not None else 0), session.target.n_ctx)
+    return Asked(body, Job(prompt, request, media), tools.plan if tools is not None else None, reasoning)
+
+
+def _projector(session: Session, refs: ImageRefs) -> vision.Projector:
+    if session.projector is None:
+        raise RequestError(f"{refs[0][1]}: this server's model takes no images (start it with --mmproj FILE, "
+                           "the model's projector)", refs[0][1])
+    return session.projector
+
+
+def _image(url: str, where: str) -> vision.Image:
+    """An image part's image: a data: URL's bytes. A remote URL is not fetched (a request
+    would make the server fetch what it names), nor is a local path read."""
+    if url.startswith(("http://", "https://")):
+        raise RequestError(f"{where}: this server does not fetch image URLs; send the image itself as a "
+                           "data: URL (data:image/png;base64,...)", where)
+    if not url.startswith("data:"):
+        raise RequestError(f"{where}: an image is a data: URL (data:image/png;base64,...)", where)
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise RequestError(f"{where}: a data: URL's image is base64 (data:image/png;base64,...)", where)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where}: the data: URL is not valid base64", where) from None
+    try:
+        return vision.read_image(data, where)
+    except vision.ImageError as error:
+        raise RequestError(error.message, where) from None
 
 
 def _reasoning(session: Session, prompt: list[int]) -> Reasoning | None:

@@ -25,6 +25,7 @@ from specli.decode.logprobs import MAX_TOP
 from specli.decode.request import GenerationRequest, parse_draft_tokens
 from specli.errors import UsageError
 from specli.llama.template import TEMPLATE_VARIABLES
+from specli.llama.vision import MARKER
 
 
 class RequestError(ValueError):
@@ -38,25 +39,40 @@ class RequestError(ValueError):
 STRICT = ConfigDict(extra="ignore", strict=True)  # "10" is not a number, nor true a number
 
 
+class ImageUrl(BaseModel):
+    model_config = STRICT
+    url: str
+    detail: Optional[str] = None  # (OpenAI's resolution hint: the projector sets its own)
+
+
 class TextPart(BaseModel):
     model_config = STRICT
     type: str
     text: Optional[str] = None
+    image_url: Optional[ImageUrl] = None
 
 
 Content = Union[str, list[TextPart], None]
+# (an image part's URL, the part's place: "messages[1].content[0]"), in the prompt's order
+ImageRefs = list[tuple[str, str]]
 
 
-def content_text(content: Content, param: str) -> str:
-    """A message's content as text: a string, or text parts joined (any other part: refused)."""
+def content_text(content: Content, param: str, images: ImageRefs | None = None) -> str:
+    """A message's content as text: a string, or text parts joined; an image part is the
+    image marker where `images` collects them (else refused, as any other part)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     pieces = []
     for i, part in enumerate(content):
+        if part.type == "image_url" and part.image_url is not None and images is not None:
+            images.append((part.image_url.url, f"{param}[{i}]"))
+            pieces.append(MARKER)
+            continue
         if part.type != "text" or part.text is None:
-            raise RequestError(f"{param}[{i}] is a {part.type!r} part; specli serves text only", f"{param}[{i}]")
+            raise RequestError(f"{param}[{i}] is a {part.type!r} part; specli serves text and images",
+                               f"{param}[{i}]")
         pieces.append(part.text)
     return "".join(pieces)
 
@@ -430,13 +446,14 @@ class ChatRequest(_Generation):
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
-    def conversation(self) -> list[dict[str, Any]]:
+    def conversation(self, images: ImageRefs | None = None) -> list[dict[str, Any]]:
         """The messages as the chat template takes them: a developer message is a system one,
-        and a call's arguments are an object (templates write them with `tojson`)."""
+        and a call's arguments are an object (templates write them with `tojson`). `images`
+        collects the image parts, each a marker in its message's text (else they are refused)."""
         messages = []
         for i, m in enumerate(self.messages):
             message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                                       "content": content_text(m.content, f"messages[{i}].content")}
+                                       "content": content_text(m.content, f"messages[{i}].content", images)}
             if m.tool_calls:
                 message["tool_calls"] = [
                     {"id": call.id, "type": "function",

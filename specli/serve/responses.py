@@ -222,6 +222,8 @@ class ModelCard(BaseModel):
     chat: bool  # the target has a chat template (else /v1/completions only)
     drafts: list[str]  # the `draft` values a request may give, the server's own first
     proposers: dict[str, str]  # who drafted a span, by its `proposer` name, in words (the page's tooltips)
+    # llama-server's names: "multimodal" where it takes images (image_url parts)
+    capabilities: list[str] = Field(default_factory=lambda: ["completion"])
     meta: Optional[ModelMeta] = None
 
 

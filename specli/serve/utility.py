@@ -135,7 +135,7 @@ def _props(worker: Worker, info: ServerInfo) -> dict:
         "model_path": info.target,
         "model_alias": info.name,
         "chat_template": target.chat_template() or "",
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": worker.session.projector is not None, "audio": False},
         "drafts": drafts.offered(defaults.draft, worker.session.unavailable),
         "build_info": info.build,
     }

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from specli.decode.events import Stats, StepRecord, Token
+from specli.decode.media import PromptMedia
 from specli.decode.ngram import TokenIndex
 from specli.decode.request import GenerationRequest
 from specli.decode.slots import slot_for
@@ -71,6 +72,7 @@ class Job:
 
     tokens: list[int]
     request: GenerationRequest
+    media: PromptMedia | None = None  # its prompt's images (their positions hold placeholders in `tokens`)
 
 
 class Relay:
@@ -271,16 +273,18 @@ class Worker:
         if not self.session.slots:
             if job.request.exact:
                 self.session.clear_cache()
-            outcome = stream(self.session.engine_for(job.request, memory=memory), job.tokens, sink, cancelled=cancelled)
+            engine = self.session.engine_for(job.request, memory=memory, images=job.media is not None)
+            outcome = stream(engine, job.tokens, sink, cancelled=cancelled, media=job.media)
             self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
         else:  # (a shared step's time is the batch's: no review of the costs)
             with self._slots:
                 slot = slot_for(job.tokens, self._free)
                 self._free.remove(slot)
             try:
-                engine = self.session.engine_for(job.request, memory=memory, slot=slot)
-                with slot.running(exclusive=job.request.exact):
-                    outcome = stream(engine, job.tokens, sink, cancelled=cancelled)
+                engine = self.session.engine_for(job.request, memory=memory, slot=slot, images=job.media is not None)
+                # (an image is decoded by mtmd, outside the shared step: its request runs alone)
+                with slot.running(exclusive=job.request.exact or job.media is not None):
+                    outcome = stream(engine, job.tokens, sink, cancelled=cancelled, media=job.media)
             finally:
                 with self._slots:
                     self._free.append(slot)
