@@ -1,0 +1,213 @@
+"""Images in, speculation on: a projector written in the test (tests/support/synthetic_vision.py:
+a red image embeds as " red", a blue one as " blue") over the real SmolLM2, so the answer
+depends on the image and a test fails where the image is dropped."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+
+import pytest
+from helpers import assert_one_line_error, serving
+from typer.testing import CliRunner
+
+from specli.commands.cli import app
+from specli.decode.request import DraftKind, GenerationRequest
+from specli.llama import vision
+from specli.llama.backend import LoadSettings
+from specli.prompt import prompt_with_images
+from specli.session import SessionSpec, open_session
+from specli.stream import stream
+from tests.support import synthetic_vision as sv
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "\nWhat colour is the image? Answer in one word."
+# Text after the image that the answer copies: n-gram lookup drafts it.
+COPY = ("\nCopy this line exactly, then stop: The red fox and the blue bird met at the old mill by the river "
+        "every morning in spring.")
+
+
+class Quiet:
+    def start(self) -> None: ...
+    def token(self, event) -> None: ...
+    def step(self, record) -> None: ...
+    def finish(self, stats) -> None: ...
+
+
+@pytest.fixture(scope="module")
+def files(smollm_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vision")
+    projector = sv.write_projector(folder / "mmproj-smol.gguf", smollm_path)
+    red = sv.write_image(folder / "red.png", sv.png_bytes(sv.RED))
+    blue = sv.write_image(folder / "blue.png", sv.png_bytes(sv.BLUE))
+    return {"folder": folder, "projector": projector, "red": red, "blue": blue}
+
+
+def _run(smollm_path, files, *args: str):
+    return CliRunner().invoke(app, ["run", "--target", str(smollm_path), "--mmproj", str(files["projector"]),
+                                    "-c", "1024", *args])
+
+
+def _json(result) -> tuple[str, dict]:
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    return "".join(line["text"] for line in lines if line["type"] == "token"), lines[-1]
+
+
+def test_the_image_decides_the_answer(smollm_path, files):
+    answers = {}
+    for colour in ("red", "blue"):
+        text, stats = _json(_run(smollm_path, files, "--image", str(files[colour]), "-n", "12", "--json", QUESTION))
+        answers[colour] = text
+        assert stats["images"] == 1 and stats["encode_seconds"] > 0
+        assert stats["prompt_tokens"] == 25  # the 4 image positions among the prompt's
+    assert "red" in answers["red"].lower() and "blue" not in answers["red"].lower(), answers
+    assert "blue" in answers["blue"].lower() and "red" not in answers["blue"].lower(), answers
+
+
+def test_greedy_with_an_image_is_plain_decodings_text_and_drafts_are_kept_after_it(smollm_path, files):
+    image = ["--image", str(files["blue"]), "-n", "40", "--json", COPY]
+    plain, plain_stats = _json(_run(smollm_path, files, "--draft", "none", *image))
+    drafted, stats = _json(_run(smollm_path, files, "--draft", "ngram", "-k", "4", *image))
+    assert drafted == plain and "old mill" in plain
+    assert plain_stats["drafted"] == 0
+    assert stats["accepted"] >= 10, stats  # lookup copies the text after the image
+
+
+def test_a_kept_cache_holds_an_image_only_where_the_same_image_was(smollm_path, files):
+    """A second prompt with the same image reuses what the cache holds past the image; one with
+    another image decodes from that image on (a cached prefix never reaches into another image)."""
+    spec = SessionSpec(smollm_path, target_load=LoadSettings(ctx_size=1024), projector=files["projector"])
+    request = GenerationRequest(max_tokens=12, draft=DraftKind.NGRAM)
+    with open_session(spec) as session:
+        def answer(colour: str, question: str = QUESTION):
+            image = vision.read_image_file(files[colour])
+            tokens, media = prompt_with_images(session.projector, session.target, question, [image])
+            engine = session.engine_for(request, images=True)
+            outcome = stream(engine, tokens, Quiet(), media=media)
+            first = tokens.index(next(t for t in tokens if t < 0))
+            return outcome, first
+
+        red, first = answer("red")
+        assert red.stats.prompt_cached == 0 and "red" in red.text.lower()
+        again, _ = answer("red", QUESTION + " ")
+        assert again.stats.prompt_cached > first + 4 and again.stats.encode_seconds == 0  # nothing encoded again
+        blue, _ = answer("blue")
+        assert blue.stats.prompt_cached == first and blue.stats.encode_seconds > 0
+        assert "blue" in blue.text.lower() and "red" not in blue.text.lower(), blue.text
+
+
+def test_an_image_on_m_rope_takes_fewer_positions_than_embeddings_and_drafting_keeps_the_text(tmp_path):
+    text_model, projector = sv.write_mrope_pair(tmp_path)
+    image = vision.read_image(sv.png_bytes(sv.RED, 56, 56), "red.png")
+    outputs = {}
+    for draft in (DraftKind.NONE, DraftKind.NGRAM):
+        spec = SessionSpec(text_model, target_load=LoadSettings(ctx_size=512), projector=projector)
+        with open_session(spec) as session:
+            assert session.projector.mrope
+            tokens, media = prompt_with_images(session.projector, session.target, "the the the the", [image],
+                                               chat=False)
+            positions = sum(1 for token in tokens if token < 0)
+            assert positions < media.cells - (len(tokens) - positions), "an image's positions are fewer than its cells"
+            engine = session.engine_for(GenerationRequest(max_tokens=24, draft=draft, draft_tokens=3), images=True)
+            outcome = stream(engine, tokens, Quiet(), media=media)
+            assert session.target.n_past == len(tokens) + len(outcome.tokens) - 1  # positions, not cells
+            outputs[draft] = outcome.tokens
+    assert outputs[DraftKind.NGRAM] == outputs[DraftKind.NONE]
+
+
+def _png_header(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return b"\x89PNG\r\n\x1a\n" + chunk + struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
+
+
+@pytest.mark.parametrize("name, data, fragment", [
+    ("empty.png", b"", "is empty"),
+    ("notes.png", b"these are notes, not pixels\n", "is not an image"),
+    ("cut.png", sv.truncated_png_bytes(), "cut short"),
+    ("huge.png", _png_header(20000, 20000), "20000x20000"),
+])
+def test_a_bad_image_is_one_line_before_any_model_loads(tmp_path, name, data, fragment):
+    path = tmp_path / name
+    path.write_bytes(data)
+    result = CliRunner().invoke(app, ["run", "--target", str(tmp_path / "missing.gguf"), "--image", str(path), "hi"])
+    assert_one_line_error(result, fragment)
+
+
+def test_an_image_for_a_model_without_a_projector_or_with_another_models(smollm_path, gemma_path, files, tmp_path):
+    result = CliRunner().invoke(app, ["run", "--target", str(smollm_path), "--image", str(files["red"]), "hi"])
+    assert_one_line_error(result, 2, "no projector", "--mmproj")
+    gemma_projector = sv.write_projector(tmp_path / "mmproj-gemma.gguf", gemma_path)  # 640 wide, not 576
+    result = CliRunner().invoke(app, ["run", "--target", str(smollm_path), "--mmproj", str(gemma_projector),
+                                      "--image", str(files["red"]), "hi"])
+    assert_one_line_error(result, "could not load the projector")
+    result = CliRunner().invoke(app, ["run", "--target", str(smollm_path), "--mmproj", str(smollm_path),
+                                      "--image", str(files["red"]), "hi"])
+    assert_one_line_error(result, "is not a projector")
+
+
+def test_more_images_than_the_context_holds(smollm_path, files):
+    many = [arg for _ in range(40) for arg in ("--image", str(files["red"]))]
+    result = CliRunner().invoke(app, ["run", "--target", str(smollm_path), "--mmproj", str(files["projector"]),
+                                      "-c", "128", *many, QUESTION])
+    assert_one_line_error(result, "context holds 128")
+
+
+def test_the_projector_beside_the_model_is_found(smollm_path, files, tmp_path):
+    (tmp_path / "SmolLM2.gguf").symlink_to(smollm_path)
+    (tmp_path / "mmproj-SmolLM2.gguf").symlink_to(files["projector"])
+    assert vision.find_projector(tmp_path / "SmolLM2.gguf") == tmp_path / "mmproj-SmolLM2.gguf"
+    result = CliRunner().invoke(app, ["run", "--target", str(tmp_path / "SmolLM2.gguf"), "-n", "12",
+                                      "--image", str(files["blue"]), QUESTION])
+    assert result.exit_code == 0, result.output
+    assert "blue" in result.stdout.lower()
+
+
+def _data_url(path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_served_image_url_parts_whole_and_streamed(smollm_path, files):
+    import openai
+
+    with serving("--target", smollm_path, "--mmproj", files["projector"]) as server:
+        client = server.client()
+        assert "multimodal" in client.models.list().data[0].model_dump()["capabilities"]
+
+        def ask(colour: str, **extra):
+            return dict(model="x", max_tokens=12, temperature=0, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": _data_url(files[colour])}},
+                {"type": "text", "text": QUESTION}]}], **extra)
+
+        whole = {colour: client.chat.completions.create(**ask(colour)).choices[0].message.content
+                 for colour in ("red", "blue")}
+        assert "red" in whole["red"].lower() and "blue" in whole["blue"].lower(), whole
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                           client.chat.completions.create(**ask("blue", stream=True)) if chunk.choices)
+        assert streamed == whole["blue"]
+        for url_given, fragment in (("https://example.com/cat.png", "does not fetch image URLs"),
+                                    ("data:image/png;base64,bm90IGFuIGltYWdl", "not an image"),
+                                    ("/etc/hostname", "data: URL")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="x", max_tokens=4, messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": url_given}}, {"type": "text", "text": "hi"}]}])
+            assert fragment in refused.value.body["message"]
+            assert refused.value.body["param"] == "messages[0].content[0]"
+        # the server still answers after the refusals
+        assert client.chat.completions.create(**ask("red")).choices[0].message.content == whole["red"]
+
+
+def test_a_server_without_a_projector_refuses_images_by_name(smol_server):
+    import httpx
+
+    body = {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(sv.png_bytes()).decode()}},
+        {"type": "text", "text": "hi"}]}]}
+    answer = httpx.post(f"{smol_server.url}/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert "--mmproj" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["param"] == "messages[0].content[0]"
