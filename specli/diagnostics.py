@@ -32,6 +32,7 @@ class Backend:
     unused_cpu_features: list[str] | None = None
     cpu_install: str | None = None
     rpc: bool | None = None  # built with ggml's RPC backend (`--rpc`)
+    images: bool | None = None  # binds llama.cpp's mtmd (`--image`, image_url parts)
     # Why this build cannot draft with a target's NextN layers (`--draft mtp`); None: it can.
     mtp_unsupported: str | None = None
 
@@ -253,7 +254,7 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
 
 def check_backend() -> Backend:
     try:
-        from specli.llama import backend, devices, mtp
+        from specli.llama import backend, devices, mtp, vision
     except Exception as error:  # a missing or broken shared library surfaces as anything
         return Backend(error=f"cannot be loaded ({type(error).__name__}: {error})")
     try:
@@ -264,6 +265,7 @@ def check_backend() -> Backend:
             gpu_offload=backend.supports_gpu_offload(),
             devices=devices.backend_devices(),
             rpc=devices.rpc_supported(),
+            images=vision.available(),
             mtp_unsupported=mtp.unsupported_reason(),
             unused_cpu_features=None if unused is None else [name for name, _ in unused],
             cpu_install=cpu_install_command(unused) if unused else None,

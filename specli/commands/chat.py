@@ -10,11 +10,13 @@ continues it.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import IO
 
 from specli.decode.request import GenerationRequest
 from specli.errors import PromptError
-from specli.prompt import chat_tokens
+from specli.llama.vision import MARKER, Image, ImageError, Images, read_image_file
+from specli.prompt import chat_tokens, chat_with_images
 from specli.render import Output, TextRenderer, notifier, use_colour
 from specli.session import Session, SessionSpec, open_session
 from specli.stream import stream
@@ -22,6 +24,7 @@ from specli.stream import stream
 PROMPT = ">>> "
 LEAVE = ("/bye", "/exit", "/quit")
 HELP = "Type a message; /bye or Ctrl-D leaves; Ctrl-C stops an answer; /clear starts over."
+IMAGE = "/image "  # /image FILE: an image for the next message (with a projector: --mmproj)
 
 
 def chat(spec: SessionSpec, request: GenerationRequest, output: Output, system: str | None = None,
@@ -41,23 +44,45 @@ def chat(spec: SessionSpec, request: GenerationRequest, output: Output, system: 
         engine = session.engine_for(request)
         colour = use_colour(output.colour, stdout)
         _enable_line_editing(stdin)
-        stderr.write(HELP + "\n")
+        stderr.write(HELP + (" /image FILE attaches an image." if session.projector is not None else "") + "\n")
         first = True
+        attached: list[Image] = []  # for the next message
         while True:
             line = _read_line(stdin, stdout)
             if line is None or line.strip() in LEAVE:
                 break
             if line.strip() == "/clear":
-                conversation = Conversation(session, system)
+                conversation, attached = Conversation(session, system), []
+                continue
+            if line.startswith(IMAGE):
+                image = _attach(session, line[len(IMAGE):].strip(), notice)
+                attached += [image] if image is not None else []
                 continue
             if not line.strip():
                 continue
+            if attached and not conversation.images:  # from now on the prompt holds images
+                engine = session.engine_for(request, images=True)
+            tokens, media = conversation.tokens_with(line, attached)
             renderer = TextRenderer(stdout, stderr, colour=colour, quiet=output.quiet, legend=first)
-            reply = stream(engine, conversation.tokens_with(line), renderer)  # Ctrl-C stops the answer only
+            reply = stream(engine, tokens, renderer, media=media)  # Ctrl-C stops the answer only
             session.pricing.review(reply.stats)
-            conversation.add(line, reply.text)
-            first = False
+            conversation.add(line, reply.text, attached)
+            attached, first = [], False
     return 0
+
+
+def _attach(session: Session, path: str, notice) -> Image | None:
+    """/image FILE: the image, checked; one line where it cannot be attached."""
+    if session.projector is None:
+        notice(f"{session.target.name} takes no images here: start the chat with --mmproj FILE (its projector)")
+        return None
+    try:
+        image = read_image_file(Path(path).expanduser())
+    except ImageError as error:
+        notice(str(error))
+        return None
+    notice(f"{image.name} ({image.width}x{image.height}) goes with your next message")
+    return image
 
 
 class Conversation:
@@ -70,14 +95,25 @@ class Conversation:
             raise PromptError("--system needs a chat template", "use a chat model, or put the instructions in the text")
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self.text = ""  # a completion model's text so far
+        self.images: list[Image] = []  # every image so far, in order: each a marker in its message
 
-    def tokens_with(self, line: str) -> list[int]:
-        target = self._session.target
+    def tokens_with(self, line: str, attached: list[Image] = ()) -> tuple[list[int], Images | None]:
+        """The next turn's tokens (and their images, where the conversation has any)."""
+        target, projector = self._session.target, self._session.projector
+        line = MARKER * len(attached) + line
+        images = self.images + list(attached)
         if not self.templated:
-            return target.tokenize(self.text + line, add_special=True)
-        return chat_tokens(target, self.messages + [{"role": "user", "content": line}])
+            if images:
+                return projector.prompt(self.text + line, images, add_special=True, parse_special=False)
+            return target.tokenize(self.text + line, add_special=True), None
+        messages = self.messages + [{"role": "user", "content": line}]
+        if images:
+            return chat_with_images(projector, target, messages, images)
+        return chat_tokens(target, messages), None
 
-    def add(self, line: str, reply: str) -> None:
+    def add(self, line: str, reply: str, attached: list[Image] = ()) -> None:
+        line = MARKER * len(attached) + line
+        self.images += attached
         if self.templated:
             self.messages += [{"role": "user", "content": line}, {"role": "assistant", "content": reply}]
         else:

@@ -99,6 +99,7 @@ def _facts(report: Report):
         if backend.devices is None:
             row("device", "unknown: this llama-cpp-python does not expose ggml's device list")
         row("RPC", "yes (--rpc)" if backend.rpc else "no: this build cannot use rpc-servers")
+        row("Images", "yes (mtmd: --image, --mmproj)" if backend.images else "no: this build has no mtmd")
         row("MTP", f"no: {backend.mtp_unsupported}" if backend.mtp_unsupported
             else "yes (--draft mtp: a target's own NextN layers draft)")
     for server in report.rpc_servers:

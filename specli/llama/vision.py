@@ -31,7 +31,7 @@ from specli.errors import ModelFileError, PromptError, SpecliError, UsageError
 from specli.llama.backend import DecodeError, Model, check_gguf_file, init_backend, log_callback
 from specli.llama.gguf_header import read_header
 
-try:  # a llama-cpp-python older than 0.3.16 has no mtmd
+try:  # a llama-cpp-python without mtmd_cpp (older than the floor pyproject.toml sets)
     from llama_cpp import mtmd_cpp as _mtmd
 except (ImportError, AttributeError, OSError):  # pragma: no cover - depends on the build
     _mtmd = None
@@ -176,7 +176,7 @@ class Projector:
 
     def __init__(self, path: Path, target: Model, *, threads: int, gpu: bool, verbose: bool = False) -> None:
         if _mtmd is None:
-            raise UsageError("this llama-cpp-python build has no mtmd (images need 0.3.16 or later)",
+            raise UsageError("this llama-cpp-python build has no mtmd (images need 0.3.36 or later)",
                              "pip install -U llama-cpp-python")
         check_gguf_file(path)
         if not is_projector(path):
