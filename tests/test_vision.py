@@ -211,3 +211,55 @@ def test_a_server_without_a_projector_refuses_images_by_name(smol_server):
     assert answer.status_code == 400, answer.text
     assert "--mmproj" in answer.json()["error"]["message"]
     assert answer.json()["error"]["param"] == "messages[0].content[0]"
+
+
+def test_a_draft_model_without_vision_drafts_from_the_text_alone(smollm_path, files):
+    """SmolLM2 drafting for itself, as a model with no projector: it never sees the image's
+    positions, its tokens are kept after the image, and the text is plain decoding's."""
+    image = ["--image", str(files["red"]), "-n", "40", "--json", COPY]
+    plain, _ = _json(_run(smollm_path, files, "--draft", "none", *image))
+    drafted, stats = _json(_run(smollm_path, files, "--draft", str(smollm_path), "--no-ngram", "-k", "3", *image))
+    assert drafted == plain
+    assert stats["accepted_by"].get("draft", 0) >= 10, stats
+
+
+def test_exact_and_seeded_runs_with_an_image(smollm_path, files, quiet_calibration):
+    image = ["--image", str(files["blue"]), "-n", "24", "--json", COPY]
+    exact_plain, _ = _json(_run(smollm_path, files, "--draft", "none", "--exact", *image))
+    exact, stats = _json(_run(smollm_path, files, "--exact", "-k", "4", *image))
+    assert exact == exact_plain
+    assert stats["accepted"] > 0 or all(span["rows"] == 1 for span in stats["exact_batch"]), stats
+    seeded = [_json(_run(smollm_path, files, "--temp", "0.8", "--seed", "7", *image))[0] for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    other = _json(_run(smollm_path, files, "--temp", "0.8", "--seed", "7", "--image", str(files["red"]), "-n", "24",
+                       "--json", COPY))[0]
+    assert other != seeded[0], "the image is part of what a seed's draws follow"
+
+
+def test_images_through_the_other_dialects_routes(smollm_path, files):
+    """Ollama's `images`, Anthropic's image blocks and the Responses API's input_image become
+    the chat route's image_url parts: each answers as chat does."""
+    import httpx
+
+    blue = base64.b64encode(files["blue"].read_bytes()).decode()
+    with serving("--target", smollm_path, "--mmproj", files["projector"]) as server:
+        root = server.url.removesuffix("/v1")
+        chat = server.client().chat.completions.create(model="x", max_tokens=12, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + blue}},
+            {"type": "text", "text": QUESTION}]}]).choices[0].message.content
+        assert "blue" in chat.lower()
+        ollama = httpx.post(f"{root}/api/chat", timeout=120, json={
+            "model": "x", "stream": False, "options": {"num_predict": 12},
+            "messages": [{"role": "user", "content": QUESTION, "images": [blue]}]}).json()
+        assert ollama["message"]["content"] == chat
+        assert "vision" in httpx.post(f"{root}/api/show", json={"model": "x"}, timeout=30).json()["capabilities"]
+        messages = httpx.post(f"{server.url}/messages", timeout=120, json={
+            "model": "x", "max_tokens": 12, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": blue}},
+                {"type": "text", "text": QUESTION}]}]}).json()
+        assert messages["content"][0]["text"] == chat
+        responses = httpx.post(f"{server.url}/responses", timeout=120, json={
+            "model": "x", "max_output_tokens": 12, "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64," + blue},
+                {"type": "input_text", "text": QUESTION}]}]}).json()
+        assert responses["output"][0]["content"][0]["text"] == chat

@@ -293,12 +293,12 @@ class Images:
             if first + positions <= at:
                 continue
             if first > at:
-                row = target.decode(prompt[at:first])
+                target.decode(prompt[at:first])
             self._decode_image(target, chunk, first, positions)
             row = None
             at = first + positions
         if at < len(prompt):
-            row = target.decode(prompt[at:])
+            row = target.decode(prompt[at:])[0]
         if row is None:
             raise ImageError("the prompt ends with an image: put text after it (a question, or the "
                              "chat template's turn) for the model to answer from")

@@ -94,12 +94,15 @@ def _messages(message: dict, index: int) -> list[dict]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise RequestError(f"{where}.content: a string or a list of blocks", f"{where}.content")
-    texts, calls, results = [], [], []
+    texts, calls, results, parts = [], [], [], []  # parts: the user's text and images, in order
     for number, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         place = f"{where}.content.{number}"
         if kind == "text":
             texts.append(str(block.get("text", "")))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image" and role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), place)}})
         elif kind == "tool_use" and role == "assistant":
             calls.append({"id": block.get("id", ""), "type": "function",
                           "function": {"name": block.get("name", ""), "arguments": json.dumps(block.get("input", {}))}})
@@ -111,16 +114,28 @@ def _messages(message: dict, index: int) -> list[dict]:
         elif kind in ("thinking", "redacted_thinking"):
             continue
         else:
-            raise RequestError(f"{place}.type: {kind!r} is not supported here (text, tool_use, tool_result; "
-                               "no images or documents)", f"{place}.type")
+            raise RequestError(f"{place}.type: {kind!r} is not supported here (text, image, tool_use, "
+                               "tool_result; no documents)", f"{place}.type")
     said: list[dict] = []
     if role == "assistant":
         said.append({"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {})})
     else:
         said += results
-        if texts or not results:
+        if len(parts) > len(texts):  # images among the text
+            said.append({"role": "user", "content": parts})
+        elif texts or not results:
             said.append({"role": "user", "content": "".join(texts)})
     return said
+
+
+def _image_url(source: Any, place: str) -> str:
+    """An image block's source as an image_url: base64 data as a data: URL, a url as given
+    (the chat route says what it takes)."""
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return f"data:{source.get('media_type', 'image')};base64,{source['data']}"
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise RequestError(f"{place}.source: an image's source is base64 data or a url", f"{place}.source")
 
 
 def _text(content: Any, where: str) -> str:

@@ -91,8 +91,6 @@ def chat_body(body: OllamaChat) -> dict:
     pending: list[tuple[str, str]] = []  # (id, name) of the calls no tool message has answered yet
     for index, message in enumerate(body.messages):
         role = message.get("role")
-        if message.get("images"):
-            raise RequestError(f"messages.{index}.images: specli serves text only", f"messages.{index}.images")
         if role == "tool":  # Ollama's name the tool, not the call: each answers the next call of that name
             name = message.get("tool_name", "")
             match = next((call for call in pending if call[1] == name), pending[0] if pending else None)
@@ -108,7 +106,8 @@ def chat_body(body: OllamaChat) -> dict:
             pending = [(call["id"], call["function"]["name"]) for call in calls]
             messages.append({"role": "assistant", "content": message.get("content") or None, "tool_calls": calls})
         else:
-            messages.append({"role": role, "content": message.get("content", "")})
+            messages.append({"role": role, "content": _with_images(message.get("content", ""), message.get("images"),
+                                                                    f"messages.{index}.images")})
     chat: dict[str, Any] = {"messages": messages, **_common(body)}
     if body.tools:
         chat["tools"] = body.tools
@@ -118,15 +117,26 @@ def chat_body(body: OllamaChat) -> dict:
 def generate_body(body: OllamaGenerate, templated: bool) -> tuple[dict, bool]:
     """The chat route's body (or, raw or without a chat template, the completions route's) and
     whether it is a chat."""
-    if body.images:
-        raise RequestError("images: specli serves text only", "images")
+    if body.images and (body.raw or not templated):
+        raise RequestError("images: a raw prompt takes no images (they go through the chat template)", "images")
     if body.suffix:
         raise RequestError("suffix: fill-in-the-middle is not supported", "suffix")
     if body.raw or not templated:
         prompt = (body.system + "\n\n" if body.system and not body.raw else "") + body.prompt
         return {"prompt": prompt, **_common(body)}, False
     system = [{"role": "system", "content": body.system}] if body.system else []
-    return {"messages": system + [{"role": "user", "content": body.prompt}], **_common(body)}, True
+    content = _with_images(body.prompt, body.images, "images")
+    return {"messages": system + [{"role": "user", "content": content}], **_common(body)}, True
+
+
+def _with_images(text: str, images: Any, where: str) -> str | list[dict]:
+    """Ollama's `images` (base64 strings) as chat's image_url parts, before the text."""
+    if not images:
+        return text
+    if not isinstance(images, list) or not all(isinstance(image, str) for image in images):
+        raise RequestError(f"{where}: a list of base64 strings", where)
+    parts = [{"type": "image_url", "image_url": {"url": "data:image;base64," + image}} for image in images]
+    return parts + [{"type": "text", "text": text}]
 
 
 def _now() -> str:
@@ -264,7 +274,8 @@ def add_ollama_routes(app: FastAPI, answer: ThroughChat, authorised) -> None:
         card = _card(worker, info.name)
         template = target.chat_template()
         family = card["details"]["family"]
-        capabilities = ["completion"] + (["tools"] if template and "tools" in template else [])
+        capabilities = ["completion"] + (["tools"] if template and "tools" in template else []) \
+            + (["vision"] if worker.session.projector is not None else [])
         return {"modelfile": "", "parameters": "", "template": template or "", "details": card["details"],
                 "model_info": {"general.architecture": family, f"{family}.context_length": target.n_ctx},
                 "capabilities": capabilities, "modified_at": card["modified_at"]}

@@ -152,23 +152,28 @@ def _messages(items: list[dict]) -> list[dict]:
     return messages
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, or its text parts joined; an image is refused."""
+def _text(content: Any, where: str) -> str | list[dict]:
+    """A message's content as chat takes it: a string, or its text parts joined; with an
+    `input_image` part, chat's parts (the image an `image_url` part); a file is refused."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise RequestError(f"{where}: a string or a list of content parts", where)
-    texts = []
+    parts: list[dict] = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text"):
-            texts.append(str(part.get("text", "")))
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
         elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
+            parts.append({"type": "text", "text": str(part.get("refusal", ""))})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
         else:
-            raise RequestError(f"{where}.{index}.type: {kind!r} is not supported: specli takes text only "
-                               "(no images or files)", f"{where}.{index}.type")
-    return "".join(texts)
+            raise RequestError(f"{where}.{index}.type: {kind!r} is not supported: specli takes text and images "
+                               "(an input_image's image_url; no files)", f"{where}.{index}.type")
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "".join(part["text"] for part in parts)
 
 
 def _tool(tool: dict, index: int) -> dict:

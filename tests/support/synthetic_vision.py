@@ -4,9 +4,10 @@
 "mlp") for an existing text GGUF: a CLIP vision tower with no transformer
 blocks (`block_count` 0, so clip.cpp runs none), a 28x28 input cut into four
 14x14 patches, and the two-layer MLP `mm.0` -> GELU -> `mm.2`. An image is
-four image tokens, whatever its size (mtmd letterboxes it to 28x28); it
-encodes in about a millisecond on a CPU. Writing one takes about 2 s for
-SmolLM2 (9 s for Gemma 3): gguf.GGUFReader parses the vocabulary.
+four image tokens, whatever its size (mtmd letterboxes it to 28x28); on a
+CPU the first encode takes about 0.1 s, most of it graph set-up. Writing one
+takes about 2 s for SmolLM2 (9 s for Gemma 3): gguf.GGUFReader parses the
+vocabulary.
 
 The weights are closed-form, not random, so that the image decides the answer:
 
@@ -28,12 +29,16 @@ image (R = B) gives zero vectors. For Gemma 3 (`gemma3` architecture)
 llama.cpp scales text embeddings by sqrt(n_embd) but not image embeddings, so
 the columns are scaled by sqrt(n_embd) there.
 
-With SmolLM2-135M-Instruct and `CHAT_PROMPT` the greedy answers are
-"The image is a shade of red." and "The image is a shade of blue." (a grey
-image: "... blue."), measured with llama-cpp-python 0.3.36 on a CPU. With
-Gemma 3 270M (base) and "<__media__> The colour of the image is" they are
-" a combination of red, yellow, and orange." and " a combination of the blue
-and the green of the". Dropping the image makes red and blue answer alike.
+With SmolLM2-135M-Instruct and `CHAT_PROMPT` ("Which word does the image
+show?") the greedy answers (llama-cpp-python 0.3.36, CPU) are
+'The image shows the word "red" in the' and '... the word "blue" in the';
+a grey image gives 'The image shows a person with a scar above their', and
+the prompt without its marker '... a person with a scar across their'.
+(The earlier "What colour is the image? Answer in one word." also works,
+"The image is a shade of red." / "... blue.", but its no-image answer is
+"blue" too.) Gemma 3 270M is a base model: after "<__media__> The colour of
+the image is" it continues " a combination of red, yellow, and orange." and
+" a combination of the blue and the green of the".
 
 `write_mrope_pair` writes a synthetic Qwen2-VL (M-RoPE) text model and a
 "qwen2vl_merger" projector, where an image chunk has fewer positions than
@@ -60,10 +65,8 @@ RED = (255, 0, 0)
 BLUE = (0, 0, 255)
 
 # SmolLM2-Instruct's ChatML turn; <__media__> is mtmd_default_marker().
-CHAT_PROMPT = (
-    "<|im_start|>user\n<__media__>\nWhat colour is the image? Answer in one word.<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
+CHAT_PROMPT = ("<|im_start|>user\n<__media__>\nWhich word does the image show?<|im_end|>\n"
+               "<|im_start|>assistant\n")
 _SCALED_EMBEDDING_ARCHS = ("gemma3", "gemma3n", "gemma-embedding")  # tokens only, not images
 _GAIN, _THRESHOLD, _RAMP = 40.0, 0.2, 4.0  # see the docstring
 
