@@ -345,3 +345,24 @@ def test_an_ollama_blob_with_vision_tensors_is_refused_in_one_line(tmp_path, smo
                                 env={"OLLAMA_MODELS": str(root)})
     assert result.exit_code == 1
     assert "ollama:gemma3v:4b bundles vision tensors in its blob (1, such as v.patch_embd.weight)" in result.output
+
+
+def test_a_projector_beside_a_model_marks_it_and_is_never_a_model(machine):
+    """An mmproj GGUF (`general.architecture` clip) in a model's folder: the model takes images
+    (`projector` in --json, "(img)" in the table); the projector is neither listed nor paired."""
+    env, home = machine
+    projector = home / ".lmstudio" / "models" / "pub" / "repo" / "mmproj-eos-f16.gguf"
+    writer = gguf.GGUFWriter(str(projector), "clip")
+    writer.add_tensor("mm.0.weight", np.zeros(16, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    listing = json.loads(CliRunner().invoke(app, ["list", "--local", "--json"], env=env).stdout)
+    names = {model["name"]: model for model in listing["models"]}
+    assert "pub/repo/mmproj-eos-f16.gguf" not in names
+    assert names["pub/repo/eos.gguf"]["projector"] == str(projector)
+    assert names["ollama:smol:small"]["projector"] is None
+    assert all("mmproj" not in pair["target"] + pair["draft"] for pair in listing["pairs"])
+    table = CliRunner().invoke(app, ["list", "--local"], env={**env, "COLUMNS": "200"}).stdout
+    assert "pub/repo/eos.gguf (img)" in table and "takes images" in table, table

@@ -19,6 +19,7 @@ from specli.commands.tables import WHOLE, echo_table, home_path, output_width, p
 HEADER = ("PAIR", "TARGET", "DRAFT", "SIZE", "STATUS", "TARGET PATH")
 DRAFTED_BY = ", drafted by "
 THROUGH_TEXT = "*"  # ends the name of a draft with a vocabulary of its own
+IMAGES = " (img)"  # ends the name of a local model with a projector beside it
 THROUGH_TEXT_NOTE = "* drafts through text: its vocabulary is not the target's"
 
 
@@ -196,7 +197,8 @@ def list_local(*, as_json: bool, verbose: bool) -> None:
     if as_json:
         typer.echo(json.dumps({
             "models": [{"store": s.store, "name": s.name, "path": s.path, "size_bytes": s.size,
-                        "architecture": s.architecture, "quantisation": s.quantisation, "vocabulary": s.family}
+                        "architecture": s.architecture, "quantisation": s.quantisation, "vocabulary": s.family,
+                        "projector": s.projector or None}
                        for s in summaries],
             "pairs": [{"target": p.target.name, "draft": p.draft.name, "through_text": p.through_text,
                        "target_path": p.target.path, "draft_path": p.draft.path} for p in found],
@@ -212,9 +214,11 @@ def list_local(*, as_json: bool, verbose: bool) -> None:
     if not summaries:
         typer.echo("no GGUF models found in the Hugging Face cache, Ollama, LM Studio or llama.cpp's cache", err=True)
         return
-    rows = [(s.name, s.store, s.architecture, s.quantisation, format_size(s.size), s.family, home_path(s.path))
-            for s in summaries]
+    rows = [(s.name + (IMAGES if s.projector else ""), s.store, s.architecture, s.quantisation, format_size(s.size),
+             s.family, home_path(s.path)) for s in summaries]
     print_table(("MODEL", "STORE", "ARCH", "QUANT", "SIZE", "VOCABULARY", "PATH"), rows)
+    if any(s.projector for s in summaries):
+        typer.echo(f"{IMAGES.strip()} takes images: a projector (mmproj) lies beside it")
     typer.echo("")
     if not found:
         typer.echo("no pairs: no two models share a vocabulary")

@@ -3,7 +3,7 @@ its header, and the target/draft pairs they form (catalog.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -16,12 +16,21 @@ __all__ = ["HubCandidate", "LocalPair", "Summary", "draft_candidates", "hub_cand
 
 
 def local_models(found_stores: list[Store] | None = None, cache: Path | None = None) -> tuple[list[Summary], list[str]]:
-    """(every GGUF model in the stores, summarised from its header; one line per problem)."""
+    """(every GGUF model in the stores, summarised from its header, each with the projector
+    beside it where there is one; one line per problem). A projector (`general.architecture`
+    clip) is no model: never a target or a draft candidate."""
     files, problems = find_files(found_stores if found_stores is not None else stores())
     summary_cache = SummaryCache(cache if cache is not None else cache_dir() / "local-models.json")
-    return catalogue(files, summary_cache, problems), problems
+    summaries = catalogue(files, summary_cache, problems)
+    projectors: dict[Path, str] = {}
+    for summary in summaries:
+        if summary.architecture == PROJECTOR:
+            projectors.setdefault(Path(summary.path).parent, summary.path)
+    return [replace(summary, projector=projectors.get(Path(summary.path).parent, ""))
+            for summary in summaries if summary.architecture != PROJECTOR], problems
 
 
+PROJECTOR = "clip"  # general.architecture of an image projector (mmproj) GGUF
 Speedup = Callable[[Path, Path], Optional[float]]  # (target, draft): a stored measurement's expected gain
 
 

@@ -62,6 +62,7 @@ class Summary:
     quantisation: str
     vocabulary: Vocabulary | None  # None: the file has no tokenizer
     basename: str = "-"  # general.basename (else general.name): what a Hub search for its family asks for
+    projector: str = ""  # the image projector beside it (an mmproj GGUF in its folder), where there is one
 
     @property
     def family(self) -> str:
