@@ -45,7 +45,8 @@ class WritingWorker:
     def __init__(self) -> None:
         target = SimpleNamespace(n_ctx=64, n_vocab=100, tokenize=lambda text, **_: [1, 2, 3],
                                  chat_template=lambda: None)
-        self.session = SimpleNamespace(target=target, unavailable=lambda kind: kind.load and "not loaded")
+        self.session = SimpleNamespace(target=target, unavailable=lambda kind: kind.load and "not loaded",
+                                       projector=None)
 
     async def start(self, job, on_event, gone=None, key=""):
         future = asyncio.get_running_loop().create_future()

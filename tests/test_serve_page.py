@@ -703,3 +703,54 @@ def test_at_420_px_the_stats_and_the_message_box_stay_in_view(browser, page_serv
         screenshot(browser, "serve-page-420.png")
     finally:
         browser.set_window_size(1280, 860)
+
+
+@pytest.fixture(scope="module")
+def vision_server(smollm_path, tmp_path_factory):
+    """SmolLM2 with a projector written in the test: a red image reads as " red", blue as " blue"."""
+    from tests.support import synthetic_vision as sv
+
+    folder = tmp_path_factory.mktemp("page-vision")
+    projector = sv.write_projector(folder / "mmproj-smol.gguf", smollm_path)
+    images = {colour: sv.write_image(folder / f"{colour}.png", sv.png_bytes(rgb))
+              for colour, rgb in (("red", sv.RED), ("blue", sv.BLUE))}
+    with serving("--target", smollm_path, "--mmproj", projector, "--no-memory") as server:
+        yield server, images
+
+
+def test_an_image_attached_by_the_picker_or_dropped_goes_with_the_message(browser, vision_server):
+    server, images = vision_server
+    question = "\nWhat colour is the image? Answer in one word."
+    open_page(browser, server)
+    wait_for(lambda: find(browser, "#attach:not([hidden])"), 10, "the image button of a model that takes images")
+    browser.execute_script("document.getElementById('image').hidden = false;")  # a file input takes keys shown
+    find(browser, "#image")[0].send_keys(str(images["red"]))
+    wait_for(lambda: len(find(browser, "#attached img")) == 1, 10, "the attached image under the message box")
+    ask(browser, question, 12)
+    asked = find(browser, "#conversation .message.user")[-1]
+    assert asked.find_elements("css selector", "img"), "the image is shown in the conversation"
+    answer = joined(answer_spans(browser))
+    assert "red" in answer.lower() and "blue" not in answer.lower(), answer
+    assert not find(browser, "#attached img"), "sent: nothing stays attached"
+    screenshot(browser, "serve-page-image.png")
+    # A dropped file, as a browser hands it over: a DataTransfer on the drop event.
+    data = images["red"].read_bytes().hex()  # (without an image this model says blue: red shows the image read)
+    browser.execute_script("""
+        const bytes = new Uint8Array(arguments[0].match(/../g).map((h) => parseInt(h, 16)));
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([bytes], "red.png", { type: "image/png" }));
+        document.getElementById('compose').dispatchEvent(new DragEvent('drop', { dataTransfer: transfer, bubbles: true }));
+    """, data)
+    wait_for(lambda: len(find(browser, "#attached img")) == 1, 10, "the dropped image")
+    ask(browser, question, 12)
+    answer = joined(answer_spans(browser))
+    assert "red" in answer.lower(), answer
+    history = browser.execute_script("return state.messages.map((m) => typeof m.content === 'string' ? 'text' : "
+                                     "m.content.map((part) => part.type).join('+'))")
+    assert history == ["image_url+text", "text", "image_url+text", "text"], "each turn keeps its image"
+
+
+def test_a_model_without_a_projector_shows_no_image_button(browser, embedded_server):
+    open_page(browser, embedded_server)
+    wait_for(lambda: find(browser, "#compose:not([hidden])"), 10, "the page")
+    assert find(browser, "#attach[hidden]")

@@ -162,9 +162,9 @@ def test_the_projector_beside_the_model_is_found(smollm_path, files, tmp_path):
     (tmp_path / "mmproj-SmolLM2.gguf").symlink_to(files["projector"])
     assert vision.find_projector(tmp_path / "SmolLM2.gguf") == tmp_path / "mmproj-SmolLM2.gguf"
     result = CliRunner().invoke(app, ["run", "--target", str(tmp_path / "SmolLM2.gguf"), "-n", "12",
-                                      "--image", str(files["blue"]), QUESTION])
+                                      "--image", str(files["red"]), QUESTION])
     assert result.exit_code == 0, result.output
-    assert "blue" in result.stdout.lower()
+    assert "red" in result.stdout.lower()  # (without the image: blue)
 
 
 def _data_url(path) -> str:
@@ -241,25 +241,26 @@ def test_images_through_the_other_dialects_routes(smollm_path, files):
     the chat route's image_url parts: each answers as chat does."""
     import httpx
 
-    blue = base64.b64encode(files["blue"].read_bytes()).decode()
+    # (red: without its image this model answers blue, so each route's red says it read the image)
+    red = base64.b64encode(files["red"].read_bytes()).decode()
     with serving("--target", smollm_path, "--mmproj", files["projector"]) as server:
         root = server.url.removesuffix("/v1")
         chat = server.client().chat.completions.create(model="x", max_tokens=12, messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + blue}},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + red}},
             {"type": "text", "text": QUESTION}]}]).choices[0].message.content
-        assert "blue" in chat.lower()
+        assert "red" in chat.lower(), chat
         ollama = httpx.post(f"{root}/api/chat", timeout=120, json={
             "model": "x", "stream": False, "options": {"num_predict": 12},
-            "messages": [{"role": "user", "content": QUESTION, "images": [blue]}]}).json()
+            "messages": [{"role": "user", "content": QUESTION, "images": [red]}]}).json()
         assert ollama["message"]["content"] == chat
         assert "vision" in httpx.post(f"{root}/api/show", json={"model": "x"}, timeout=30).json()["capabilities"]
         messages = httpx.post(f"{server.url}/messages", timeout=120, json={
             "model": "x", "max_tokens": 12, "messages": [{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": blue}},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": red}},
                 {"type": "text", "text": QUESTION}]}]}).json()
         assert messages["content"][0]["text"] == chat
         responses = httpx.post(f"{server.url}/responses", timeout=120, json={
             "model": "x", "max_output_tokens": 12, "input": [{"role": "user", "content": [
-                {"type": "input_image", "image_url": "data:image/png;base64," + blue},
+                {"type": "input_image", "image_url": "data:image/png;base64," + red},
                 {"type": "input_text", "text": QUESTION}]}]}).json()
         assert responses["output"][0]["content"][0]["text"] == chat

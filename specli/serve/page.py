@@ -5,7 +5,8 @@ Four files shipped in the package (`static/`): HTML, CSS and plain JavaScript (t
 the Markdown it shows a chat's answers in), with no build step and nothing fetched from
 another host. The page calls the same API as any client, with the key it asks for when the
 server has one. Model output is put in the page as text only,
-and the Content-Security-Policy allows scripts, styles and requests from this origin alone.
+and the Content-Security-Policy allows scripts, styles and requests from this origin alone (images
+also as data: URLs: the ones a reader attaches, read in the page).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi import FastAPI, Response
 
 # Only this origin's own files and API: no inline script or style, no frames, no forms posted.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                           "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+                           "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",

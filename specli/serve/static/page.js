@@ -16,6 +16,8 @@ const state = {
   draftModel: "model", // what the `model` draft is called: the draft model's file, where the server names it
   proposers: {}, // who drafted a span, by its proposer name, in words: /v1/models says
   follow: true, // the conversation keeps its end in view: false once the reader scrolls up
+  vision: false, // the model takes images (/v1/models' capabilities: "multimodal")
+  images: [], // data: URLs of the images attached to the next message
 };
 
 // --- the API ---------------------------------------------------------------------------
@@ -359,12 +361,59 @@ function newTurn(text, body) {
     return { asked: null, box };
   }
   const system = $("system").value;
+  const images = state.images;
+  const content = images.length
+    ? images.map((url) => ({ type: "image_url", image_url: { url } })).concat([{ type: "text", text }])
+    : text;
   body.messages = (system.trim() ? [{ role: "system", content: system }] : [])
-    .concat(state.messages, [{ role: "user", content: text }]);
+    .concat(state.messages, [{ role: "user", content }]);
   const asked = message("user", "you");
+  for (const url of images) asked.append(picture(url));
   asked.append(document.createTextNode(text));
   $("prompt").value = "";
-  return { asked, box: message("assistant", "assistant") };
+  attach([]);
+  return { asked, box: message("assistant", "assistant"), content, images };
+}
+
+function picture(url) {
+  const image = document.createElement("img");
+  image.src = url;
+  image.alt = "an attached image";
+  return image;
+}
+
+// The images for the next message, shown under the message box (each with a button that takes it off).
+function attach(urls) {
+  state.images = urls;
+  const list = $("attached");
+  list.replaceChildren();
+  list.hidden = urls.length === 0;
+  urls.forEach((url, index) => {
+    const item = document.createElement("span");
+    item.className = "attachment";
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.textContent = "×";
+    remove.title = "take this image off";
+    remove.addEventListener("click", () => attach(state.images.filter((_, i) => i !== index)));
+    item.append(picture(url), remove);
+    list.append(item);
+  });
+}
+
+// Files chosen or dropped: each image read as a data: URL (the server fetches nothing).
+function addImages(files) {
+  const images = [...files].filter((file) => file.type.startsWith("image/"));
+  if (!state.vision || !state.chat) {
+    if (images.length) showError("this model takes no images (start the server with --mmproj FILE)");
+    return;
+  }
+  for (const file of images) {
+    const reader = new FileReader();
+    reader.onload = () => attach(state.images.concat([reader.result]));
+    reader.onerror = () => showError("could not read " + file.name);
+    reader.readAsDataURL(file);
+  }
 }
 
 async function send(event) {
@@ -427,6 +476,7 @@ function settle(answer, turn, text) {
     turn.box.remove();
     if (turn.asked !== null) turn.asked.remove();
     if (state.chat) $("prompt").value = text;
+    if (turn.images && turn.images.length) attach(turn.images); // still there for the next send
     clearStats(); // nothing was written: no counts of nothing beside the dashes
     if (answer.finish) setStat("finish", answer.finish);
     return;
@@ -434,7 +484,7 @@ function settle(answer, turn, text) {
   if (answer.finish === "stopped") note(turn.box, "stopped");
   if (answer.finish === "lost") note(turn.box, "the server was lost here");
   if (answer.finish === "length") note(turn.box, "cut at the token limit (Settings: Token limit)");
-  if (state.chat) state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer.text });
+  if (state.chat) state.messages.push({ role: "user", content: turn.content }, { role: "assistant", content: answer.text });
   keepEndInView();
 }
 
@@ -470,6 +520,8 @@ function setup(card) {
   $("compose").hidden = false;
   showError("");
   state.chat = card.chat !== false;
+  state.vision = (card.capabilities || []).includes("multimodal");
+  $("attach").hidden = !(state.vision && state.chat);
   const drafts = card.drafts || ["ngram", "none"];
   state.proposers = card.proposers || {};
   state.draftModel = card.draft && !drafts.includes(card.draft) ? card.draft : "model";
@@ -515,11 +567,22 @@ function start() {
   });
   $("clear").addEventListener("click", () => {
     state.messages = [];
+    attach([]);
     $("conversation").replaceChildren();
     clearStats();
     showError("");
   });
   $("prompt").addEventListener("keydown", onPromptKey);
+  $("attach").addEventListener("click", () => $("image").click());
+  $("image").addEventListener("change", () => {
+    addImages($("image").files);
+    $("image").value = "";
+  });
+  $("compose").addEventListener("dragover", (event) => event.preventDefault());
+  $("compose").addEventListener("drop", (event) => {
+    event.preventDefault();
+    addImages(event.dataTransfer.files);
+  });
   $("draft").addEventListener("change", showDrafting);
   $("draft-tokens").addEventListener("input", showDrafting);
   const view = $("conversation");
