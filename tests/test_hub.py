@@ -219,6 +219,29 @@ def test_pull_puts_both_models_in_the_hugging_face_cache_and_prints_their_paths(
     assert result.err == ""  # stderr is not a terminal here: no progress bars
 
 
+def test_a_pairs_projector_is_pulled_checked_listed_and_removed_with_it(hub, specli):
+    projector = make_gguf(2048, seed=7)
+    hub.add_file("test-org/target-GGUF", "mmproj-target-f16.gguf", projector)
+    add_pairs(f'''
+[pairs.seeing]
+target = {{ repo = "test-org/target-GGUF", file = "target.gguf" }}
+draft = "ngram"
+projector = {{ repo = "test-org/target-GGUF", file = "mmproj-target-f16.gguf", sha256 = "{hashlib.sha256(projector).hexdigest()}" }}
+''')
+    plan = specli("pull", "--dry-run", "seeing")
+    assert "projector  test-org/target-GGUF/mmproj-target-f16.gguf" in plan.out, plan.out
+    result = specli("pull", "seeing")
+    assert result.code == 0, result.err
+    folder = snapshot("test-org/target-GGUF")
+    assert result.lines == [str(folder / "target.gguf"), str(folder / "mmproj-target-f16.gguf")]
+    assert (folder / "mmproj-target-f16.gguf").read_bytes() == projector
+    from specli.models.resolve import resolve_models
+
+    assert resolve_models("seeing", None, None).projector == folder / "mmproj-target-f16.gguf"
+    assert specli("rm", "seeing").code == 0
+    assert not (folder / "mmproj-target-f16.gguf").exists()
+
+
 def test_pull_again_downloads_nothing(hub, specli):
     first = specli("pull", "tiny")
     gets = len(hub.gets(".gguf"))

@@ -112,10 +112,10 @@ def test_cross_vocabulary_drafts_are_copies_of_shipped_same_vocabulary_drafts():
             assert "through text" in pair.description, pair.name
 
 
-def test_shipped_targets_span_7b_to_70b_and_drafts_are_small():
+def test_shipped_targets_span_4b_to_70b_and_drafts_are_small():
     pairs = model_pairs()
     targets = [parameters_in_billions(pair.target) for pair in pairs]
-    assert min(targets) == 7 and max(targets) >= 70
+    assert min(targets) == 4 and max(targets) >= 70  # the 4B: the small pair that reads images
     for pair in pairs:
         assert parameters_in_billions(pair.draft) <= 1.0, pair.name
 
@@ -157,11 +157,24 @@ def test_shipped_mtp_pairs_are_a_laptop_sized_one_and_a_30b_class_one():
 
 def test_most_shipped_hub_models_are_fully_pinned_with_sizes():
     # MTP pairs aside: their files are newer than any public pin found (each says so in `unpinned`).
-    models = [(name, role, ref) for name, role, ref in shipped_hub_models() if name in {p.name for p in model_pairs()}]
+    # So are the image projectors: no public source states theirs (each says so), and the 4B
+    # target's commit (its sha256 and size are pinned).
+    models = [(name, role, ref) for name, role, ref in shipped_hub_models()
+              if name in {p.name for p in model_pairs()} and role != "projector" and name != "gemma-3-4b"]
     pinned = [ref for _, _, ref in models if ref.pinned]
     assert len(pinned) >= len(models) - 4
     for ref in pinned:
         assert ref.download_size, ref.label
+    for name, role, ref in shipped_hub_models():
+        assert ref.pinned or ref.unpinned, f"{name} {role}: pinned, or `unpinned` says why"
+
+
+def test_the_multimodal_pairs_pull_their_projectors():
+    pairs = load_registry().pairs
+    seeing = {name for name, pair in pairs.items() if pair.projector is not None}
+    assert {"gemma-3-4b", "gemma-3-27b"} <= seeing  # one small, one of the 20-30B class
+    for name in seeing:
+        assert "mmproj" in pairs[name].projector.file and pairs[name].projector.repo == pairs[name].target.repo
 
 
 def test_shipped_split_models_pin_every_part():

@@ -277,17 +277,19 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
     )
 
 
-def with_projector(spec: SessionSpec, *, needed: bool, notice: Callable[[str], None] | None = None) -> SessionSpec:
-    """The spec with its projector: --mmproj, else the one beside the target (llama.cpp's
-    mmproj-*.gguf): where images are `needed` (a target with none refuses them in one line),
-    or, with a `notice` (serve), wherever there is one, said in one line."""
+def with_projector(spec: SessionSpec, models: ResolvedModels, *, needed: bool,
+                   notice: Callable[[str], None] | None = None) -> SessionSpec:
+    """The spec with its projector: --mmproj, else the pair's, else the one beside the target
+    (llama.cpp's mmproj-*.gguf): where images are `needed` (a target with none refuses them in
+    one line), or, with a `notice` (serve, chat), wherever there is one, said in one line."""
     from specli.llama import vision
 
     if spec.projector is not None or not (needed or notice):
         return spec
-    found = vision.find_projector(spec.target) if spec.target.is_file() else None
+    found = models.projector or (vision.find_projector(spec.target) if spec.target.is_file() else None)
     if found is not None and notice is not None:
-        notice(f"images: reading them with {found.name}, found beside {spec.target.name} (--mmproj to choose)")
+        where = "the pair's" if models.projector else f"found beside {spec.target.name}"
+        notice(f"images: reading them with {found.name}, {where} (--mmproj to choose)")
     if found is None and not needed:
         return spec
     if found is None:

@@ -1,4 +1,4 @@
-"""`specli pull`: download a pair's target and draft into the Hugging Face cache."""
+"""`specli pull`: download a pair's target, draft and projector into the Hugging Face cache."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def pull(
         typer.Option("--dry-run", help="Show what would be downloaded, with sizes, and download nothing."),
     ] = False,
 ) -> None:
-    """Download the target and draft of each pair into the Hugging Face cache; print their paths."""
+    """Download the target, draft and image projector of each pair into the Hugging Face cache; print their paths."""
     from specli.models import hub
     from specli.models.registry import load_registry
 
@@ -34,6 +34,8 @@ def pull(
         typer.echo(str(target))
         if draft is not None:
             typer.echo(str(draft))
+        if pair.projector is not None:  # pulled with the target
+            typer.echo(str(hub.resolve_model(pair.projector, download=False, pair_name=pair.name)))
 
 
 def print_pull_plan(plan) -> None:

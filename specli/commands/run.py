@@ -90,7 +90,7 @@ def run(
     if prediction is not None and conversation:
         raise UsageError("--prediction needs a prompt: it is what one answer should repeat")
     models = opt.models(ctx.params)
-    spec = opt.with_projector(opt.session_spec(models, ctx.params), needed=bool(images),
+    spec = opt.with_projector(opt.session_spec(models, ctx.params), models, needed=bool(images),
                               notice=notifier(sys.stderr, quiet=quiet) if conversation else None)  # chat: /image
     request = opt.generation_request(models, ctx.params,
                                      max_tokens=max_tokens or (opt.NO_LIMIT if conversation else opt.DEFAULT_MAX_TOKENS))

@@ -47,7 +47,7 @@ def serve(
         spec = opt.session_spec(models, ctx.params)
     spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel),
                    draft_load=replace(spec.draft_load, sequences=parallel))
-    spec = opt.with_projector(spec, needed=False, notice=notifier(sys.stderr))
+    spec = opt.with_projector(spec, models, needed=False, notice=notifier(sys.stderr))
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access,

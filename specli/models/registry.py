@@ -249,6 +249,7 @@ class Pair(BaseModel):
     draft: DraftRef
     draft_tokens: Optional[int] = Field(default=None, ge=1)
     cross_vocabulary: bool = Field(default=False, strict=True)
+    projector: Optional[ModelRef] = None  # the target's image projector (an mmproj GGUF), pulled with it
 
     @field_validator("cross_vocabulary")
     @classmethod
@@ -264,10 +265,13 @@ class Pair(BaseModel):
         return self.draft if isinstance(self.draft, str) else DraftKind.MODEL
 
     def models(self) -> list[tuple[str, ModelRef]]:
-        """The pair's model files by role: `target`, then `draft` where the draft is a model."""
+        """The pair's model files by role: `target`, then `draft` where the draft is a model,
+        then `projector` where the pair has one."""
         roles = [("target", self.target)]
         if isinstance(self.draft, ModelRef):
             roles.append(("draft", self.draft))
+        if self.projector is not None:
+            roles.append(("projector", self.projector))
         return roles
 
     @property

@@ -18,6 +18,7 @@ class ResolvedModels:
     draft: str = DraftKind.NGRAM  # the draft kind, by name (specli/drafts.py)
     draft_model: Path | None = None  # with the draft kind "model"
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
+    projector: Path | None = None  # the pair's image projector, where it has one
 
 
 def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
@@ -37,9 +38,10 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
 
     entry = load_registry().get(pair)
     target_path, pair_draft = hub.resolve_pair(entry, download=True)
+    projector = hub.resolve_model(entry.projector, download=False, pair_name=entry.name) if entry.projector else None
     if draft:
-        return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens)
-    return ResolvedModels(target_path, entry.draft_kind, pair_draft, entry.draft_tokens)
+        return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens, projector=projector)
+    return ResolvedModels(target_path, entry.draft_kind, pair_draft, entry.draft_tokens, projector)
 
 
 def _with_draft(target: Path, draft: str | None) -> ResolvedModels:

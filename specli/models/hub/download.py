@@ -232,6 +232,8 @@ def pull_pair(pair: Pair, plan: PullPlan | None = None) -> tuple[Path, Path | No
     if plan.download_size:
         _say(f"pulling {pair.name}: {format_size(plan.download_size)} to download")
     target = _pulled_model("target", pair.target, plan, pair.name)
+    if pair.projector is not None:
+        _pulled_model("projector", pair.projector, plan, pair.name)
     if not isinstance(pair.draft, ModelRef):
         return target, None
     return target, _pulled_model("draft", pair.draft, plan, pair.name)
