@@ -264,3 +264,15 @@ def test_images_through_the_other_dialects_routes(smollm_path, files):
                 {"type": "input_image", "image_url": "data:image/png;base64," + red},
                 {"type": "input_text", "text": QUESTION}]}]}).json()
         assert responses["output"][0]["content"][0]["text"] == chat
+
+
+def test_a_chat_attaches_an_image_to_a_turn_and_keeps_the_earlier_ones(smollm_path, files):
+    lines = [f"/image {files['red']}", "Which word does the image show?", "/image /no/such.png",
+             f"/image {files['blue']}", "And this one: which word does it show?", "/bye"]
+    result = CliRunner().invoke(app, ["chat", "--target", str(smollm_path), "--mmproj", str(files["projector"]),
+                                      "-n", "16", "-c", "1024", "--color", "never"], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    answers = [line for line in result.stdout.split(">>> ") if line.strip().startswith("The image")]
+    assert len(answers) == 2 and "red" in answers[0] and "blue" in answers[1], result.stdout
+    assert "image not found: /no/such.png" in result.stderr
+    assert "new tokens" in result.stderr, "the second turn decodes only what is new (the first image stays cached)"
