@@ -276,3 +276,8 @@ def test_a_chat_attaches_an_image_to_a_turn_and_keeps_the_earlier_ones(smollm_pa
     assert len(answers) == 2 and "red" in answers[0] and "blue" in answers[1], result.stdout
     assert "image not found: /no/such.png" in result.stderr
     assert "new tokens" in result.stderr, "the second turn decodes only what is new (the first image stays cached)"
+
+
+def test_a_prompt_that_ends_with_its_image_is_one_line(smollm_path, files):
+    result = _run(smollm_path, files, "--no-chat", "--image", str(files["red"]), "The image: <__media__>")
+    assert_one_line_error(result, "ends with an image")

@@ -220,7 +220,7 @@ class Engine:
         seen = tokens if media is None else text_only(prompt)
         self.proposer.prepare(seen)
         if media is not None:
-            stats.images = len(set(token for token in prompt if token < 0))
+            stats.images = media.count
             stats.encode_seconds = media.encode_seconds - encoded
         stats.prefill_seconds = time.perf_counter() - started - stats.encode_seconds
         # KV cells the prompt takes beyond its positions (an M-RoPE image's embeddings).

@@ -131,8 +131,8 @@ class Stats:
                     draft_model=runs[0].draft_model if runs else "")
         for run in runs:
             for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced", "rows_read",
-                         "prefill_seconds", "images", "encode_seconds", "seconds", "draft_seconds", "draft_decode_seconds", "verify_seconds",
-                         "read_seconds", "batch_changes"):
+                         "prefill_seconds", "images", "encode_seconds", "seconds", "draft_seconds",
+                         "draft_decode_seconds", "verify_seconds", "read_seconds", "batch_changes"):
                 setattr(total, name, getattr(total, name) + getattr(run, name))
             for name in ("draft_lengths", "accept_lengths"):
                 mine, theirs = getattr(total, name), getattr(run, name)

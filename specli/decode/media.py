@@ -21,10 +21,6 @@ from typing import Protocol, Sequence
 import numpy as np
 
 
-def is_media(token: int) -> bool:
-    return token < 0
-
-
 def text_only(tokens: Sequence[int]) -> list[int]:
     """The tokens with every image position left out: what proposers read."""
     return [token for token in tokens if token >= 0]
@@ -34,6 +30,7 @@ class PromptMedia(Protocol):
     """The images of one prompt, decoded into the target with its text (specli.llama.vision)."""
 
     cells: int  # the KV cells the whole prompt takes (an image's embeddings, its text's tokens)
+    count: int  # its images
     encode_seconds: float  # the images' encoding so far (apart from the decode of their embeddings)
 
     def start_of(self, position: int) -> int:

@@ -206,7 +206,8 @@ class Projector:
             raise ModelFileError(f"the projector {path.name} takes no images (audio only)",
                                  "specli reads images only")
 
-    def prompt(self, text: str, images: list[Image], *, add_special: bool, parse_special: bool) -> tuple[list[int], Images]:
+    def prompt(self, text: str, images: list[Image], *, add_special: bool,
+               parse_special: bool) -> tuple[list[int], Images]:
         """The prompt's tokens, a placeholder at each image position, and its images. An image
         goes where the text has MARKER; images without one go before the text, in order."""
         missing = len(images) - text.count(MARKER)
@@ -269,6 +270,9 @@ def _read_chunks(projector: Projector, chunks) -> tuple[list[int], Images]:
         spans.append((len(tokens), positions, chunk))
         tokens += [placeholder(image_id)] * positions
         cells += int(_mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+    if spans and spans[-1][0] + spans[-1][1] == len(tokens):
+        raise ImageError("the prompt ends with an image: put text after it (a question, or the chat "
+                         "template's turn) for the model to answer from")
     return tokens, Images(projector, chunks, spans, cells)
 
 
@@ -277,6 +281,7 @@ class Images:
 
     def __init__(self, projector: Projector, chunks, spans: list[tuple[int, int, object]], cells: int) -> None:
         self.projector, self._chunks, self.spans, self.cells = projector, chunks, spans, cells
+        self.count = len(spans)
         self.encode_seconds = 0.0
 
     def start_of(self, position: int) -> int:
@@ -299,9 +304,7 @@ class Images:
             at = first + positions
         if at < len(prompt):
             row = target.decode(prompt[at:])[0]
-        if row is None:
-            raise ImageError("the prompt ends with an image: put text after it (a question, or the "
-                             "chat template's turn) for the model to answer from")
+        assert row is not None, "a prompt ends with text (_read_chunks)"
         return row
 
     def _decode_image(self, target: Any, chunk, first: int, positions: int) -> None:
@@ -314,9 +317,9 @@ class Images:
         embeddings = _mtmd.mtmd_get_output_embd(ctx)
         target.detach_sampler()
         n_past = _mtmd.llama_cpp.llama_pos(0)
-        status = _mtmd.mtmd_helper_decode_image_chunk(ctx, target.context_handle, chunk, embeddings, first,
-                                                      getattr(target, "sequence", 0), target.batch_size, ctypes.byref(n_past),
-                                                      _NO_CALLBACK, None)
+        sequence = getattr(target, "sequence", 0)  # a slot's own; a Model decodes sequence 0
+        status = _mtmd.mtmd_helper_decode_image_chunk(ctx, target.context_handle, chunk, embeddings, first, sequence,
+                                                      target.batch_size, ctypes.byref(n_past), _NO_CALLBACK, None)
         if status != 0:
             target.rewind(first)
             raise DecodeError(status, target.path, "failed to decode an image's embeddings")
