@@ -281,3 +281,37 @@ def test_a_chat_attaches_an_image_to_a_turn_and_keeps_the_earlier_ones(smollm_pa
 def test_a_prompt_that_ends_with_its_image_is_one_line(smollm_path, files):
     result = _run(smollm_path, files, "--no-chat", "--image", str(files["red"]), "The image: <__media__>")
     assert_one_line_error(result, "ends with an image")
+
+
+def test_a_server_started_to_allow_image_urls_fetches_them_bounded(smollm_path, files):
+    """--allow-image-urls: an http image URL (here a server on 127.0.0.1) is fetched; a missing
+    one, or one that is not an image, is a 400 naming the part; the server answers on after."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(files["folder"]))
+    handler.log_message = lambda *args: None
+    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    (files["folder"] / "notes.png").write_text("not an image")
+    base = f"http://127.0.0.1:{images.server_address[1]}"
+    try:
+        with serving("--target", smollm_path, "--mmproj", files["projector"], "--allow-image-urls") as server:
+            client = server.client()
+
+            def ask(url: str):
+                return client.chat.completions.create(model="x", max_tokens=12, messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]}])
+
+            assert "red" in ask(f"{base}/red.png").choices[0].message.content.lower()
+            import openai
+
+            for url, fragment in ((f"{base}/missing.png", "answered 404"), (f"{base}/notes.png", "not an image"),
+                                  ("http://127.0.0.1:9/x.png", "could not be fetched")):
+                with pytest.raises(openai.BadRequestError) as refused:
+                    ask(url)
+                assert fragment in refused.value.body["message"] and refused.value.body["param"] == "messages[0].content[0]"
+            assert "red" in ask(f"{base}/red.png").choices[0].message.content.lower()
+    finally:
+        images.shutdown()

@@ -28,6 +28,7 @@ def serve(
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt.not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
     metrics: Annotated[bool, typer.Option("--metrics", rich_help_panel=SERVER, help="Serve Prometheus metrics at /metrics.")] = False,
+    allow_image_urls: Annotated[bool, typer.Option("--allow-image-urls", rich_help_panel=SERVER, help="Fetch the http(s) image URLs requests name (off: data: URLs only; the server fetches what a client names).")] = False,
     allow_host: Annotated[Optional[list[str]], typer.Option("--allow-host", metavar="NAME", rich_help_panel=SERVER, help="Also answer requests whose Host is NAME (repeatable; * any). IP addresses, localhost and this machine's name are always answered.")] = None,
     allow_origin: Annotated[Optional[list[str]], typer.Option("--allow-origin", metavar="ORIGIN", rich_help_panel=SERVER, help="Let web pages from ORIGIN (https://app.example) use the API (repeatable; * any). The page at / and pages on localhost always may.")] = None,
 ) -> None:
@@ -51,5 +52,5 @@ def serve(
     defaults = opt.generation_request(models, ctx.params, max_tokens=opt.NO_LIMIT)
     access = Access(hosts=tuple(allow_host or ()), origins=tuple(origin.rstrip("/") for origin in allow_origin or ()))
     settings = ServeSettings(host, port, api_key or None, queue, memory, ctx.params["model"], defaults, access,
-                             metrics)
+                             metrics, allow_image_urls)
     raise typer.Exit(run_server(spec, settings))

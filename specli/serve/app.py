@@ -94,7 +94,8 @@ def _add_api(app: FastAPI, backend: Backend, info: ServerInfo, log: IO[str]) -> 
         worker = backend.ready()
         raw = await request.body()
         reading = asyncio.get_running_loop().run_in_executor(
-            readers, lambda: read(parse(raw, model), worker.session, info.defaults))
+            readers, lambda: read(parse(raw, model), worker.session, info.defaults,
+                                             fetch_images=info.image_urls))
         return replace(await reading, key=hashlib.sha256(raw).hexdigest())
 
     async def in_reader(work: Callable):

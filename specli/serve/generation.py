@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -47,8 +49,9 @@ class Asked:
         return isinstance(self.body, ChatRequest)
 
 
-def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
-    """The generation `body` asks for on the session's models, over the server's `defaults`."""
+def read(body: Body, session: Session, defaults: GenerationRequest, *, fetch_images: bool = False) -> Asked:
+    """The generation `body` asks for on the session's models, over the server's `defaults`
+    (`fetch_images`: an image part may name an http(s) URL, fetched now: serve --allow-image-urls)."""
     body.refused()
     tools = _Tools(body, session) if isinstance(body, ChatRequest) else None
     request = body.generation_request(defaults, tools.source() if tools is not None else None)
@@ -65,7 +68,7 @@ def read(body: Body, session: Session, defaults: GenerationRequest) -> Asked:
         messages = body.conversation(refs)
         if refs:
             prompt, media = chat_with_images(_projector(session, refs), session.target, messages,
-                                             [_image(url, where) for url, where in refs], body.template_tools(),
+                                             [_image(url, where, fetch_images) for url, where in refs], body.template_tools(),
                                              body.chat_template_kwargs)
         else:
             prompt = chat_tokens(session.target, messages, body.template_tools(), body.chat_template_kwargs)
@@ -85,25 +88,51 @@ def _projector(session: Session, refs: ImageRefs) -> vision.Projector:
     return session.projector
 
 
-def _image(url: str, where: str) -> vision.Image:
-    """An image part's image: a data: URL's bytes. A remote URL is not fetched (a request
-    would make the server fetch what it names), nor is a local path read."""
+def _image(url: str, where: str, fetch: bool) -> vision.Image:
+    """An image part's image: a data: URL's bytes, or where the server allows it (`fetch`) an
+    http(s) URL's (a request makes the server fetch what it names: off by default). A local
+    path is never read."""
     if url.startswith(("http://", "https://")):
-        raise RequestError(f"{where}: this server does not fetch image URLs; send the image itself as a "
-                           "data: URL (data:image/png;base64,...)", where)
-    if not url.startswith("data:"):
+        if not fetch:
+            raise RequestError(f"{where}: this server does not fetch image URLs; send the image itself as a "
+                               "data: URL (data:image/png;base64,...), or start it with --allow-image-urls", where)
+        data = fetched(url, where)
+    elif not url.startswith("data:"):
         raise RequestError(f"{where}: an image is a data: URL (data:image/png;base64,...)", where)
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise RequestError(f"{where}: a data: URL's image is base64 (data:image/png;base64,...)", where)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError(f"{where}: the data: URL is not valid base64", where) from None
+    else:
+        header, comma, payload = url.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise RequestError(f"{where}: a data: URL's image is base64 (data:image/png;base64,...)", where)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"{where}: the data: URL is not valid base64", where) from None
     try:
         return vision.read_image(data, where)
     except vision.ImageError as error:
         raise RequestError(error.message, where) from None
+
+
+FETCH_SECONDS = 20  # an image URL's whole fetch (connect, each read)
+FETCH_BYTES = 20 * 1024 * 1024  # the most an image URL may send
+
+
+def fetched(url: str, where: str) -> bytes:
+    """An image URL's bytes, bounded in time and size; a failure is a RequestError naming the part."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "specli"}),
+                                    timeout=FETCH_SECONDS) as response:
+            if not response.geturl().startswith(("http://", "https://")):
+                raise RequestError(f"{where}: the image URL led to {response.geturl()}", where)
+            data = response.read(FETCH_BYTES + 1)
+    except urllib.error.HTTPError as error:
+        raise RequestError(f"{where}: fetching the image answered {error.code} {error.reason}", where) from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise RequestError(f"{where}: the image could not be fetched ({reason})", where) from None
+    if len(data) > FETCH_BYTES:
+        raise RequestError(f"{where}: the image is over {FETCH_BYTES // (1024 * 1024)} MiB", where)
+    return data
 
 
 def _reasoning(session: Session, prompt: list[int]) -> Reasoning | None:

@@ -48,6 +48,7 @@ class ServeSettings:
     defaults: GenerationRequest = GenerationRequest(max_tokens=1 << 30)
     access: Access = Access()  # hosts and origins allowed beyond the server's own (--allow-host, --allow-origin)
     metrics: bool = False  # /metrics answers (--metrics)
+    image_urls: bool = False  # requests' http(s) image URLs are fetched (--allow-image-urls)
 
 
 def is_loopback(host: str) -> bool:
@@ -113,7 +114,7 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
 
     build = f"specli {__version__}, llama-cpp-python {library_versions()['llama_cpp_python']}"
     info = ServerInfo(settings.name or spec.target.name, spec.target.name, draft, settings.api_key,
-                      settings.defaults, int(time.time()), settings.metrics, build)
+                      settings.defaults, int(time.time()), settings.metrics, build, settings.image_urls)
     backend = Backend()
     config = uvicorn.Config(create_app(backend, info, err, settings.access), host=settings.host, port=settings.port,
                             log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")

@@ -21,6 +21,7 @@ class ServerInfo:
     started: int
     metrics: bool = False  # /metrics answers (serve --metrics)
     build: str = ""  # specli's and llama-cpp-python's versions (/props' build_info)
+    image_urls: bool = False  # fetch the http(s) image URLs requests name (serve --allow-image-urls)
 
 
 class Backend:

@@ -34,7 +34,8 @@ class ThroughChat:
         worker = self.backend.ready()
         chat_raw = json.dumps(chat).encode()
         model = ChatRequest if chat_route else CompletionRequest
-        asked = await self.in_reader(lambda: read(parse(chat_raw, model), worker.session, self.info.defaults))
+        asked = await self.in_reader(lambda: read(parse(chat_raw, model), worker.session, self.info.defaults,
+                                                        fetch_images=self.info.image_urls))
         # (a client that retries the same body keeps its place: keyed by the dialect's own body)
         asked = replace(asked, key=hashlib.sha256(raw).hexdigest())
         return await Answerer(worker, self.info.name, self.log)(asked, request)
