@@ -242,6 +242,24 @@ projector = {{ repo = "test-org/target-GGUF", file = "mmproj-target-f16.gguf", s
     assert not (folder / "mmproj-target-f16.gguf").exists()
 
 
+def test_a_hub_references_projector_is_pulled_from_its_repo_as_llama_cpp_does(hub):
+    """`--target owner/repo` with images: the repo's mmproj GGUF (the F16 one of two) is
+    pulled beside the model; none for a repo without one; nothing asked of the Hub for a text run."""
+    from specli.models import resolve
+
+    projector = make_gguf(2048, seed=8)
+    hub.add_file("test-org/target-GGUF", "mmproj-target-F16.gguf", projector)
+    hub.add_file("test-org/target-GGUF", "mmproj-target-Q8_0.gguf", make_gguf(1024, seed=9))
+    models = resolve.resolve_models(None, "test-org/target-GGUF/target.gguf", None)
+    assert models.reference == "test-org/target-GGUF/target.gguf"
+    found = resolve.projector(models)
+    assert found == snapshot("test-org/target-GGUF") / "mmproj-target-F16.gguf" and found.read_bytes() == projector
+    gets = len(hub.gets(".gguf"))
+    assert resolve.projector(models) == found and len(hub.gets(".gguf")) == gets, "cached: nothing downloaded again"
+    other = resolve.resolve_models(None, "test-org/draft-GGUF/draft.gguf", None)
+    assert resolve.projector(other) is None
+
+
 def test_pull_again_downloads_nothing(hub, specli):
     first = specli("pull", "tiny")
     gets = len(hub.gets(".gguf"))

@@ -17,6 +17,7 @@ from specli.commands.cli import app
 from specli.decode.request import DraftKind, GenerationRequest
 from specli.llama import vision
 from specli.llama.backend import LoadSettings
+from specli.models.resolve import projector_beside
 from specli.prompt import prompt_with_images
 from specli.session import SessionSpec, open_session
 from specli.stream import stream
@@ -160,7 +161,8 @@ def test_more_images_than_the_context_holds(smollm_path, files):
 def test_the_projector_beside_the_model_is_found(smollm_path, files, tmp_path):
     (tmp_path / "SmolLM2.gguf").symlink_to(smollm_path)
     (tmp_path / "mmproj-SmolLM2.gguf").symlink_to(files["projector"])
-    assert vision.find_projector(tmp_path / "SmolLM2.gguf") == tmp_path / "mmproj-SmolLM2.gguf"
+    (tmp_path / "mmproj-other-model.gguf").symlink_to(files["projector"])
+    assert projector_beside(tmp_path / "SmolLM2.gguf") == tmp_path / "mmproj-SmolLM2.gguf"
     result = CliRunner().invoke(app, ["run", "--target", str(tmp_path / "SmolLM2.gguf"), "-n", "12",
                                       "--image", str(files["red"]), QUESTION])
     assert result.exit_code == 0, result.output

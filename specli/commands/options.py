@@ -282,18 +282,19 @@ def with_projector(spec: SessionSpec, models: ResolvedModels, *, needed: bool,
     """The spec with its projector: --mmproj, else the pair's, else the one beside the target
     (llama.cpp's mmproj-*.gguf): where images are `needed` (a target with none refuses them in
     one line), or, with a `notice` (serve, chat), wherever there is one, said in one line."""
-    from specli.llama import vision
+    from specli.models import resolve
 
     if spec.projector is not None or not (needed or notice):
         return spec
-    found = models.projector or (vision.find_projector(spec.target) if spec.target.is_file() else None)
+    found = resolve.projector(models)
     if found is not None and notice is not None:
-        where = "the pair's" if models.projector else f"found beside {spec.target.name}"
+        where = "the pair's" if models.projector else "the model's"
         notice(f"images: reading them with {found.name}, {where} (--mmproj to choose)")
     if found is None and not needed:
         return spec
     if found is None:
-        raise UsageError(f"{spec.target.name} has no projector to read images with (no mmproj-*.gguf beside it)",
+        raise UsageError(f"{spec.target.name} has no projector to read images with (no mmproj*.gguf beside it"
+                         + (", nor in its repo)" if models.reference else ")"),
                          "give --mmproj FILE, the projector made for this model")
     return replace(spec, projector=found)
 

@@ -66,23 +66,6 @@ def is_projector(path: Path) -> bool:
         return False
 
 
-def find_projector(model: Path) -> Path | None:
-    """The projector beside a model file, as llama.cpp's `-hf` names them: `mmproj*.gguf` in
-    the model's folder (the one whose name shares most with the model's where there are several)."""
-    found = sorted(path for path in model.parent.glob("*.gguf") if "mmproj" in path.name.lower() and path != model)
-    if not found:
-        return None
-    stem = model.stem.lower()
-    return max(found, key=lambda path: (_shared_prefix(path.stem.lower().replace("mmproj-", ""), stem), path.name))
-
-
-def _shared_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @dataclass(frozen=True)
 class Image:
     """An image's bytes, checked, and its identity (a digest of the bytes)."""

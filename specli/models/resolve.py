@@ -19,6 +19,7 @@ class ResolvedModels:
     draft_model: Path | None = None  # with the draft kind "model"
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
     projector: Path | None = None  # the pair's image projector, where it has one
+    reference: str | None = None  # the target as given, where it is a Hub reference (its repo may hold a projector)
 
 
 def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
@@ -28,7 +29,10 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        return _with_draft(model_file(target), draft)
+        given = str(target)
+        resolved = _with_draft(model_file(target), draft)
+        return replace(resolved, reference=given) if not Path(given).expanduser().exists() and "/" in given \
+            and not given.startswith("ollama:") else resolved
     if pair is None:
         from specli.models.demo import embedded_model_path
 
@@ -93,6 +97,36 @@ def model_file(model: str | Path) -> Path:
     from specli.models import hub
 
     return hub.resolve_reference(str(model)) or path
+
+
+def projector(models: ResolvedModels) -> Path | None:
+    """The target's image projector where one is to be had: the pair's, else an mmproj GGUF
+    beside the target, else, for a Hub reference, its repo's (pulled, as llama.cpp's `-hf` does)."""
+    if models.projector is not None:
+        return models.projector
+    beside = projector_beside(models.target) if models.target.is_file() else None
+    if beside is not None or models.reference is None:
+        return beside
+    from specli.models import hub
+
+    return hub.projector_for(models.reference)
+
+
+def projector_beside(model: Path) -> Path | None:
+    """The projector beside a model file, as llama.cpp names them: an `mmproj*.gguf` in its folder
+    (of several, the one whose name shares most with the model's)."""
+    found = sorted(path for path in model.parent.glob("*.gguf") if "mmproj" in path.name.lower() and path != model)
+    if not found:
+        return None
+    stem = model.stem.lower()
+    return max(found, key=lambda path: (_shared_prefix(path.stem.lower().replace("mmproj-", ""), stem), path.name))
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def warn_if_self_drafting(models: ResolvedModels, stderr: IO[str]) -> None:

@@ -18,4 +18,4 @@ from specli.models.hub.cache import (  # noqa: F401 (the package's interface)
 )
 from specli.models.hub.check import CheckReport, check_pairs  # noqa: F401
 from specli.models.hub.download import PullPlan, plan_pull, pull_pair, resolve_model, resolve_pair  # noqa: F401
-from specli.models.hub.refs import cached_reference, parse_reference, resolve_reference  # noqa: F401
+from specli.models.hub.refs import cached_reference, parse_reference, projector_for, resolve_reference  # noqa: F401

@@ -70,6 +70,33 @@ def resolve_reference(text: str) -> Optional[Path]:
     return resolve_model(_model_ref(reference.repo, filename, listing), download=True)
 
 
+def projector_for(text: str) -> Optional[Path]:
+    """The image projector in a Hub reference's repo (its mmproj GGUF, which llama.cpp's `-hf`
+    fetches beside the model), pulled when missing; None where the repo has none, downloads are
+    off and it is not cached, or `text` is no Hub reference."""
+    reference = parse_reference(text)
+    if reference is None:
+        return None
+    cached = _projector_name(cached_repo_files(reference.repo), reference.quant)
+    if cached is not None and all(cached_parts(ModelRef(repo=reference.repo, file=cached))):
+        return resolve_model(ModelRef(repo=reference.repo, file=cached), download=False)
+    if hub_offline():
+        return None
+    listing = _reference_files(reference, text)
+    found = _projector_name(listing.files, reference.quant)
+    return resolve_model(_model_ref(reference.repo, found, listing), download=True) if found else None
+
+
+def _projector_name(names, quant: Optional[str]) -> Optional[str]:
+    """The repo's projector: the mmproj GGUF whose name holds the quant tag, else an F16 one, else the first."""
+    found = sorted(name for name in names if "mmproj" in name.lower() and name.lower().endswith(".gguf"))
+    for tag in ([quant] if quant else []) + ["f16"]:
+        matching = [name for name in found if tag.lower() in name.lower()]
+        if matching:
+            return matching[0]
+    return found[0] if found else None
+
+
 def cached_reference(text: str) -> Optional[Path]:
     """The local file of a Hub reference where the cache holds it (nothing is downloaded);
     None where it does not, or `text` is not a Hub reference."""
