@@ -198,9 +198,11 @@ class Projector:
             raise ImageError(f"the prompt has {text.count(MARKER)} image markers ({MARKER}) "
                              f"but {len(images)} images")
         text = MARKER * missing + text
-        bitmaps = [self._bitmap(image) for image in images]
+        bitmaps: list = []
         chunks = _mtmd.mtmd_input_chunks_init()
         try:
+            for image in images:
+                bitmaps.append(self._bitmap(image))
             source = _mtmd.mtmd_input_text()
             encoded = text.encode()
             source.text, source.text_len = encoded, len(encoded)
