@@ -15,8 +15,8 @@ from typing import Callable, Protocol
 
 from specli.decode.engine import Engine
 from specli.decode.events import Finished, Stats, StepRecord, Token
-from specli.decode.media import PromptMedia
 from specli.decode.logprobs import TokenLogprob
+from specli.decode.media import PromptMedia
 from specli.llama import backend, rpc
 
 
