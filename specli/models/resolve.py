@@ -29,10 +29,8 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if target is not None and pair is not None:
         raise SpecliError("give either -m PAIR or --target PATH, not both")
     if target is not None:
-        given = str(target)
         resolved = _with_draft(model_file(target), draft)
-        return replace(resolved, reference=given) if not Path(given).expanduser().exists() and "/" in given \
-            and not given.startswith("ollama:") else resolved
+        return replace(resolved, reference=str(target)) if _is_hub_reference(str(target)) else resolved
     if pair is None:
         from specli.models.demo import embedded_model_path
 
@@ -46,6 +44,15 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if draft:
         return replace(_with_draft(target_path, draft), draft_tokens=entry.draft_tokens, projector=projector)
     return ResolvedModels(target_path, entry.draft_kind, pair_draft, entry.draft_tokens, projector)
+
+
+def _is_hub_reference(given: str) -> bool:
+    """Whether model_file read `given` as a Hub reference (no such local file, nor an Ollama name)."""
+    if Path(given).expanduser().exists() or given.startswith("ollama:") or "/" not in given:
+        return False
+    from specli.models import hub
+
+    return hub.parse_reference(given) is not None
 
 
 def _with_draft(target: Path, draft: str | None) -> ResolvedModels:
