@@ -89,6 +89,9 @@ class ModelState:
     nextn_problem: str | None = None  # why the file's NextN layers cannot draft here (None: they can, or none)
     # Why drafts are not verified on this target (its recurrent state cannot be rolled back); None: they are.
     rewind_problem: str | None = None
+    # The target's caches as llama.cpp allocated them for these options (Model.cache_memory):
+    # kv_cache_bytes, and on a recurrent or hybrid target recurrent_bytes and recurrent_snapshots.
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -242,14 +245,16 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
                 notice("timing the target's verify batches")
             session.pricing.calibrate()
         costs = session.pricing.costs(measure=False)
-        problem = session.target.rewind_problem
+        # (a target loaded without snapshots because nothing drafts has no problem drafting)
+        problem = session.target.rewind_problem if spec.target_load.recurrent_snapshots else None
+        memory = session.target.cache_memory()
     curve = VerifyCurve(costs.verify)
     relative = {size: curve.cost(size) / curve.cost(1) for size in SHOWN_BATCHES}
     absolute = None if costs.source == "prior" else {size: 1000 * curve.cost(size) for size in SHOWN_BATCHES}
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
                       {name: cap.report() for name, cap in named.items() if cap is not None},
-                      nextn_layers(spec.target), nextn_problem(spec.target), problem)
+                      nextn_layers(spec.target), nextn_problem(spec.target), problem, memory)
 
 
 def check_backend() -> Backend:

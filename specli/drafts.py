@@ -17,7 +17,9 @@ A record says:
   drafts, as specli/pricing/ times and stores it; None: the target's costs alone price it);
 - how --draft auto weighs it (`choose`, tried in AUTO's order), and what of the target's own
   it drafts with (`own`: `specli drafts` lists and measures it beside the draft models);
-- whether it drafts after a prompt's images (`after_images`).
+- whether it drafts after a prompt's images (`after_images`);
+- how far `-k auto` drafts on a recurrent or hybrid target (`auto_reach`: the snapshots of
+  its state such a target keeps, see `snapshots`).
 
 Adding a kind: its proposer (decode/), what it loads (llama/), its record (`register`, here
 or from its own module); nothing else names it. Only `Session.engine_for` calls `build`.
@@ -29,14 +31,16 @@ import difflib
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from specli.decode.constraint import Matcher
 from specli.decode.draft_model import DraftModel, DraftModelProposer
 from specli.decode.mtp import MtpProposer, NextnDraft
 from specli.decode.ngram import NGramProposer
+from specli.decode.policy import MAX_DRAFT
 from specli.decode.proposers import Proposer
-from specli.decode.request import DraftKind, GenerationRequest
+from specli.decode.request import AUTO as DRAFT_AUTO
+from specli.decode.request import DraftKind, DraftTokens, GenerationRequest
 from specli.decode.slots import Slot, draft_slots
 from specli.decode.translate import TranslatedDraft
 from specli.errors import UsageError, VocabMismatchError
@@ -87,6 +91,9 @@ class Kind:
     # It drafts from a prompt's text around its images (decode/media.py). False: its proposer
     # reads the target's own state by position, so such a prompt drafts with n-gram lookup.
     after_images: bool = True
+    # -k auto's longest draft on a recurrent or hybrid target, which keeps that many snapshots
+    # of its state a sequence to take a rejected draft back (llama.cpp's n_rs_seq).
+    auto_reach: int = 8
 
     @property
     def drafts(self) -> bool:
@@ -223,7 +230,8 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            declined=lambda spec: mtp.nextn_problem(spec.target) if spec.target.is_file() else None,
            cost_key=lambda key, draft, load: key.beside(f"mtp-v{MTP_COSTS_VERSION}"),
            drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
-           choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers", after_images=False)
+           choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers", after_images=False,
+           auto_reach=3)  # llama.cpp's --spec-draft-n-max: a head fed its own state agrees less at each depth
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
             "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,
                                                                           DraftKind.NGRAM))
@@ -291,7 +299,20 @@ def for_server(spec: Any, notice: Notice = None) -> Any:
         reason = kind.declined(spec) if name not in spec.loads + extra else None
         if reason is not None and notice is not None:
             notice(f"requests cannot draft with '{name}': {reason}")
-    return replace(spec, loads=spec.loads + extra)
+    load = replace(spec.target_load, recurrent_snapshots=max(spec.target_load.recurrent_snapshots,
+                                                              snapshots(extra, [DRAFT_AUTO])))
+    return replace(spec, loads=spec.loads + extra, target_load=load)
+
+
+def snapshots(loads: Iterable[str], draft_tokens: Iterable[DraftTokens]) -> int:
+    """The snapshots of its recurrent state a recurrent or hybrid target keeps a sequence
+    (llama.cpp's n_rs_seq), sized to what the run drafts with the kinds it `loads` and its
+    `-k` values: none where nothing drafts (as llama.cpp decodes plainly), a fixed N's N, and
+    -k auto's `auto_reach`. The longest draft a step verifies there is as long (a longer one
+    could not be taken back). The snapshots change no logits (tests/test_recurrent_memory.py)."""
+    kinds = [KINDS[name] for name in loads if name in KINDS and KINDS[name].drafts]
+    return max((kind.auto_reach if tokens == DRAFT_AUTO else min(int(tokens), MAX_DRAFT)
+                for kind in kinds for tokens in draft_tokens), default=0)
 
 
 def drafter_for(kind: Kind, loaded: Any, target: Model, spec: Any) -> Callable[[StoreKey], Drafter]:

@@ -23,7 +23,7 @@ from specli.decode.constraint_sources import ConstraintSource, SourceKind, write
 from specli.decode.request import AUTO, DraftTokens, GenerationRequest, parse_draft_tokens, parse_draft_tokens_list
 from specli.decode.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingSettings  # noqa: F401 (defaults)
 from specli.errors import UsageError
-from specli.llama.backend import LoadSettings
+from specli.llama.backend import STATE_CHECKPOINTS, LoadSettings
 from specli.llama.rpc import parse_endpoints
 from specli.models.resolve import ResolvedModels
 from specli.prompt import read_chat_template, read_constraint_file
@@ -262,11 +262,17 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
     if where.draft_rpc and draft_layers == 0:
         raise UsageError("--draft-rpc with --draft-gpu-layers 0 puts no layer on the servers")
     load = dict(ctx_size=where.ctx_size, threads=where.threads, repack=where.repack)
+    asked = params.get("draft_tokens")
+    if asked is None:
+        asked = models.draft_tokens if models.draft_tokens is not None else AUTO
     return SessionSpec(
         target=models.target,
         draft_model=models.draft_model,
-        # --parallel N (run --batch, serve): N sequences of the target, each of -c positions
-        target_load=LoadSettings(layers, rpc=where.rpc, sequences=params.get("parallel") or 1, **load),
+        # --parallel N (run --batch, serve): N sequences of the target, each of -c positions;
+        # a recurrent target's snapshots as long as the run drafts (bench: its longest -k)
+        target_load=LoadSettings(layers, rpc=where.rpc, sequences=params.get("parallel") or 1,
+                                 recurrent_snapshots=drafts.snapshots((models.draft,), asked if isinstance(asked, list)
+                                                                      else [asked]), **load),
         draft_load=LoadSettings(draft_layers, rpc=where.draft_rpc, sequences=params.get("parallel") or 1, **load),
         exact=params.get("exact", False),
         verify_on_device=where.verify_on_device,
@@ -275,6 +281,12 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         loads=(models.draft,),
         projector=params.get("mmproj"),
     )
+
+
+def conversing(spec: SessionSpec) -> SessionSpec:
+    """The spec for a conversation (chat, serve): a recurrent or hybrid target keeps state
+    checkpoints on the host, so that each turn restores one and decodes only what is new."""
+    return replace(spec, target_load=replace(spec.target_load, checkpoints=STATE_CHECKPOINTS))
 
 
 def with_projector(spec: SessionSpec, models: ResolvedModels, *, needed: bool,

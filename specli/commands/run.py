@@ -104,7 +104,7 @@ def run(
     if text is None:
         from specli.commands.chat import chat as converse
 
-        code = converse(spec, request, output, system)
+        code = converse(opt.conversing(spec), request, output, system)
     else:
         code = execute(spec, Prompt(text, system, chat, images), request, output)
     raise typer.Exit(code)
@@ -198,6 +198,7 @@ def metadata(session: Session, engine: Engine) -> dict:
         "exact": request.exact,
         "exact_batch": session.exact().report() if request.exact else None,
         "repack": spec.target_load.repack,
+        "memory": session.target.cache_memory(),  # the target's caches, as llama.cpp allocated them
     }
     if isinstance(engine.policy, AdaptiveDraftPolicy):
         data["costs"] = engine.policy.costs.source

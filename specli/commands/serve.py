@@ -46,6 +46,7 @@ def serve(
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notifier(sys.stderr))
         spec = opt.session_spec(models, ctx.params)
+    spec = opt.conversing(spec)
     spec = replace(spec, target_load=replace(spec.target_load, sequences=parallel),
                    draft_load=replace(spec.draft_load, sequences=parallel))
     spec = opt.with_projector(spec, models, needed=False, notice=notifier(sys.stderr))

@@ -34,9 +34,27 @@ _GRAPH_LINES = ((b"CUDA Graph id", "reused"), (b"CUDA graph warmup complete", "c
                 (b"CUDA graph warmup reset", "reset"))
 _graph_events = {"reused": 0, "captured": 0, "reset": 0}
 
+# What llama.cpp logs of a context's caches as it allocates them, in MiB a buffer (one a
+# device): the attention cache ("KV buffer size") and a recurrent or hybrid model's states,
+# with their snapshots ("RS buffer size"). Summed since the last Model began creating its context.
+_BUFFER_LINES = ((b"KV buffer size", "kv"), (b"RS buffer size", "recurrent"))
+_buffers: dict[str, float] = {}
+
+
+def _note_buffer(text: bytes) -> None:
+    for marker, name in _BUFFER_LINES:
+        if marker in text:
+            try:
+                mib = float(text.rsplit(b"=", 1)[1].split()[0])
+            except (IndexError, ValueError):
+                return
+            _buffers[name] = _buffers.get(name, 0.0) + mib
+
 
 @interrupts.register
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if text and b"buffer size" in text:
+        _note_buffer(text)
     if text and b"CUDA" in text:
         for marker, event in _GRAPH_LINES:
             if marker in text:
@@ -50,7 +68,18 @@ def cuda_graph_events() -> dict[str, int]:
     return dict(_graph_events)
 
 
+@interrupts.register
+def _stderr_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's own logger (--verbose: every line to stderr), noting its cache sizes too."""
+    if text:
+        if b"buffer size" in text:
+            _note_buffer(text)
+        os.write(2, text)
+    return None
+
+
 _SILENT_LOG = llama.llama_log_callback(_silent_log)
+_STDERR_LOG = llama.llama_log_callback(_stderr_log)
 _backend_ready = False
 
 
@@ -65,8 +94,7 @@ def init_backend(verbose: bool | None = None) -> None:
     as they went before, silent at first)."""
     global _backend_ready
     if verbose is not None or not _backend_ready:
-        # A NULL callback restores llama.cpp's own logger (stderr).
-        llama.llama_log_set(llama.llama_log_callback() if verbose else _SILENT_LOG, ctypes.c_void_p(0))
+        llama.llama_log_set(_STDERR_LOG if verbose else _SILENT_LOG, ctypes.c_void_p(0))
     if not _backend_ready:
         llama.llama_backend_init()
         interrupts.guard_callbacks()
@@ -145,6 +173,11 @@ class LoadSettings:
     # The same for every draft kind, plain decoding included: it sets how a prompt is split
     # into batches, so plain and drafted runs compute alike.
     recurrent_snapshots: int = 8
+    # A recurrent or hybrid model's states kept on the host (llama-server's context
+    # checkpoints): one CHECKPOINT_TAIL tokens before the end of each prompt, the last this
+    # many, so that a later prompt that shares the conversation restores one and decodes on
+    # from there, not from the first token (chat, serve). Others ignore it.
+    checkpoints: int = 0
     # Sequences the context decodes side by side (llama.cpp's n_seq_max), each up to ctx_size
     # positions, in one unified KV cache of sequences x ctx_size cells (as Ollama's parallel
     # requests have; a cache split by sequence would split every mixed batch into many).
@@ -203,6 +236,15 @@ def _place_on_servers(params, servers: tuple[str, ...]) -> list:
 # tie as numpy's argmax does (the lowest id; ggml's CPU argmax takes the highest). A row
 # whose candidates all tie may hide further maxima: it is read again from host logits.
 DEVICE_CANDIDATES = 8
+
+
+# Where a recurrent model's checkpoint is taken: this many tokens before a prompt's end, as
+# llama-server takes its last, so that the next turn's prompt, which renders the answer
+# without the generation prompt's last tokens (a template that drops earlier reasoning),
+# still reaches back to one.
+CHECKPOINT_TAIL = 4
+STATE_CHECKPOINTS = 4  # the checkpoints chat and serve keep (LoadSettings.checkpoints)
+_PARTIAL = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a state's recurrent part only, not its KV cache
 
 
 def _context_params(settings: LoadSettings, n_ctx_train: int):
@@ -384,7 +426,9 @@ class Model(_Vocabulary):
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(self._model))
         ctx_params = _context_params(settings, self.n_ctx_train)
+        _buffers.clear()
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
+        self._cache_mib = dict(_buffers)  # see cache_memory
         if not self._ctx:
             raise ModelFileError(
                 f"llama.cpp could not create a context for {self.path} (n_ctx={ctx_params.n_ctx})",
@@ -483,6 +527,15 @@ class Model(_Vocabulary):
             raise ContextFullError(self.n_ctx)
         if all_rows and len(tokens) > self._batch_capacity:
             raise ValueError("all_logits decode is limited to one batch")
+        if self._checkpoints_kept and outputs is None and not all_rows and len(tokens) > CHECKPOINT_TAIL:
+            # a prompt (only its last row is wanted): its state CHECKPOINT_TAIL tokens before the end
+            head, tokens = tokens[:-CHECKPOINT_TAIL], tokens[-CHECKPOINT_TAIL:]
+            kept, self._checkpoints_kept = self._checkpoints_kept, 0
+            try:
+                self._decode(head, False)
+            finally:
+                self._checkpoints_kept = kept
+            self._checkpoint()
         self._decodes += 1
         start = 0
         while start < len(tokens):
@@ -642,6 +695,46 @@ class Model(_Vocabulary):
         self.snapshots = int(llama.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
         self._record: list[int] = []  # a recurrent model's cached tokens, to decode again (rewind)
         self._reach = 0  # how many positions a snapshot can take back now (recurrent only)
+        self._checkpoints_kept = settings.checkpoints if self.recurrent else 0
+        self._states: list[tuple[int, ctypes.Array]] = []  # (n_past, its recurrent state), oldest first
+
+    def _checkpoint(self) -> None:
+        """Keep the recurrent state at n_past on the host (the oldest goes past the number kept)."""
+        size = int(llama.llama_state_seq_get_size_ext(self._ctx, 0, _PARTIAL))
+        state = (ctypes.c_uint8 * size)()
+        if size == 0 or int(llama.llama_state_seq_get_data_ext(self._ctx, state, size, 0, _PARTIAL)) != size:
+            return
+        kept = [(at, data) for at, data in self._states if at != self.n_past]
+        self._states = (kept + [(self.n_past, state)])[-self._checkpoints_kept:]
+
+    def checkpoint_positions(self) -> list[int]:
+        """Where the recurrent states kept on the host stand (LoadSettings.checkpoints), oldest first."""
+        return [at for at, _ in self._states]
+
+    def _restore(self, n_keep: int) -> int:
+        """Go back to the latest checkpoint at or before n_keep: its position (0: there is none)."""
+        for at, state in reversed(self._states):
+            if 0 < at <= n_keep:
+                restored = int(llama.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, _PARTIAL))
+                # The recurrent state is back at `at`; the attention cache drops what follows it.
+                if restored and llama.llama_memory_seq_rm(self._memory, 0, at, -1):
+                    del self._record[at:]
+                    self.n_past, self._reach = at, 0
+                    self._states = [(p, data) for p, data in self._states if p <= at]
+                    return at
+                self._states = []
+                break
+        return 0
+
+    def cache_memory(self) -> dict[str, int]:
+        """What llama.cpp allocated for this context's caches, as it logs them: the attention
+        cache (`kv_cache_bytes`) and, on a recurrent or hybrid model, its states with their
+        snapshots (`recurrent_bytes`, for `recurrent_snapshots` snapshots a sequence)."""
+        memory = {f"{'kv_cache' if name == 'kv' else name}_bytes": round(mib * 2**20)
+                  for name, mib in self._cache_mib.items()}
+        if self.recurrent:
+            memory["recurrent_snapshots"] = self.snapshots
+        return memory
 
     @property
     def max_rewind(self) -> int | None:
@@ -666,13 +759,17 @@ class Model(_Vocabulary):
         A recurrent or hybrid model restores the snapshot llama.cpp kept after position
         n_keep - 1, which exists only within the last decode's batch, for its last
         `snapshots` tokens but its last one, and once: a rewind further than that (a cached
-        prompt's prefix, a batch decoded again) empties the cache and decodes the kept
-        tokens again; where they hold an image, it leaves the cache empty (n_past 0)."""
+        prompt's prefix, a batch decoded again) restores the latest checkpoint at or before
+        n_keep (LoadSettings.checkpoints) or else empties the cache, and decodes the kept
+        tokens from there again; where they hold an image, it leaves the cache there."""
         if self.recurrent and 0 < n_keep < self.n_past and self.n_past - n_keep > self._reach:
             kept = self._record[:n_keep]
-            self.rewind(0)
-            if min(kept) >= 0:  # (an image's positions are not decoded again: n_past stays 0)
-                self._decode(kept, False)
+            start = self._restore(n_keep)  # a checkpoint on the way (chat, serve), else the start
+            if start == 0:
+                self.rewind(0)
+            again = kept[start:]
+            if again and min(again) >= 0:  # (an image's positions are not decoded again: n_past stays)
+                self._decode(again, False)
             return
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             # Sliding-window caches keep n_swa + n_ubatch cells, enough for any rollback of a
@@ -681,6 +778,7 @@ class Model(_Vocabulary):
         if self.recurrent and n_keep < self.n_past:
             del self._record[n_keep:]
             self._reach = 0  # llama.cpp restores one snapshot, at the next decode
+            self._states = [(at, state) for at, state in self._states if at <= n_keep]
         self.n_past = min(self.n_past, n_keep)
 
     # --- lifetime -----------------------------------------------------------

@@ -269,6 +269,21 @@ QWEN35 = "qwen35"
 QWEN3NEXT = "qwen3next"  # Qwen3.5's layers with a mixture of experts; this llama.cpp cannot roll it back
 
 
+# A chat template for the hybrid models (SmolLM2's tokens) that treats earlier turns as Qwen3.5's
+# does: an answer's reasoning is dropped once it is not the last turn, so the next prompt renders
+# it otherwise than the cache holds it, from the generation prompt's "<think>\n" on.
+REASONING_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'assistant' -%}"
+    "<|im_start|>assistant\n{{ message.content.split('</think>')[-1].lstrip('\n') }}<|im_end|>\n"
+    "{%- else -%}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n<think>\n{%- endif -%}"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class HybridSpec:
     """A Qwen3.5 (or Qwen3-Next) trunk of `n_layer` blocks, every `full_attention_interval`-th
