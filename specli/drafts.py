@@ -72,7 +72,7 @@ class Kind:
     behind_lookup: bool = False  # n-gram lookup proposes first (--no-ngram: not; a prediction: always)
     wanted: Callable[[Any], bool] | None = None  # from the SessionSpec (None: its name is in spec.loads)
     load: Callable[[Any, Model, Notice], Any] | None = None  # (spec, target, notice): what it drafts with
-    target_loader: Callable[..., Model] | None = None  # how the target opens when this kind is wanted
+    target_loader: Callable[[Any], Model] | None = None  # how the target opens (from the SessionSpec) for it
     # Why it cannot draft, from what was loaded for it (None: where it loads anything, that it did).
     unavailable: Callable[[Any, Model], str | None] | None = None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
@@ -223,7 +223,9 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            build=lambda nextn, target, request, matcher, lookup: MtpProposer(
                nextn, request.sampling, request.seed or 0, request.draft_min_p, constraint=matcher),
            provenance="mtp", label="the model's own MTP layers", behind_lookup=True,
-           load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target)), target_loader=mtp.load_target,
+           load=lambda spec, target, notice: NextnDraft(mtp.MtpHeads(target, spec.nextn_file)),
+           target_loader=lambda spec: mtp.load_target(spec.target, spec.target_load, sidecar=spec.nextn_file,
+                                                      verbose=spec.verbose, chat_template=spec.chat_template),
            unavailable=lambda loaded, target: None if loaded is not None else
            f"{target.path.name} has no NextN (MTP) layers open to draft with",
            offered=lambda spec: _nextn_layers(spec.target) > 0,
@@ -344,7 +346,10 @@ def resolve_models(pair: str | None, target: str | Path | None, draft: str | Non
     if pair is not None and target is None and draft is None:
         _check_pair(pair)  # before anything is downloaded
     if draft is None or draft not in KINDS:
-        return resolve.resolve_models(pair, target, draft)
+        models = resolve.resolve_models(pair, target, draft)
+        if models.draft_model is not None and mtp.is_sidecar(models.draft_model):  # as llama.cpp's -md names one
+            return replace(models, draft=DraftKind.MTP, draft_model=None, nextn_file=models.draft_model)
+        return models
     models = resolve.resolve_models(pair, target, None)
     kind = KINDS[draft]
     if kind.order:

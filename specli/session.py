@@ -53,6 +53,7 @@ class SessionSpec:
     # NextN layers), besides the draft model, which draft_model names.
     loads: tuple[str, ...] = ()
     projector: Path | None = None  # --mmproj: what the target's prompts' images become (specli.llama.vision)
+    nextn_file: Path | None = None  # --draft mtp-*.gguf: the MTP file of a trunk-only target (specli.llama.mtp)
 
 
 class Session:
@@ -213,8 +214,8 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     if spec.exact:
         spec, exact_cap = _exact_settings(spec, notice)
     wanted = [kind for kind in drafts.KINDS.values() if kind.load is not None and kind.is_wanted(spec)]
-    load = next((kind.target_loader for kind in wanted if kind.target_loader is not None), mtp.load_model)
-    target = load(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
+    load = next((kind.target_loader for kind in wanted if kind.target_loader is not None), _load_target)
+    target = load(spec)
     loaded: dict[str, Any] = {}
     projector = None
     try:
@@ -242,6 +243,11 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         target.close()
         raise
     return session
+
+
+def _load_target(spec: SessionSpec) -> Model:
+    """The target as every kind but those with a loader of their own opens it."""
+    return mtp.load_model(spec.target, spec.target_load, verbose=spec.verbose, chat_template=spec.chat_template)
 
 
 def _warm_up(target: Model, loaded: Iterable[Any]) -> None:

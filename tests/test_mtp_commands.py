@@ -255,3 +255,26 @@ def test_exact_sizes_are_measured_on_the_target_as_loaded_with_its_nextn_layers(
     assert opened == [mtp_files["one"]] and caps[True].largest >= 1
     key = exact_key(mtp_files["one"], load, build_key())
     assert cost_store().get(key.beside("nextn")) == caps[True].to_json() and cost_store().get(key) is None
+
+
+def test_an_mtp_file_named_as_the_draft_drafts_for_its_trunk_wherever_it_lies(tmp_path):
+    """As llama.cpp's `-md mtp-*.gguf --spec-type draft-mtp`: `--draft FILE` naming an MTP file
+    (NextN layers, no trunk) drafts with it for a trunk-only target in another folder; another
+    model's MTP file, and a trunk without one, are refused in one line, exit 2."""
+    import dataclasses
+
+    from tests.support.synthetic_mtp import TINY_MTP, write_mtp_model
+
+    trunk = write_mtp_model(tmp_path / "trunk" / "model.gguf", TINY_MTP, trunk_only=True)
+    sidecar = write_mtp_model(tmp_path / "heads" / "mtp-model.gguf", TINY_MTP, sidecar=True)
+    wider = write_mtp_model(tmp_path / "other" / "mtp-other.gguf", dataclasses.replace(TINY_MTP, n_embd=128),
+                            sidecar=True)
+    assert mtp.is_sidecar(sidecar) and not mtp.is_sidecar(trunk) and mtp.sidecar_for(trunk) is None
+    plain, _, _ = run_json(trunk, "--draft", "none")
+    tokens, stats, _ = run_json(trunk, "--draft", sidecar, "--no-ngram", "-k", "2")
+    assert texts(tokens) == texts(plain)
+    assert stats["draft"] == "mtp" and stats["proposer"] == "mtp" and stats["accepted"] > 0
+    refused = invoke("run", "--target", trunk, *SMALL, "--draft", wider, PROMPT)
+    assert_one_line_error(refused, 2, "mtp-other.gguf", "is not the MTP file of model.gguf")
+    assert_one_line_error(invoke("run", "--target", trunk, *SMALL, "--draft", "mtp", PROMPT), 2,
+                          "holds none of their tensors")

@@ -280,6 +280,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
         chat_template=read_chat_template(path) if (path := params.get("chat_template_file")) is not None else None,
         loads=(models.draft,),
         projector=params.get("mmproj"),
+        nextn_file=models.nextn_file,
     )
 
 

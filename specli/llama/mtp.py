@@ -106,26 +106,46 @@ def _declared_and_held(path: Path | str) -> tuple[int, bool, str]:
     return declared, any(tensor.name == probe for tensor in header.tensors), arch
 
 
-def sidecar_for(path: Path | str) -> Path | None:
-    """The MTP file beside a trunk-only GGUF that holds its NextN layers (None: there is none):
-    an `mtp-*.gguf` in the same folder, as llama.cpp's converter writes it and its `-hf`
-    downloads it, of the same architecture and width, holding NextN layers and no trunk block
-    (llama.cpp loads such a file "MTP-only")."""
+def sidecar_for(path: Path | str, named: Path | str | None = None) -> Path | None:
+    """The MTP file that holds a trunk-only GGUF's NextN layers (None: there is none): `named`
+    (--draft FILE), else an `mtp-*.gguf` in the same folder, as llama.cpp's converter writes it
+    and its `-hf` downloads it. Either is of the trunk's architecture and width and holds NextN
+    layers and no trunk block (llama.cpp loads such a file "MTP-only")."""
     path = Path(path)
     declared, held, arch = _declared_and_held(path)
     if not declared or held:
         return None
-    width = read_header(path).metadata.get(f"{arch}.embedding_length")
+    if named is not None:
+        return Path(named) if sidecar_problem(path, named) is None else None
     for candidate in sorted(path.parent.glob("mtp-*.gguf")):
-        try:
-            header = read_header(candidate)
-        except Exception:  # noqa: BLE001 - a file that is not a readable GGUF is no sidecar
-            continue
-        names = {tensor.name for tensor in header.tensors}
-        found, has, kind = _declared_and_held(candidate)
-        if (kind == arch and found == declared and has and "blk.0.attn_norm.weight" not in names
-                and header.metadata.get(f"{arch}.embedding_length") == width):
+        if sidecar_problem(path, candidate) is None:
             return candidate
+    return None
+
+
+def is_sidecar(path: Path | str) -> bool:
+    """Whether the GGUF at `path` holds NextN layers and no trunk block (an MTP file)."""
+    try:
+        header = read_header(path)
+    except Exception:  # noqa: BLE001 - a file that is not a readable GGUF is no sidecar
+        return False
+    found, has, _ = _declared_and_held(path)
+    return bool(found and has and "blk.0.attn_norm.weight" not in {tensor.name for tensor in header.tensors})
+
+
+def sidecar_problem(target: Path | str, sidecar: Path | str) -> str | None:
+    """Why `sidecar` is not the MTP file of the trunk-only `target` (None: it is)."""
+    declared, held, arch = _declared_and_held(target)
+    name = Path(sidecar).name
+    if not is_sidecar(sidecar):
+        return f"{name} is not an MTP file (NextN layers without a trunk)"
+    if not declared or held:
+        return f"{Path(target).name} " + ("holds its NextN layers itself" if held else "declares no NextN layers")
+    found, _, kind = _declared_and_held(sidecar)
+    width, other = (read_header(file).metadata.get(f"{arch}.embedding_length") for file in (target, sidecar))
+    if kind != arch or found != declared or width != other:
+        return (f"{name} ({kind}, {found} NextN layers, width {other}) is not the MTP file of {Path(target).name} "
+                f"({arch}, {declared}, width {width})")
     return None
 
 
@@ -175,22 +195,26 @@ def load_model(path: Path | str, settings: LoadSettings = LoadSettings(), **mode
     return Model(path, settings, **model_options)
 
 
-def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), **model_options) -> Model:
+def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), *, sidecar: Path | None = None,
+                **model_options) -> Model:
     """The target at `path` loaded with its NextN layers and its hidden states put out for
     every decoded token, ready for `MtpHeads`. Plain decoding compared with MTP drafting
     loads the target this way too: the hidden states keep the trunk's last layer running on
-    every row, which may round its logits differently. MtpUnavailableError where this build
-    or the file cannot draft this way."""
+    every row, which may round its logits differently. `sidecar`: the MTP file named for a
+    trunk-only target (else one beside it). MtpUnavailableError where this build or the file
+    cannot draft this way."""
     reason = unsupported_reason()
     if reason is not None:
         raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
     check_gguf_file(Path(path))
     declared, held, arch = _declared_and_held(path)
-    if not held and sidecar_for(path) is None:
+    if sidecar is not None and (problem := sidecar_problem(path, sidecar)) is not None:
+        raise MtpUnavailableError(problem, "name the mtp-*.gguf converted with this model, or use another --draft")
+    if not held and sidecar_for(path, sidecar) is None:
         if declared:
             raise MtpUnavailableError(f"{Path(path).name} declares {declared} NextN (MTP) layers but holds none of "
                                       "their tensors, and no mtp-*.gguf beside it holds them",
-                                      "put the model's MTP file (mtp-*.gguf) in the same folder, or use another --draft")
+                                      "put the model's MTP file (mtp-*.gguf) beside it, or name it: --draft FILE")
         raise MtpUnavailableError(f"{Path(path).name} has no NextN (MTP) layers to draft with",
                                   "use a GGUF converted with its MTP layers, or another --draft")
     problem = graph_problem(arch, declared)
@@ -231,7 +255,7 @@ class MtpHeads:
     go once every cache has read them (`release`): what a catch-up needs, not a row of
     n_embd floats (16 KB at n_embd 4096) for every position of the context."""
 
-    def __init__(self, target: Model) -> None:
+    def __init__(self, target: Model, sidecar: Path | None = None) -> None:
         reason = unsupported_reason()
         if reason is not None:
             raise MtpUnavailableError(f"--draft mtp needs llama.cpp's MTP API: {reason}", _HINT)
@@ -239,7 +263,7 @@ class MtpHeads:
         # A trunk-only target's NextN layers come from its sidecar: a model of its own, loaded
         # MTP-only, whose contexts read the target's (as llama.cpp's draft-mtp loads it).
         self._sidecar = None
-        sidecar = sidecar_for(target.path)
+        sidecar = sidecar_for(target.path, sidecar)
         if sidecar is not None:
             self._sidecar = _load_sidecar(sidecar, target)
         self._heads_model = self._sidecar or target.model_handle

@@ -20,6 +20,7 @@ class ResolvedModels:
     draft_tokens: int | None = None  # the pair's default -k, if it sets one (-k not given)
     projector: Path | None = None  # the pair's image projector, where it has one
     reference: str | None = None  # the target as given, where it is a Hub reference (its repo may hold a projector)
+    nextn_file: Path | None = None  # with the draft kind "mtp": the MTP file named for a trunk-only target
 
 
 def resolve_models(pair: str | None, target: str | Path | None, draft: str | None) -> ResolvedModels:
