@@ -130,15 +130,21 @@ def gemma_server(gemma_path):
 def mtp_files(tmp_path_factory):
     """Tiny GGUFs with NextN layers (tests/support/synthetic_mtp.py): one layer, three chained, one
     whose head is closed (its output scaled to 0), a hybrid target (Qwen3.5's shape),
-    Qwen3-Next's (which this llama.cpp cannot roll back) and a Qwen3.5 with two NextN layers."""
-    from tests.support.synthetic_mtp import QWEN3NEXT, HybridSpec, write_tiny_hybrid, write_tiny_mtp
+    Qwen3-Next's (which this llama.cpp cannot roll back), a Qwen3.5 with two NextN layers, and
+    a MiMo whose head needs the right state at the right position (MtpSpec.wiring)."""
+    from dataclasses import replace
+
+    from tests.support.synthetic_mtp import (QWEN3NEXT, TINY_MTP, HybridSpec, write_mtp_model, write_tiny_hybrid,
+                                             write_tiny_mtp)
 
     folder = tmp_path_factory.mktemp("mtp")
     return {"one": write_tiny_mtp(folder), "chained": write_tiny_mtp(folder, heads=3),
             "closed": write_tiny_mtp(folder, head_scale=0.0), "hybrid": write_tiny_hybrid(folder),
             "next": write_tiny_hybrid(folder, HybridSpec(arch=QWEN3NEXT)),
             # two NextN layers on an architecture whose MTP graph takes one (llama.cpp aborts)
-            "two_on_one": write_tiny_hybrid(folder / "two", HybridSpec(n_nextn=2))}
+            "two_on_one": write_tiny_hybrid(folder / "two", HybridSpec(n_nextn=2)),
+            # a head that drafts right only from the target's state at the position before
+            "wiring": write_mtp_model(folder / "wiring" / "tiny-mtp-wiring.gguf", replace(TINY_MTP, wiring=True))}
 
 
 @pytest.fixture(scope="module")

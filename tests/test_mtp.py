@@ -193,6 +193,82 @@ def test_the_hidden_rows_read_by_every_cache_are_let_go_and_greedy_stays_plain(m
         target.close()
 
 
+class _WrongState:
+    """The NextN layers fed a wrong state: the target's one position earlier, or zeros."""
+
+    def __init__(self, heads, shift: int | None) -> None:
+        self._heads, self._shift = heads, shift
+
+    def __getattr__(self, name):
+        return getattr(self._heads, name)
+
+    def target_hidden(self, first: int, count: int) -> np.ndarray:
+        if self._shift is None:
+            return np.zeros((count, self._heads.n_embd), dtype=np.float32)
+        return self._heads.target_hidden(first + self._shift, count)
+
+
+def test_a_head_that_needs_the_right_state_keeps_drafts_only_when_fed_it(mtp_files):
+    """The wiring model's head predicts from the state alone (MtpSpec.wiring): fed the target's
+    state at the position before each entry it drafts what the target writes; fed the state one
+    position earlier, or zeros, it loses (nearly) every draft. Greedy output is plain either way."""
+    target, heads = load(mtp_files["wiring"])
+    try:
+        prompt = target.tokenize(PROMPT)
+        plain, _ = generate(target, NoProposer(), 0, prompt)
+        kept = {}
+        for name, fed in {"right": heads, "earlier": _WrongState(heads, -1), "zeros": _WrongState(heads, None)}.items():
+            target.rewind(0)
+            tokens, stats = generate(target, MtpProposer(NextnDraft(fed), SamplingSettings()), 1, prompt)
+            assert [t.id for t in tokens] == [t.id for t in plain], name
+            kept[name] = stats.accepted / max(1, stats.drafted)
+        assert kept["right"] > 0.6 and kept["earlier"] < 0.1 and kept["zeros"] < 0.1, kept
+    finally:
+        heads.close()
+        target.close()
+
+
+def test_catch_up_entries_and_the_second_depth_read_what_a_fresh_decode_of_the_same_pairs_reads(mtp_files):
+    """After a drafted generation (catch-ups a few entries at a time, rejected drafts removed),
+    the next draft's first and second rows are those of a fresh MTP context fed, in one batch,
+    every committed token with the target's state at the position before it, then the first
+    draft token with the state that batch wrote. Feeding the catch-up entries a state one
+    position earlier, or zeros, or the second entry zeros, moves the rows far more than
+    rounding does: the catch-up entries and the state at depth 2 are pinned, not just the last entry."""
+    target, heads = load(mtp_files["wiring"])
+    fresh, fresh_heads = load(mtp_files["wiring"])
+    try:
+        draft = NextnDraft(heads)
+        prompt = target.tokenize(PROMPT)
+        tokens, stats = generate(target, MtpProposer(draft, SamplingSettings()), 3, prompt)
+        assert 0 < stats.accepted < stats.drafted
+        committed = prompt + [t.id for t in tokens]
+        first = np.array(draft.row_after(committed))
+        token = int(np.argmax(first))
+        second = np.array(draft.extend(token))
+        fresh.decode(committed[:-1])
+        states = fresh_heads.target_hidden(-1, len(committed))  # entry q reads row q - 1
+
+        def reference(catch_up: np.ndarray, depth_two: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+            fresh_heads.rewind(0, 0)
+            logits, written = fresh_heads.decode(0, committed, 0, np.vstack([catch_up[:-1], states[-1:]]))
+            logits = np.array(logits)
+            row, _ = fresh_heads.decode(0, [token], len(committed), (written if depth_two is None else depth_two)[None, :])
+            return logits, np.array(row)
+
+        expected = reference(states)
+        np.testing.assert_allclose(first, expected[0], atol=1e-4)
+        np.testing.assert_allclose(second, expected[1], atol=1e-4)
+        earlier = np.vstack([np.zeros_like(states[:1]), states[:-1]])
+        for name, wrong in {"catch-up one earlier": reference(earlier), "catch-up zeros": reference(np.zeros_like(states)),
+                            "depth 2 zeros": reference(states, np.zeros(states.shape[1], dtype=np.float32))}.items():
+            moved = max(np.abs(wrong[0] - expected[0]).max(), np.abs(wrong[1] - expected[1]).max())
+            assert moved > 1e-2, (name, moved)
+    finally:
+        for model in (heads, target, fresh_heads, fresh):
+            model.close()
+
+
 # --- drafting through the engine ----------------------------------------------------------------
 
 

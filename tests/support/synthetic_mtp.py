@@ -62,6 +62,12 @@ class MtpSpec:
     logit_scale: float = 2.0  # the preferred token's logit is about logit_scale * sqrt(n_embd)
     context_length: int = 2048
     dtype: str = "f32"
+    # A head that needs the right state at the right position: its block reads the trunk's
+    # hidden state alone (eh_proj's embedding half is zero) and writes through a head of its
+    # own (nextn.shared_head_head) whose row following[following[x]] is x's embedding. Entry q
+    # reads (token q, the state at q - 1, which holds token q - 1), so it predicts the token two
+    # after q - 1, the one after q; a state one position off, or zeros, predicts another.
+    wiring: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -96,6 +102,8 @@ class MtpSpec:
                     (f"blk.{i}.nextn.enorm.weight", (d,)),
                     (f"blk.{i}.nextn.hnorm.weight", (d,)),
                 ]
+                if self.wiring:
+                    names += [(f"blk.{i}.nextn.shared_head_head.weight", (n_vocab, d))]
         names += [("output_norm.weight", (d,)), ("output.weight", (n_vocab, d))]
         return names
 
@@ -135,12 +143,14 @@ def _embeddings(n_vocab: int, spec: MtpSpec, seed: int) -> np.ndarray:
     return _random("token_embd.weight", (n_vocab, spec.n_embd), seed, 1.0)  # unit-RMS rows
 
 
-def _output_head(embeddings: np.ndarray, vocab: Vocabulary, logit_scale: float, seed: int) -> np.ndarray:
-    """Row following[x] is x's embedding, scaled, for every ordinary token x; the rows of the
-    other tokens are zero."""
+def _output_head(embeddings: np.ndarray, vocab: Vocabulary, logit_scale: float, seed: int,
+                 steps: int = 1) -> np.ndarray:
+    """Row following[x] (`steps` 2: following[following[x]]) is x's embedding, scaled, for every
+    ordinary token x; the rows of the other tokens are zero."""
     head = np.zeros_like(embeddings)
     ordinary, following = ordinary_tokens(vocab), following_tokens(vocab, seed)
-    head[following[ordinary]] = embeddings[ordinary] * (logit_scale / np.sqrt(embeddings.shape[1]))
+    ahead = following[following[ordinary]] if steps == 2 else following[ordinary]
+    head[ahead] = embeddings[ordinary] * (logit_scale / np.sqrt(embeddings.shape[1]))
     return head
 
 
@@ -152,7 +162,8 @@ def _block_values(name: str, shape: tuple[int, ...], spec: MtpSpec, seed: int) -
     layer = int(name.split(".")[1])
     if name.endswith("nextn.eh_proj.weight"):
         d = spec.n_embd
-        return np.hstack([np.eye(d, dtype=np.float32), spec.hidden_weight * np.eye(d, dtype=np.float32)])
+        embedding = np.zeros((d, d), dtype=np.float32) if spec.wiring else np.eye(d, dtype=np.float32)
+        return np.hstack([embedding, (1.0 if spec.wiring else spec.hidden_weight) * np.eye(d, dtype=np.float32)])
     scale = spec.trunk_scale if layer < spec.n_layer else spec.head_scale
     std = 1.0 / np.sqrt(shape[1])
     if name.endswith(("attn_output.weight", "ffn_down.weight")):
@@ -233,6 +244,8 @@ def write_mtp_model(
             made = embeddings
         elif tensor_name == "output.weight":
             made = _output_head(embeddings, vocab, spec.logit_scale, seed)
+        elif tensor_name.endswith("nextn.shared_head_head.weight"):
+            made = _output_head(embeddings, vocab, spec.logit_scale, seed, steps=2)
         else:
             made = _block_values(tensor_name, shape, spec, seed)
         return made.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False)
