@@ -107,18 +107,16 @@ def _declared_and_held(path: Path | str) -> tuple[int, bool, str]:
 
 
 def sidecar_for(path: Path | str, named: Path | str | None = None) -> Path | None:
-    """The MTP file that holds a trunk-only GGUF's NextN layers (None: there is none): `named`
-    (--draft FILE), else an `mtp-*.gguf` in the same folder, as llama.cpp's converter writes it
-    and its `-hf` downloads it. Either is of the trunk's architecture and width and holds NextN
-    layers and no trunk block (llama.cpp loads such a file "MTP-only")."""
+    """The MTP file that holds a trunk's NextN layers (None: there is none, or the file holds
+    its own): `named` (--draft FILE), else an `mtp-*.gguf` in the same folder, as llama.cpp's
+    converter writes it (`--mtp`, beside the `--no-mtp` trunk) and its `-hf` downloads it."""
     path = Path(path)
-    declared, held, arch = _declared_and_held(path)
-    if not declared or held:
+    if _declared_and_held(path)[1]:
         return None
     if named is not None:
         return Path(named) if sidecar_problem(path, named) is None else None
     for candidate in sorted(path.parent.glob("mtp-*.gguf")):
-        if sidecar_problem(path, candidate) is None:
+        if candidate != path and sidecar_problem(path, candidate) is None:
             return candidate
     return None
 
@@ -133,36 +131,55 @@ def is_sidecar(path: Path | str) -> bool:
     return bool(found and has and "blk.0.attn_norm.weight" not in {tensor.name for tensor in header.tensors})
 
 
+def _trunk_blocks(path: Path | str, arch: str) -> tuple[object, object]:
+    """A file's trunk blocks (its blocks but the NextN layers it declares) and its width."""
+    metadata = read_header(path).metadata
+    blocks, declared = metadata.get(f"{arch}.block_count", 0), metadata.get(f"{arch}.nextn_predict_layers", 0)
+    trunk = blocks - declared if isinstance(blocks, int) and isinstance(declared, int) else None
+    return trunk, metadata.get(f"{arch}.embedding_length")
+
+
 def sidecar_problem(target: Path | str, sidecar: Path | str) -> str | None:
-    """Why `sidecar` is not the MTP file of the trunk-only `target` (None: it is)."""
+    """Why `sidecar` is not the MTP file of the trunk `target` (None: it is): one of its
+    architecture, trunk depth and width, with the NextN layers the trunk declares where it
+    declares any (the converter's `--no-mtp` trunk declares none; an older split, its own)."""
     declared, held, arch = _declared_and_held(target)
     name = Path(sidecar).name
     if not is_sidecar(sidecar):
         return f"{name} is not an MTP file (NextN layers without a trunk)"
-    if not declared or held:
-        return f"{Path(target).name} " + ("holds its NextN layers itself" if held else "declares no NextN layers")
+    if held:
+        return f"{Path(target).name} holds its NextN layers itself"
     found, _, kind = _declared_and_held(sidecar)
-    width, other = (read_header(file).metadata.get(f"{arch}.embedding_length") for file in (target, sidecar))
-    if kind != arch or found != declared or width != other:
-        return (f"{name} ({kind}, {found} NextN layers, width {other}) is not the MTP file of {Path(target).name} "
-                f"({arch}, {declared}, width {width})")
+    ours, theirs = _trunk_blocks(target, arch), _trunk_blocks(sidecar, kind)
+    if kind != arch or ours != theirs or (declared and found != declared):
+        return (f"{name} ({kind}, {theirs[0]} trunk blocks, width {theirs[1]}) is not the MTP file of "
+                f"{Path(target).name} ({arch}, {ours[0]} blocks, width {ours[1]})")
     return None
+
+
+def _nextn_source(path: Path | str, named: Path | str | None = None) -> tuple[int, str, Path | None]:
+    """(the NextN layers the GGUF at `path` holds, or its MTP file does; its architecture; that
+    MTP file, None where the GGUF holds them or there are none), from headers alone."""
+    declared, held, arch = _declared_and_held(path)
+    if held:
+        return declared, arch, None
+    sidecar = sidecar_for(path, named)
+    return (_declared_and_held(sidecar)[0] if sidecar is not None else 0), arch, sidecar
 
 
 def nextn_layers(path: Path | str) -> int:
     """How many NextN layers the GGUF at `path` holds, or its MTP sidecar does (sidecar_for),
     where this llama.cpp can draft with them (0: none, only declared, or no MTP graph for
     them: nextn_problem says), read from headers without llama.cpp."""
-    declared, held, arch = _declared_and_held(path)
-    held = held or sidecar_for(path) is not None
-    return declared if held and graph_problem(arch, declared) is None else 0
+    layers, arch, _ = _nextn_source(path)
+    return layers if layers and graph_problem(arch, layers) is None else 0
 
 
 def nextn_problem(path: Path | str) -> str | None:
     """Why the NextN layers the GGUF at `path` (or its sidecar) holds cannot draft on this
     llama.cpp (None: it holds none, or they can)."""
-    declared, held, arch = _declared_and_held(path)
-    return graph_problem(arch, declared) if held or sidecar_for(path) is not None else None
+    layers, arch, _ = _nextn_source(path)
+    return graph_problem(arch, layers) if layers else None
 
 
 def nextn_share(path: Path | str) -> float:
@@ -210,18 +227,20 @@ def load_target(path: Path | str, settings: LoadSettings = LoadSettings(), *, si
     declared, held, arch = _declared_and_held(path)
     if sidecar is not None and (problem := sidecar_problem(path, sidecar)) is not None:
         raise MtpUnavailableError(problem, "name the mtp-*.gguf converted with this model, or use another --draft")
-    if not held and sidecar_for(path, sidecar) is None:
+    layers, arch, found = _nextn_source(path, sidecar)
+    if not layers:
         if declared:
             raise MtpUnavailableError(f"{Path(path).name} declares {declared} NextN (MTP) layers but holds none of "
                                       "their tensors, and no mtp-*.gguf beside it holds them",
                                       "put the model's MTP file (mtp-*.gguf) beside it, or name it: --draft FILE")
         raise MtpUnavailableError(f"{Path(path).name} has no NextN (MTP) layers to draft with",
-                                  "use a GGUF converted with its MTP layers, or another --draft")
-    problem = graph_problem(arch, declared)
+                                  "use a GGUF converted with its MTP layers, its mtp-*.gguf beside it, or another --draft")
+    problem = graph_problem(arch, layers)
     if problem is not None:
         raise MtpUnavailableError(f"{Path(path).name}: {problem}", "draft with --draft ngram or a draft model")
-    target = Model(path, settings, load_mtp=True, **model_options)  # (trunk-only: its NextN tensors not required)
-    if llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
+    # (a trunk whose layers are in an MTP file loads as it is: MtpHeads loads that file)
+    target = Model(path, settings, load_mtp=found is None or declared > 0, **model_options)
+    if found is None and llama.llama_model_n_layer_nextn(target.model_handle) <= 0:
         target.close()
         raise MtpUnavailableError(f"llama.cpp loaded no NextN layers from {Path(path).name}",
                                   "use a GGUF converted with its MTP layers, or another --draft")

@@ -312,8 +312,11 @@ class HybridSpec:
     n_head_kv: int = 2
     n_ff: int = 128
     full_attention_interval: int = 4
-    ssm_heads: int = 2  # key and value heads of a recurrent layer
+    ssm_heads: int = 2  # key heads of a recurrent layer (and its value heads, without ssm_v_heads)
     ssm_head_dim: int = 16
+    ssm_v_heads: int | None = None  # value heads (Qwen3.5's linear_num_value_heads: a multiple of the key heads)
+    tied: bool = False  # no output.weight: the output head is token_embd's (Qwen3.5's small models)
+    shared_head_norm: bool = False  # the NextN block's own output norm (the converter's mtp.norm)
     conv_kernel: int = 4
     trunk_scale: float = 0.3
     hidden_weight: float = 0.5
@@ -324,22 +327,27 @@ class HybridSpec:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def value_heads(self) -> int:
+        return self.ssm_v_heads or self.ssm_heads
+
     def recurrent(self, layer: int) -> bool:
         return layer < self.n_layer and (layer + 1) % self.full_attention_interval != 0
 
     def tensors(self, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-        d, kv, inner = self.n_embd, self.n_head_kv * self.head_dim, self.ssm_heads * self.ssm_head_dim
+        d, kv = self.n_embd, self.n_head_kv * self.head_dim
+        keys, inner, heads = self.ssm_heads * self.ssm_head_dim, self.value_heads * self.ssm_head_dim, self.value_heads
         names = [("token_embd.weight", (n_vocab, d))]
         for i in range(self.n_layer + self.n_nextn):
             names += [(f"blk.{i}.attn_norm.weight", (d,)), (f"blk.{i}.post_attention_norm.weight", (d,))]
             if self.recurrent(i):
-                gates = ([(f"blk.{i}.ssm_ba.weight", (2 * self.ssm_heads, d))] if self.arch == QWEN3NEXT else
-                         [(f"blk.{i}.ssm_beta.weight", (self.ssm_heads, d)),
-                          (f"blk.{i}.ssm_alpha.weight", (self.ssm_heads, d))])
+                gates = ([(f"blk.{i}.ssm_ba.weight", (2 * heads, d))] if self.arch == QWEN3NEXT else
+                         [(f"blk.{i}.ssm_beta.weight", (heads, d)),
+                          (f"blk.{i}.ssm_alpha.weight", (heads, d))])
                 names += [
-                    (f"blk.{i}.attn_qkv.weight", (3 * inner, d)), (f"blk.{i}.attn_gate.weight", (inner, d)),
-                    (f"blk.{i}.ssm_conv1d.weight", (3 * inner, self.conv_kernel)),
-                    (f"blk.{i}.ssm_dt.bias", (self.ssm_heads,)), (f"blk.{i}.ssm_a", (self.ssm_heads,)), *gates,
+                    (f"blk.{i}.attn_qkv.weight", (2 * keys + inner, d)), (f"blk.{i}.attn_gate.weight", (inner, d)),
+                    (f"blk.{i}.ssm_conv1d.weight", (2 * keys + inner, self.conv_kernel)),
+                    (f"blk.{i}.ssm_dt.bias", (heads,)), (f"blk.{i}.ssm_a", (heads,)), *gates,
                     (f"blk.{i}.ssm_norm.weight", (self.ssm_head_dim,)), (f"blk.{i}.ssm_out.weight", (d, inner)),
                 ]
             else:  # attention: the query projection writes a gate beside each head's query
@@ -353,7 +361,8 @@ class HybridSpec:
             if i >= self.n_layer:
                 names += [(f"blk.{i}.nextn.eh_proj.weight", (d, 2 * d)), (f"blk.{i}.nextn.enorm.weight", (d,)),
                           (f"blk.{i}.nextn.hnorm.weight", (d,))]
-        return names + [("output_norm.weight", (d,)), ("output.weight", (n_vocab, d))]
+                names += [(f"blk.{i}.nextn.shared_head_norm.weight", (d,))] if self.shared_head_norm else []
+        return names + [("output_norm.weight", (d,))] + ([] if self.tied else [("output.weight", (n_vocab, d))])
 
     def _feed_forward(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
         d, ff, experts = self.n_embd, self.n_ff, self.n_expert
@@ -364,6 +373,14 @@ class HybridSpec:
                 (f"blk.{i}.ffn_up_exps.weight", (experts, ff, d)), (f"blk.{i}.ffn_down_exps.weight", (experts, d, ff)),
                 (f"blk.{i}.ffn_gate_inp_shexp.weight", (d,)), (f"blk.{i}.ffn_gate_shexp.weight", (ff, d)),
                 (f"blk.{i}.ffn_up_shexp.weight", (ff, d)), (f"blk.{i}.ffn_down_shexp.weight", (d, ff))]
+
+
+# Qwen3.5 as llama.cpp's converter writes it (conversion/qwen.py): more value heads than key heads
+# in its linear attention (linear_num_value_heads, as Qwen3.5-27B's 48 against 16), a tied
+# output, and the MTP block's own output norm (mtp.norm -> nextn.shared_head_norm); rows of 256
+# and more, so Q4_K quantizes every matrix (no fallback type).
+QWEN35_CONVERTED = HybridSpec(n_embd=256, n_ff=512, n_head=4, n_head_kv=1, ssm_heads=2, ssm_v_heads=4,
+                              ssm_head_dim=64, tied=True, shared_head_norm=True)
 
 
 def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: int) -> np.ndarray:
@@ -387,15 +404,18 @@ def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: in
 
 
 def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = HybridSpec(), *, seed: int = 0,
-                      vocab: Vocabulary | str | os.PathLike[str] | None = None) -> Path:
+                      vocab: Vocabulary | str | os.PathLike[str] | None = None, name: str | None = None,
+                      trunk_only: bool = False, sidecar: bool = False) -> Path:
     """A tiny Qwen3.5 (three gated-delta-net layers, one attention layer, one NextN block;
     n_embd 64, SmolLM2's vocabulary), weighted like `write_tiny_mtp`'s models: for the
     question whether a hybrid target's recurrent state can be rewound after a rejected draft.
     `spec.arch` QWEN3NEXT: a tiny Qwen3-Next instead, whose state this llama.cpp keeps no
-    snapshots of."""
+    snapshots of. `name`: the file's name; `trunk_only` leaves the NextN block's tensors out and
+    `sidecar` writes them alone, with the embeddings and the output head (the converter's
+    `--no-mtp` and `--mtp` files: the same seed, the same weights)."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
-    path = Path(out_dir) / f"tiny-{spec.arch}{'-mtp' if spec.n_nextn else ''}-s{seed}.gguf"
+    path = Path(out_dir) / (name or f"tiny-{spec.arch}{'-mtp' if spec.n_nextn else ''}-s{seed}.gguf")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     arch = spec.arch
@@ -403,14 +423,16 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
     u32 = GGUFValueType.UINT32
     keys: dict[str, tuple[object, GGUFValueType]] = {
         "context_length": (spec.context_length, u32), "embedding_length": (spec.n_embd, u32),
-        "block_count": (spec.n_layer + spec.n_nextn, u32), "nextn_predict_layers": (spec.n_nextn, u32),
+        # (the converter's --no-mtp trunk declares no NextN layers: its blocks are the trunk's)
+        "block_count": (spec.n_layer + (0 if trunk_only else spec.n_nextn), u32),
+        **({} if trunk_only else {"nextn_predict_layers": (spec.n_nextn, u32)}),
         "feed_forward_length": (spec.n_ff, u32), "attention.head_count": (spec.n_head, u32),
         "attention.head_count_kv": (spec.n_head_kv, u32),
         "attention.layer_norm_rms_epsilon": (1e-6, GGUFValueType.FLOAT32),
         "rope.dimension_count": (spec.head_dim // 2, u32), "rope.freq_base": (10000.0, GGUFValueType.FLOAT32),
         "full_attention_interval": (spec.full_attention_interval, u32), "ssm.conv_kernel": (spec.conv_kernel, u32),
         "ssm.state_size": (spec.ssm_head_dim, u32), "ssm.group_count": (spec.ssm_heads, u32),
-        "ssm.time_step_rank": (spec.ssm_heads, u32), "ssm.inner_size": (spec.ssm_heads * spec.ssm_head_dim, u32),
+        "ssm.time_step_rank": (spec.value_heads, u32), "ssm.inner_size": (spec.value_heads * spec.ssm_head_dim, u32),
         "vocab_size": (vocab.n_tokens, u32),
     }
     if arch == QWEN3NEXT:
@@ -427,6 +449,11 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
     for key, field in vocab.fields.items():
         writer.add_key_value(key, field.value, field.type, field.sub_type)
     tensors = spec.tensors(vocab.n_tokens)
+    block = lambda tensor_name: int(tensor_name.split(".")[1]) if tensor_name.startswith("blk.") else None  # noqa: E731
+    if trunk_only:
+        tensors = [(n, shape) for n, shape in tensors if (block(n) or 0) < spec.n_layer]
+    if sidecar:
+        tensors = [(n, shape) for n, shape in tensors if block(n) is None or block(n) >= spec.n_layer]
     for tensor_name, shape in tensors:
         writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
     writer.write_header_to_file()
