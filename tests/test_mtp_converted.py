@@ -1,6 +1,7 @@
-"""MTP on Qwen3.5 files laid out as llama.cpp's converter writes them and as people download
-them (tests/support/synthetic_mtp.py's QWEN35_CONVERTED: more value than key heads in the
-linear attention, a tied output, the MTP block's own output norm):
+"""MTP on files laid out as llama.cpp's converter writes them and as people download them:
+Qwen3.5 (tests/support/synthetic_mtp.py's QWEN35_CONVERTED: more value than key heads in the
+linear attention, a tied output, the MTP block's own output norm) and a GLM-4.5 mixture of
+experts with its NextN block (write_tiny_glm4moe):
 
 - the names are the converter's (tests/data/converter_tensor_names.json, from the vendored
   gguf-py the converter writes with);
@@ -23,7 +24,7 @@ from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from tests.support.quantize import quantize
-from tests.support.synthetic_mtp import QWEN35_CONVERTED, write_tiny_hybrid
+from tests.support.synthetic_mtp import QWEN35_CONVERTED, write_tiny_glm4moe, write_tiny_hybrid
 from specli.commands.cli import app
 from specli.llama import mtp
 from specli.llama.gguf_header import read_header
@@ -48,6 +49,8 @@ def converted(tmp_path_factory) -> dict[str, Path]:
     files["alone"] = folder / "alone" / "Qwen3.5-tiny.gguf"
     files["alone"].parent.mkdir()
     files["alone"].write_bytes(files["trunk"].read_bytes())
+    files["glm"] = write_tiny_glm4moe(folder / "glm")
+    files["glm Q8_0"] = quantize(files["glm"], folder / "glm" / "tiny-glm4moe-Q8_0.gguf", "Q8_0")
     return files
 
 
@@ -62,14 +65,18 @@ def run_json(target, *args: object) -> tuple[list[int], dict]:
     return [r["id"] for r in records if r["type"] == "token"], records[-1]
 
 
+def strangers(path: Path, arch: str) -> list[str]:
+    """The tensors of the file at `path` whose names the converter does not write for `arch`."""
+    patterns = [re.compile("^" + re.escape(name).replace(r"\{bid\}", r"\d+") + r"(\.(weight|bias))?$")
+                for name in NAMES["architectures"][arch]]
+    return sorted(t.name for t in read_header(path).tensors if not any(p.match(t.name) for p in patterns))
+
+
 def test_the_files_are_laid_out_with_the_converters_names_and_quantized_as_named(converted):
-    patterns = [re.compile(re.escape(name).replace(r"\{bid\}", r"\d+") + r"\.(weight|bias)$|^" +
-                           re.escape(name).replace(r"\{bid\}", r"\d+") + "$")
-                for name in NAMES["architectures"]["qwen35"]]
+    for name, arch in (("F32", "qwen35"), ("sidecar", "qwen35"), ("trunk", "qwen35"), ("glm", "glm4moe")):
+        assert strangers(converted[name], arch) == [], name
     header = read_header(converted["F32"])
     names = {tensor.name for tensor in header.tensors}
-    assert all(any(p.match(name) for p in patterns) for name in names), sorted(
-        name for name in names if not any(p.match(name) for p in patterns))
     assert "blk.4.nextn.shared_head_norm.weight" in names and "output.weight" not in names  # tied
     meta = header.metadata
     assert meta["qwen35.ssm.time_step_rank"] == 2 * meta["qwen35.ssm.group_count"]  # value heads, key heads
@@ -112,3 +119,14 @@ def test_the_converters_split_drafts_with_its_mtp_file_beside_it_or_named(conver
     assert run_json(alone, "--draft", "none")[0] == plain
     assert_one_line_error(invoke("run", "--target", alone, *SMALL, "--draft", "mtp", PROMPT), 2,
                           "has no NextN (MTP) layers", "mtp-*.gguf beside it")
+
+
+def test_a_glm_mixture_of_experts_drafts_with_its_nextn_block_and_writes_plain_text(converted):
+    """GLM-4.5's layout: a dense block, then routed and shared experts (sigmoid gating), q, k
+    and v with biases, and one NextN block with its own output norm; in F32 and in Q8_0."""
+    for name in ("glm", "glm Q8_0"):
+        assert mtp.nextn_layers(converted[name]) == 1 and mtp.nextn_problem(converted[name]) is None
+        plain, _ = run_json(converted[name], "--draft", "none")
+        tokens, stats = run_json(converted[name], "--draft", "mtp", "--no-ngram", "-k", "2")
+        assert tokens == plain, name
+        assert 0 < stats["accepted"] < stats["drafted"], (name, stats)

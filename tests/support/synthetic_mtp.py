@@ -502,3 +502,125 @@ def head_logits(path: str | os.PathLike[str], token: int, hidden: np.ndarray, la
     embedding = tensors["token_embd.weight"][token]
     mixed = tensors[f"blk.{layer}.nextn.eh_proj.weight"] @ np.concatenate([_rms_norm(embedding), _rms_norm(hidden)])
     return tensors["output.weight"] @ _rms_norm(mixed)
+
+
+# ---------------------------------------------------------------------------
+# GLM-4.5 (glm4moe): a mixture of experts with a NextN block, as llama.cpp's converter writes it
+# ---------------------------------------------------------------------------
+
+GLM4MOE = "glm4moe"
+
+
+@dataclasses.dataclass(frozen=True)
+class Glm4MoeSpec:
+    """A GLM-4.5 trunk: `n_dense` dense blocks first (leading_dense_block_count), then blocks of
+    `n_expert` experts (`n_used` routed a token, sigmoid gating) beside one shared expert; q, k
+    and v with biases; one NextN block after it, with its own output norm (shared_head_norm)."""
+
+    n_layer: int = 3
+    n_dense: int = 1
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_expert: int = 4
+    n_used: int = 2
+    n_ff_expert: int = 64
+    trunk_scale: float = 0.45  # (its routed and shared experts add more than a dense block: drafts kept and rejected)
+    head_scale: float = 0.1
+    hidden_weight: float = 0.5
+    logit_scale: float = 2.0
+    context_length: int = 2048
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def tensors(self, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+        d, hd, kv, ff, fe, e = self.n_embd, self.head_dim, self.n_head_kv * self.head_dim, self.n_ff, self.n_ff_expert, self.n_expert
+        names = [("token_embd.weight", (n_vocab, d))]
+        for i in range(self.n_layer + 1):
+            names += [(f"blk.{i}.attn_norm.weight", (d,)),
+                      (f"blk.{i}.attn_q.weight", (self.n_head * hd, d)), (f"blk.{i}.attn_q.bias", (self.n_head * hd,)),
+                      (f"blk.{i}.attn_k.weight", (kv, d)), (f"blk.{i}.attn_k.bias", (kv,)),
+                      (f"blk.{i}.attn_v.weight", (kv, d)), (f"blk.{i}.attn_v.bias", (kv,)),
+                      (f"blk.{i}.attn_output.weight", (d, self.n_head * hd)),
+                      (f"blk.{i}.post_attention_norm.weight", (d,))]
+            if i < self.n_dense:
+                names += [(f"blk.{i}.ffn_gate.weight", (ff, d)), (f"blk.{i}.ffn_up.weight", (ff, d)),
+                          (f"blk.{i}.ffn_down.weight", (d, ff))]
+            else:
+                names += [(f"blk.{i}.ffn_gate_inp.weight", (e, d)), (f"blk.{i}.exp_probs_b.bias", (e,)),
+                          (f"blk.{i}.ffn_gate_exps.weight", (e, fe, d)), (f"blk.{i}.ffn_up_exps.weight", (e, fe, d)),
+                          (f"blk.{i}.ffn_down_exps.weight", (e, d, fe)),
+                          (f"blk.{i}.ffn_gate_shexp.weight", (fe, d)), (f"blk.{i}.ffn_up_shexp.weight", (fe, d)),
+                          (f"blk.{i}.ffn_down_shexp.weight", (d, fe))]
+            if i >= self.n_layer:
+                names += [(f"blk.{i}.nextn.eh_proj.weight", (d, 2 * d)), (f"blk.{i}.nextn.enorm.weight", (d,)),
+                          (f"blk.{i}.nextn.hnorm.weight", (d,)), (f"blk.{i}.nextn.shared_head_norm.weight", (d,))]
+        return names + [("output_norm.weight", (d,)), ("output.weight", (n_vocab, d))]
+
+
+def _glm_values(name: str, shape: tuple[int, ...], spec: Glm4MoeSpec, seed: int) -> np.ndarray:
+    """Unit norms, zero biases, the NextN input projection [I, hidden_weight * I], and random
+    projections whose outputs add terms of the block's scale to the residual stream."""
+    if name.endswith(".bias"):
+        return np.zeros(shape, dtype=np.float32)
+    if len(shape) == 1:
+        return np.ones(shape, dtype=np.float32)
+    if name.endswith("nextn.eh_proj.weight"):
+        eye = np.eye(spec.n_embd, dtype=np.float32)
+        return np.hstack([eye, spec.hidden_weight * eye])
+    std = 1.0 / np.sqrt(shape[-1])
+    if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
+        std *= 2.0 * (spec.trunk_scale if int(name.split(".")[1]) < spec.n_layer else spec.head_scale)
+    return _random(name, shape, seed, std)
+
+
+def write_tiny_glm4moe(out_dir: str | os.PathLike[str], spec: Glm4MoeSpec = Glm4MoeSpec(), *, seed: int = 0,
+                       vocab: Vocabulary | str | os.PathLike[str] | None = None) -> Path:
+    """A tiny GLM-4.5 with its NextN block (SmolLM2's vocabulary), weighted like the MiMo's: the
+    trunk writes each token's successor and the NextN block predicts it."""
+    if not isinstance(vocab, Vocabulary):
+        vocab = load_vocabulary(vocab)
+    path = Path(out_dir) / f"tiny-{GLM4MOE}-mtp-s{seed}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(partial, GLM4MOE)
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    keys: dict[str, tuple[object, GGUFValueType]] = {
+        "context_length": (spec.context_length, u32), "embedding_length": (spec.n_embd, u32),
+        "block_count": (spec.n_layer + 1, u32), "nextn_predict_layers": (1, u32),
+        "feed_forward_length": (spec.n_ff, u32), "attention.head_count": (spec.n_head, u32),
+        "attention.head_count_kv": (spec.n_head_kv, u32), "attention.layer_norm_rms_epsilon": (1e-5, f32),
+        "rope.dimension_count": (spec.head_dim // 2, u32), "rope.freq_base": (10000.0, f32),
+        "expert_count": (spec.n_expert, u32), "expert_used_count": (spec.n_used, u32),
+        "expert_feed_forward_length": (spec.n_ff_expert, u32), "expert_shared_count": (1, u32),
+        "leading_dense_block_count": (spec.n_dense, u32), "expert_weights_scale": (1.0, f32),
+        "expert_weights_norm": (True, GGUFValueType.BOOL), "expert_gating_func": (2, u32),  # sigmoid
+        "vocab_size": (vocab.n_tokens, u32),
+    }
+    writer.add_name(path.stem.rsplit("-s", 1)[0])
+    for key, (value, kind) in keys.items():
+        writer.add_key_value(f"{GLM4MOE}.{key}", value, kind)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, field in vocab.fields.items():
+        writer.add_key_value(key, field.value, field.type, field.sub_type)
+    tensors = spec.tensors(vocab.n_tokens)
+    for tensor_name, shape in tensors:
+        writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    embeddings = _random("token_embd.weight", (vocab.n_tokens, spec.n_embd), seed, 1.0)
+    for tensor_name, shape in tensors:
+        if tensor_name == "token_embd.weight":
+            values = embeddings
+        elif tensor_name == "output.weight":
+            values = _output_head(embeddings, vocab, spec.logit_scale, seed)
+        else:
+            values = _glm_values(tensor_name, shape, spec, seed)
+        writer.write_tensor_data(values.astype(np.float32, copy=False))
+    writer.close()
+    partial.replace(path)
+    return path
