@@ -378,9 +378,11 @@ class HybridSpec:
 # Qwen3.5 as llama.cpp's converter writes it (conversion/qwen.py): more value heads than key heads
 # in its linear attention (linear_num_value_heads, as Qwen3.5-27B's 48 against 16), a tied
 # output, and the MTP block's own output norm (mtp.norm -> nextn.shared_head_norm); rows of 256
-# and more, so Q4_K quantizes every matrix (no fallback type).
+# and more, so Q4_K quantizes every matrix (no fallback type). Tied, the trunk mostly writes the
+# token it read again; its blocks add enough (trunk_scale) that it sometimes does not, and the
+# NextN block, predicting the same, is sometimes wrong.
 QWEN35_CONVERTED = HybridSpec(n_embd=256, n_ff=512, n_head=4, n_head_kv=1, ssm_heads=2, ssm_v_heads=4,
-                              ssm_head_dim=64, tied=True, shared_head_norm=True)
+                              ssm_head_dim=64, tied=True, shared_head_norm=True, trunk_scale=1.2)
 
 
 def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: int) -> np.ndarray:
