@@ -37,8 +37,8 @@ SHAPE = HybridSpec(n_embd=512, n_layer=12, n_head=8, n_head_kv=2, n_ff=1536, ssm
 def conversation(target: Path, template: str | None, checkpoints: int, threads: int | None,
                  max_tokens: int) -> list[tuple[int, int, float]]:
     """Per turn: prompt tokens, positions the target decoded for it, prefill seconds."""
-    load = LoadSettings(ctx_size=4096, threads=threads, recurrent_snapshots=0, checkpoints=checkpoints)
-    spec = SessionSpec(target, None, load, load, chat_template=template)
+    load = LoadSettings(ctx_size=4096, threads=threads, recurrent_snapshots=0)
+    spec = SessionSpec(target, None, load, load, chat_template=template, checkpoints=checkpoints)
     with open_session(spec) as session:
         engine = session.engine_for(GenerationRequest(max_tokens=max_tokens, draft=DraftKind.NONE))
         messages = [{"role": "system", "content": SYSTEM}]

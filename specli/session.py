@@ -54,6 +54,9 @@ class SessionSpec:
     loads: tuple[str, ...] = ()
     projector: Path | None = None  # --mmproj: what the target's prompts' images become (specli.llama.vision)
     nextn_file: Path | None = None  # --draft mtp-*.gguf: the MTP file of a trunk-only target (specli.llama.mtp)
+    # A conversation's (chat, serve): a recurrent target keeps this many state checkpoints on the
+    # host, so each turn decodes only what is new (Model.keep_checkpoints); not for exact requests.
+    checkpoints: int = 0
 
 
 class Session:
@@ -96,6 +99,8 @@ class Session:
         shares a prefix with the one before decodes only the rest. `images`: its prompt has
         some (a kind that cannot draft after them gives way to n-gram lookup, saying so)."""
         request = request.seeded()
+        # an exact request's prompt decodes in one piece, as `specli run --exact` decodes it
+        self.target.keep_checkpoints(0 if request.exact else self.spec.checkpoints)
         kind = drafts.get(request.draft)
         if images and drafts.after_images(kind) is not kind:
             if self._notice is not None:

@@ -33,8 +33,9 @@ QUESTIONS = ("Tell me about the fox and the dog, and what the fox did after it j
 
 
 def load(path, snapshots: int = 0, checkpoints: int = 0) -> Model:
-    return Model(path, LoadSettings(ctx_size=1024, batch_size=64, threads=1, recurrent_snapshots=snapshots,
-                                    checkpoints=checkpoints))
+    model = Model(path, LoadSettings(ctx_size=1024, batch_size=64, threads=1, recurrent_snapshots=snapshots))
+    model.keep_checkpoints(checkpoints)
+    return model
 
 
 def decodes(model: Model, prompt: list[int]) -> list[np.ndarray]:
@@ -148,13 +149,14 @@ def test_a_checkpoint_restores_the_state_a_replay_of_the_same_batches_has(mtp_fi
     assert not np.array_equal(restored, other), "the comparison tells states apart"
 
 
-def chat(target, checkpoints: int, turns: int = 3) -> list[tuple[int, int, int]]:
+def chat(target, checkpoints: int, turns: int = 3, exact: bool = False) -> list[tuple[int, int, int]]:
     """A conversation of `turns` questions through REASONING_TEMPLATE, each answered greedily on one
     session: per turn (prompt tokens, what the cache held of it, positions the target decoded)."""
-    load_settings = LoadSettings(ctx_size=2048, batch_size=512, threads=1, recurrent_snapshots=0, checkpoints=checkpoints)
-    spec = SessionSpec(target, None, load_settings, load_settings, chat_template=REASONING_TEMPLATE)
+    load_settings = LoadSettings(ctx_size=2048, batch_size=512, threads=1, recurrent_snapshots=0)
+    spec = SessionSpec(target, None, load_settings, load_settings, chat_template=REASONING_TEMPLATE,
+                       checkpoints=checkpoints)
     with open_session(spec) as session:
-        engine = session.engine_for(GenerationRequest(max_tokens=24, draft=DraftKind.NONE))
+        engine = session.engine_for(GenerationRequest(max_tokens=24, draft=DraftKind.NONE, exact=exact))
         messages: list[dict[str, str]] = []
         turns_seen = []
         for question in QUESTIONS[:turns]:
@@ -183,3 +185,6 @@ def test_a_hybrid_chat_decodes_each_turn_from_a_checkpoint_not_from_the_start(mt
         assert decoded_before == prompt, "without checkpoints the whole conversation is decoded again"
         # from the checkpoint CHECKPOINT_TAIL tokens before the last prompt's end: what is new
         assert prompt - cached <= decoded <= prompt - cached + CHECKPOINT_TAIL, (prompt, cached, decoded)
+    # An exact conversation decodes each prompt in one piece, as `specli run --exact` does: no checkpoints.
+    assert [decoded for _, _, decoded in chat(mtp_files["hybrid"], STATE_CHECKPOINTS, exact=True)[1:]] == \
+        [prompt for prompt, _, _ in without[1:]]

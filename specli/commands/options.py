@@ -287,7 +287,7 @@ def session_spec(models: ResolvedModels, params: Mapping[str, Any]) -> SessionSp
 def conversing(spec: SessionSpec) -> SessionSpec:
     """The spec for a conversation (chat, serve): a recurrent or hybrid target keeps state
     checkpoints on the host, so that each turn restores one and decodes only what is new."""
-    return replace(spec, target_load=replace(spec.target_load, checkpoints=STATE_CHECKPOINTS))
+    return replace(spec, checkpoints=STATE_CHECKPOINTS)
 
 
 def with_projector(spec: SessionSpec, models: ResolvedModels, *, needed: bool,

@@ -170,14 +170,10 @@ class LoadSettings:
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) that take layers before the local devices
     # A recurrent or hybrid model's states kept after each of its last decoded tokens, so that
     # `rewind` can remove up to this many of them (llama.cpp's n_rs_seq; others ignore it).
-    # The same for every draft kind, plain decoding included: it sets how a prompt is split
-    # into batches, so plain and drafted runs compute alike.
+    # A command sizes it to what it drafts (specli.drafts.snapshots: none for plain decoding):
+    # snapshots change what llama.cpp stores, not what it computes (specli never hands it a
+    # batch it would split), so plain and drafted runs compute alike.
     recurrent_snapshots: int = 8
-    # A recurrent or hybrid model's states kept on the host (llama-server's context
-    # checkpoints): one CHECKPOINT_TAIL tokens before the end of each prompt, the last this
-    # many, so that a later prompt that shares the conversation restores one and decodes on
-    # from there, not from the first token (chat, serve). Others ignore it.
-    checkpoints: int = 0
     # Sequences the context decodes side by side (llama.cpp's n_seq_max), each up to ctx_size
     # positions, in one unified KV cache of sequences x ctx_size cells (as Ollama's parallel
     # requests have; a cache split by sequence would split every mixed batch into many).
@@ -243,7 +239,7 @@ DEVICE_CANDIDATES = 8
 # without the generation prompt's last tokens (a template that drops earlier reasoning),
 # still reaches back to one.
 CHECKPOINT_TAIL = 4
-STATE_CHECKPOINTS = 4  # the checkpoints chat and serve keep (LoadSettings.checkpoints)
+STATE_CHECKPOINTS = 4  # the checkpoints a conversation keeps (chat, serve: Model.keep_checkpoints)
 _PARTIAL = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a state's recurrent part only, not its KV cache
 
 
@@ -695,8 +691,19 @@ class Model(_Vocabulary):
         self.snapshots = int(llama.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
         self._record: list[int] = []  # a recurrent model's cached tokens, to decode again (rewind)
         self._reach = 0  # how many positions a snapshot can take back now (recurrent only)
-        self._checkpoints_kept = settings.checkpoints if self.recurrent else 0
+        self._checkpoints_kept = 0  # keep_checkpoints
         self._states: list[tuple[int, ctypes.Array]] = []  # (n_past, its recurrent state), oldest first
+
+    def keep_checkpoints(self, count: int) -> None:
+        """A recurrent or hybrid model's states kept on the host (llama-server's context
+        checkpoints; others ignore it): each prompt (a decode that wants its last row only) is
+        decoded up to CHECKPOINT_TAIL tokens before its end, its state kept, then the rest; the
+        last `count` are kept, so that a later prompt that shares the conversation restores one
+        and decodes on from there, not from the first token. 0: prompts decode in one piece
+        again (an exact request's, as `run --exact` decodes them); the kept states stay."""
+        self._checkpoints_kept = count if self.recurrent else 0
+        if count:
+            self._states = self._states[-count:]
 
     def _checkpoint(self) -> None:
         """Keep the recurrent state at n_past on the host (the oldest goes past the number kept)."""
@@ -708,7 +715,7 @@ class Model(_Vocabulary):
         self._states = (kept + [(self.n_past, state)])[-self._checkpoints_kept:]
 
     def checkpoint_positions(self) -> list[int]:
-        """Where the recurrent states kept on the host stand (LoadSettings.checkpoints), oldest first."""
+        """Where the recurrent states kept on the host stand (keep_checkpoints), oldest first."""
         return [at for at, _ in self._states]
 
     def _restore(self, n_keep: int) -> int:
@@ -760,7 +767,7 @@ class Model(_Vocabulary):
         n_keep - 1, which exists only within the last decode's batch, for its last
         `snapshots` tokens but its last one, and once: a rewind further than that (a cached
         prompt's prefix, a batch decoded again) restores the latest checkpoint at or before
-        n_keep (LoadSettings.checkpoints) or else empties the cache, and decodes the kept
+        n_keep (keep_checkpoints) or else empties the cache, and decodes the kept
         tokens from there again; where they hold an image, it leaves the cache there."""
         if self.recurrent and 0 < n_keep < self.n_past and self.n_past - n_keep > self._reach:
             kept = self._record[:n_keep]
