@@ -1,6 +1,7 @@
 """What a hybrid target's caches take in specli and in llama.cpp, decoding plainly, with n-gram
-lookup and with MTP: the KV and RS buffer sizes each allocates for the same file, as llama.cpp
-logs them as it creates the context (specli reads the same lines: `run --json`'s `memory`).
+lookup and with MTP: the attention cache and the recurrent states each allocates for the same
+file, as llama.cpp logs them as it creates the context (`llama_kv_cache: size`,
+`llama_memory_recurrent: size`; specli reads the same lines: `run --json`'s `memory`).
 
     python benchmarks/recurrent_memory.py --llama-bin benchmarks/out/llama.cpp-src/build/bin
     python benchmarks/recurrent_memory.py --llama-bin DIR --target Qwen3.6-27B-Q4_K_M.gguf
@@ -28,8 +29,8 @@ from tests.support.synthetic_mtp import HybridSpec, write_tiny_hybrid  # noqa: E
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Then"
 SHAPE = HybridSpec(n_embd=1024, n_layer=8, n_head=8, n_head_kv=2, n_ff=2048, ssm_heads=8, ssm_v_heads=16,
-                   ssm_head_dim=128, tied=True, shared_head_norm=True)
-BUFFER = re.compile(rb"(KV|RS) buffer size =\s*([0-9.]+) MiB")
+                   ssm_head_dim=128, tied=True, shared_head_norm=True, context_length=8192)
+BUFFER = re.compile(rb"(llama_kv_cache|llama_memory_recurrent): size =\s*([0-9.]+) MiB")
 
 
 def specli_memory(target: Path, draft: str) -> dict[str, float]:
@@ -43,11 +44,11 @@ def specli_memory(target: Path, draft: str) -> dict[str, float]:
 
 def llama_memory(binary: Path, target: Path, *args: str) -> dict[str, float]:
     """The KV and RS buffers the target's context takes (the first context llama.cpp creates)."""
-    result = subprocess.run([str(binary), "-m", str(target), "-c", "4096", "-n", "8", "-p", PROMPT, "--temp", "0",
+    result = subprocess.run([str(binary), "-v", "-m", str(target), "-c", "4096", "-n", "8", "-p", PROMPT, "--temp", "0",
                              *args], capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
     sizes: dict[str, float] = {}
     for kind, mib in BUFFER.findall(result.stdout + result.stderr):
-        sizes.setdefault(kind.decode(), float(mib))  # the target's context comes first
+        sizes.setdefault("KV" if kind == b"llama_kv_cache" else "RS", float(mib))  # the target's context comes first
     if not sizes:
         raise SystemExit(f"{binary.name} {' '.join(args)}: no buffer sizes in its log (exit {result.returncode})")
     return sizes

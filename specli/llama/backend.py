@@ -34,10 +34,10 @@ _GRAPH_LINES = ((b"CUDA Graph id", "reused"), (b"CUDA graph warmup complete", "c
                 (b"CUDA graph warmup reset", "reset"))
 _graph_events = {"reused": 0, "captured": 0, "reset": 0}
 
-# What llama.cpp logs of a context's caches as it allocates them, in MiB a buffer (one a
-# device): the attention cache ("KV buffer size") and a recurrent or hybrid model's states,
-# with their snapshots ("RS buffer size"). Summed since the last Model began creating its context.
-_BUFFER_LINES = ((b"KV buffer size", "kv"), (b"RS buffer size", "recurrent"))
+# What llama.cpp logs of a context's caches as it creates them, in MiB, all devices together:
+# an attention cache's size (two for a sliding-window model) and a recurrent or hybrid model's
+# states with their snapshots. Summed since the last Model began creating its context.
+_BUFFER_LINES = ((b"llama_kv_cache: size =", "kv"), (b"llama_memory_recurrent: size =", "recurrent"))
 _buffers: dict[str, float] = {}
 
 
@@ -45,7 +45,7 @@ def _note_buffer(text: bytes) -> None:
     for marker, name in _BUFFER_LINES:
         if marker in text:
             try:
-                mib = float(text.rsplit(b"=", 1)[1].split()[0])
+                mib = float(text.split(marker, 1)[1].split()[0])
             except (IndexError, ValueError):
                 return
             _buffers[name] = _buffers.get(name, 0.0) + mib
@@ -53,7 +53,7 @@ def _note_buffer(text: bytes) -> None:
 
 @interrupts.register
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if text and b"buffer size" in text:
+    if text and b": size =" in text:
         _note_buffer(text)
     if text and b"CUDA" in text:
         for marker, event in _GRAPH_LINES:
@@ -72,7 +72,7 @@ def cuda_graph_events() -> dict[str, int]:
 def _stderr_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     """llama.cpp's own logger (--verbose: every line to stderr), noting its cache sizes too."""
     if text:
-        if b"buffer size" in text:
+        if b": size =" in text:
             _note_buffer(text)
         os.write(2, text)
     return None
