@@ -99,8 +99,8 @@ class Session:
         shares a prefix with the one before decodes only the rest. `images`: its prompt has
         some (a kind that cannot draft after them gives way to n-gram lookup, saying so)."""
         request = request.seeded()
-        # an exact request's prompt decodes in one piece, as `specli run --exact` decodes it
-        self.target.keep_checkpoints(0 if request.exact else self.spec.checkpoints)
+        if self.target.recurrent:  # an exact request's prompt decodes in one piece, as `run --exact`'s
+            self.target.keep_checkpoints(0 if request.exact else self.spec.checkpoints)
         kind = drafts.get(request.draft)
         if images and drafts.after_images(kind) is not kind:
             if self._notice is not None:
