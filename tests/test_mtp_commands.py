@@ -278,3 +278,25 @@ def test_an_mtp_file_named_as_the_draft_drafts_for_its_trunk_wherever_it_lies(tm
     assert_one_line_error(refused, 2, "mtp-other.gguf", "is not the MTP file of model.gguf")
     assert_one_line_error(invoke("run", "--target", trunk, *SMALL, "--draft", "mtp", PROMPT), 2,
                           "holds none of their tensors")
+
+
+def test_k_auto_drafts_with_mtp_where_its_head_costs_less_than_the_trunk(tmp_path, quiet_calibration):
+    """On a target whose plain step (16 trunk blocks) costs well over a NextN decode (one block
+    and the output head), -k auto, priced on costs stored as a quiet machine measures them,
+    drafts with the MTP layer and keeps drafts (the tiny files' head costs nearly a step: there
+    auto rightly does not draft)."""
+    from tests.support.synthetic_mtp import MtpSpec, write_mtp_model
+    from helpers import generated
+
+    path = write_mtp_model(tmp_path / "deep-mtp.gguf", MtpSpec(n_layer=16, n_nextn=1, n_embd=256, n_head=4,
+                                                               n_head_kv=2, n_ff=1024, trunk_scale=0.25, dtype="f16"))
+    spec = SessionSpec(target=path, target_load=LoadSettings(ctx_size=512, threads=1), loads=("mtp",))
+    with open_session(spec) as session:
+        verify = session.pricing.costs(measure=True)
+        priced = session.pricing.costs(measure=True, kind="mtp")
+        assert priced.draft_per_token is not None and priced.draft_per_token < 0.7 * verify.verify[1], \
+            (priced.draft_per_token, verify.verify)
+        engine = session.engine_for(GenerationRequest(max_tokens=64, draft=DraftKind.MTP, lookup=False))
+        assert engine.proposer.name == "mtp"
+        _, stats = generated(engine, session.target.tokenize(PROMPT))
+    assert stats.drafted > 0 and stats.accepted > 0, stats
