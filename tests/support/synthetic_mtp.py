@@ -32,6 +32,7 @@ import functools
 import os
 import zlib
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -447,15 +448,23 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
     if arch == QWEN35:
         sections = [spec.head_dim // 8, spec.head_dim // 16, spec.head_dim // 16, 0]  # n_rot / 2 in all
         writer.add_key_value(f"{arch}.rope.dimension_sections", sections, GGUFValueType.ARRAY, GGUFValueType.INT32)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in vocab.fields.items():
-        writer.add_key_value(key, field.value, field.type, field.sub_type)
     tensors = spec.tensors(vocab.n_tokens)
     block = lambda tensor_name: int(tensor_name.split(".")[1]) if tensor_name.startswith("blk.") else None  # noqa: E731
     if trunk_only:
         tensors = [(n, shape) for n, shape in tensors if (block(n) or 0) < spec.n_layer]
     if sidecar:
         tensors = [(n, shape) for n, shape in tensors if block(n) is None or block(n) >= spec.n_layer]
+    return _write_f32(writer, partial, path, vocab, tensors, spec, seed, _hybrid_values)
+
+
+def _write_f32(writer: gguf.GGUFWriter, partial: Path, path: Path, vocab: Vocabulary,
+               tensors: list[tuple[str, tuple[int, ...]]], spec, seed: int, values: Callable) -> Path:
+    """The rest of a hybrid or GLM file, every tensor in F32: the vocabulary's keys, the
+    embeddings, the successor output head, `values(name, shape, spec, seed)` for the others;
+    the finished file moved to `path`."""
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, field in vocab.fields.items():
+        writer.add_key_value(key, field.value, field.type, field.sub_type)
     for tensor_name, shape in tensors:
         writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
     writer.write_header_to_file()
@@ -464,12 +473,12 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
     embeddings = _random("token_embd.weight", (vocab.n_tokens, spec.n_embd), seed, 1.0)
     for tensor_name, shape in tensors:
         if tensor_name == "token_embd.weight":
-            values = embeddings
+            made = embeddings
         elif tensor_name == "output.weight":
-            values = _output_head(embeddings, vocab, spec.logit_scale, seed)
+            made = _output_head(embeddings, vocab, spec.logit_scale, seed)
         else:
-            values = _hybrid_values(tensor_name, shape, spec, seed)
-        writer.write_tensor_data(values.astype(np.float32, copy=False))
+            made = values(tensor_name, shape, spec, seed)
+        writer.write_tensor_data(made.astype(np.float32, copy=False))
     writer.close()
     partial.replace(path)
     return path
@@ -605,24 +614,4 @@ def write_tiny_glm4moe(out_dir: str | os.PathLike[str], spec: Glm4MoeSpec = Glm4
     writer.add_name(path.stem.rsplit("-s", 1)[0])
     for key, (value, kind) in keys.items():
         writer.add_key_value(f"{GLM4MOE}.{key}", value, kind)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in vocab.fields.items():
-        writer.add_key_value(key, field.value, field.type, field.sub_type)
-    tensors = spec.tensors(vocab.n_tokens)
-    for tensor_name, shape in tensors:
-        writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    embeddings = _random("token_embd.weight", (vocab.n_tokens, spec.n_embd), seed, 1.0)
-    for tensor_name, shape in tensors:
-        if tensor_name == "token_embd.weight":
-            values = embeddings
-        elif tensor_name == "output.weight":
-            values = _output_head(embeddings, vocab, spec.logit_scale, seed)
-        else:
-            values = _glm_values(tensor_name, shape, spec, seed)
-        writer.write_tensor_data(values.astype(np.float32, copy=False))
-    writer.close()
-    partial.replace(path)
-    return path
+    return _write_f32(writer, partial, path, vocab, spec.tensors(vocab.n_tokens), spec, seed, _glm_values)
