@@ -337,3 +337,18 @@ def check_registry() -> RegistryState:
         except (OSError, SpecliError) as error:
             pairs.append(PairState(pair.name, f"unknown ({error})"))
     return RegistryState(valid=True, files=[str(source) for source in registry.sources], pairs=pairs)
+
+
+def caches_line(memory: dict[str, int], sequences: int = 1) -> str:
+    """A target's caches (Model.cache_memory) in a line: its KV cache, and a recurrent or
+    hybrid target's states with their snapshots, for `sequences` sequences."""
+    from specli.models.hub import format_size
+
+    line = f"KV {format_size(memory.get('kv_cache_bytes', 0))}"
+    if "recurrent_snapshots" in memory:
+        snapshots = memory["recurrent_snapshots"]
+        kept = (f"{snapshots} snapshot{'s' if snapshots != 1 else ''} a sequence, for drafts of up to {snapshots}"
+                if snapshots else "no snapshots: nothing drafts")
+        line += f", recurrent state {format_size(memory.get('recurrent_bytes', 0))}"
+        line += f" for {sequences} sequences ({kept})" if sequences > 1 else f" ({kept})"
+    return line

@@ -100,7 +100,7 @@ class Session:
         some (a kind that cannot draft after them gives way to n-gram lookup, saying so)."""
         request = request.seeded()
         if self.target.recurrent:  # an exact request's prompt decodes in one piece, as `run --exact`'s
-            self.target.keep_checkpoints(0 if request.exact else self.spec.checkpoints)
+            (self.target if slot is None else slot).keep_checkpoints(0 if request.exact else self.spec.checkpoints)
         kind = drafts.get(request.draft)
         if images and drafts.after_images(kind) is not kind:
             if self._notice is not None:
@@ -224,9 +224,6 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
     loaded: dict[str, Any] = {}
     projector = None
     try:
-        if target.sequences > 1 and target.recurrent:
-            raise UsageError(f"{spec.target.name} has recurrent layers: specli runs it one sequence at a time",
-                             "--parallel 1")
         if exact_cap is None or exact_cap.largest > 1:
             for kind in wanted:
                 assert kind.load is not None

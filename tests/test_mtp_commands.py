@@ -234,11 +234,19 @@ def test_more_nextn_layers_than_the_graph_takes_never_reach_llama_cpp(mtp_files)
 def test_serve_on_a_file_whose_nextn_layers_cannot_draft_starts_and_answers(mtp_files):
     from helpers import serving
 
+    from concurrent.futures import ThreadPoolExecutor
+
     with serving("--target", mtp_files["two_on_one"], "-c", "256") as server:
-        reply = server.client().completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0)
+        client = server.client()
+        with ThreadPoolExecutor(2) as pool:  # side by side in two of its sequences
+            replies = list(pool.map(lambda prompt: client.completions.create(
+                model="x", prompt=prompt, max_tokens=8, temperature=0), (PROMPT, PROMPT + " And")))
         health = httpx.get(server.url.removesuffix("/v1") + "/health", timeout=30).json()
-    assert reply.choices[0].text and health["slots_idle"] == 1  # a hybrid target: one slot by default
+    assert all(reply.choices[0].text for reply in replies)
+    assert health["slots_idle"] == 4  # a hybrid target: llama-server's four slots by default
     assert any("requests cannot draft with 'mtp'" in line for line in server.log)
+    assert any("has recurrent layers: KV" in line and "recurrent state" in line and "for 4 sequences" in line
+               for line in server.log), server.log
 
 
 def test_exact_sizes_are_measured_on_the_target_as_loaded_with_its_nextn_layers(mtp_files, monkeypatch):

@@ -19,6 +19,7 @@ class Recorder:
     """A SequenceModel that records each decode's parts and answers a row per output."""
 
     sequences, n_ctx, batch_size, n_vocab = 3, 64, 16, 4
+    max_rewind = None  # an attention cache: any rewind
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.decodes: list[list[tuple[int, int, int]]] = []  # (sequence, first position, rows) per part

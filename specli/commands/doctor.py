@@ -156,6 +156,7 @@ def print_model(model: ModelState, console) -> None:
     from rich.text import Text
 
     from specli.decode.exact import BatchCap
+    from specli.diagnostics import caches_line
 
     facts = facts_table()
     batches = ", ".join(f"{size}: {cost:.2f}x" for size, cost in model.verify_relative.items())
@@ -178,23 +179,10 @@ def print_model(model: ModelState, console) -> None:
         f"not usable: {model.nextn_problem}" if model.nextn_problem else "none (--draft mtp needs a GGUF with its MTP layers)"
     facts.add_row("NextN layers", Text(nextn))
     if model.memory:
-        facts.add_row("caches", Text(_caches(model.memory)))
+        facts.add_row("caches", Text(caches_line(model.memory) + " (as llama.cpp allocated them for these options)"))
     if model.rewind_problem:
         facts.add_row("drafting", Text(f"no: {model.rewind_problem}; it decodes plainly", style="yellow"))
     console.print(facts)
-
-
-def _caches(memory: dict[str, int]) -> str:
-    """The target's caches in a line: its KV cache, and a recurrent target's states."""
-    from specli.models.hub import format_size
-
-    line = f"KV {format_size(memory.get('kv_cache_bytes', 0))}"
-    if "recurrent_snapshots" in memory:
-        snapshots = memory["recurrent_snapshots"]
-        kept = (f"{snapshots} snapshot{'s' if snapshots != 1 else ''} a sequence, for drafts of up to {snapshots}"
-                if snapshots else "no snapshots: nothing drafts")
-        line += f", recurrent state {format_size(memory.get('recurrent_bytes', 0))} ({kept})"
-    return line + " (as llama.cpp allocated them for these options)"
 
 
 # Curves this installation does not use, by the label the table gives them.

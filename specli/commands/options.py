@@ -313,12 +313,9 @@ def with_projector(spec: SessionSpec, models: ResolvedModels, *, needed: bool,
 
 
 def default_parallel(spec: SessionSpec, *, alone: bool = False) -> int:
-    """--parallel's default: DEFAULT_PARALLEL, or 1 for a target with recurrent layers (specli
-    runs those one sequence at a time) and, where `alone`, one that loads a kind that drafts alone."""
-    from specli.llama.gguf_header import has_recurrent_layers
-
-    recurrent = spec.target.is_file() and has_recurrent_layers(spec.target)
-    return 1 if recurrent or (alone and drafting_alone(spec)) else DEFAULT_PARALLEL
+    """--parallel's default: DEFAULT_PARALLEL (llama-server's automatic slots, hybrid targets
+    too), or 1 where `alone` and the spec loads a kind that drafts in one sequence only."""
+    return 1 if alone and drafting_alone(spec) else DEFAULT_PARALLEL
 
 
 def drafting_alone(spec: SessionSpec) -> list[str]:

@@ -67,7 +67,7 @@ def run(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", rich_help_panel=opt.OUTPUT, help="No legend and no stats line.")] = False,
     prediction: Annotated[Optional[Path], typer.Option("--prediction", metavar="PATH", rich_help_panel=opt.DRAFTING, help="Text the answer should repeat much of (an edit's file).")] = None,
     batch: Annotated[Optional[Path], typer.Option("--batch", metavar="FILE", rich_help_panel=opt.MODEL, help="Prompts, a line each; JSONL out.")] = None,
-    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Prompts at once (default 4; 1 on recurrent targets).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Prompts at once (default 4).")] = None,
 ) -> None:
     """Generate text: the draft proposes, the target verifies, and the output is the target's own."""
     from specli.models import resolve

@@ -178,7 +178,8 @@ class Engine:
         if media is not None:
             keep = media.start_of(keep)  # an image is decoded whole
         target.rewind(keep)
-        keep = min(keep, target.n_past)  # (a recurrent target that held an image there: nothing)
+        if target.n_past < keep:  # a recurrent target's state went back further (an image there, no checkpoint)
+            keep, again = target.n_past, False
         self.stats.prompt_cached = keep
         cache.tokens = []
         if request.max_tokens <= 0:
@@ -301,7 +302,10 @@ class Engine:
             if self.request.logprobs is not None else [None] * len(committed)
         # Keep `last`, the forced and the accepted draft tokens; the written token is the new `last`.
         if accepted < len(draft) or padding:
-            target.rewind(target.n_past - (len(draft) - accepted) - padding)
+            keep = target.n_past - (len(draft) - accepted) - padding
+            target.rewind(keep)
+            # (a recurrent target's snapshots reach this far: its `reach` caps every verify)
+            assert target.n_past == keep, f"the target's cache stands at {target.n_past}, not {keep}"
         loop = 0.0 if self._step_ended is None else max(0.0, t0 - self._step_ended)
         self._step_ended = t3
         step = StepRecord(len(draft), accepted, t1 - t0, t2 - t1, t3 - t2, loop, proposal.key, proposal.extent,

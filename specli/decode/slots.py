@@ -55,9 +55,15 @@ class SequenceModel(Protocol):
     sequences: int
     n_ctx: int  # each sequence's
     batch_size: int
+    # A recurrent or hybrid model's snapshots a sequence: how far a rewind takes a sequence's
+    # state back after a decode (None: an attention cache, any rewind).
+    max_rewind: int | None
+    checkpoint_tail: int  # (a recurrent model's) a prompt's checkpoint this many tokens before its end
 
     def decode_sequences(self, parts: Sequence[tuple[int, int, list[int], Sequence[bool]]]) -> list[np.ndarray]: ...
     def forget(self, sequence: int, n_keep: int) -> None: ...
+    def checkpoint(self, sequence: int, at: int, count: int) -> None: ...
+    def restore_checkpoint(self, sequence: int, n_keep: int) -> int: ...
 
 
 @dataclass
@@ -143,6 +149,20 @@ class SharedSteps:
             model = self.draft if draft else self.model
             assert model is not None
             model.forget(sequence, n_keep)
+
+    def checkpoint(self, sequence: int, at: int, count: int) -> None:
+        """Keep a recurrent target's state of `sequence` (at position `at`) on the host, between decodes."""
+        with self._lock:
+            self.model.checkpoint(sequence, at, count)
+
+    def restore(self, sequence: int, n_keep: int) -> int:
+        """`sequence` of a recurrent target back at its latest checkpoint at or before n_keep,
+        else emptied: where it stands now."""
+        with self._lock:
+            at = self.model.restore_checkpoint(sequence, n_keep)
+            if at == 0:
+                self.model.forget(sequence, 0)
+            return at
 
     def expect(self, sequence: int, tokens: float) -> None:
         with self._lock:
@@ -249,6 +269,10 @@ class Slot:
         self.n_past = 0
         self.exclusive = False
         self.cache = TargetCache()
+        # A recurrent or hybrid target's: how far a rewind takes the state back now (a snapshot
+        # within the last part decoded), and the prompt checkpoints kept (keep_checkpoints).
+        self._reach = 0
+        self.checkpoints = 0
 
     @property
     def model(self) -> SequenceModel:
@@ -283,6 +307,14 @@ class Slot:
             raise ValueError(f"sequence {self.sequence}: positions decoded at {first} beside others or not at "
                              f"n_past ({self.n_past})")
         self.n_past += positions
+        self._reach = 0
+
+    def keep_checkpoints(self, count: int) -> None:
+        """As Model.keep_checkpoints, for this sequence of a recurrent or hybrid target: each
+        prompt's state is kept CHECKPOINT_TAIL tokens before its end, the last `count` of them,
+        so that a later prompt sharing the conversation decodes on from one (0: prompts decode
+        whole)."""
+        self.checkpoints = count if self.model.max_rewind is not None else 0
 
     def decode(self, tokens: list[int], *, all_logits: bool = False,
                outputs: Sequence[bool] | None = None) -> np.ndarray:
@@ -297,6 +329,16 @@ class Slot:
         flags = [True] * len(tokens) if all_logits else \
             [bool(flag) for flag in outputs[: len(tokens)]] if outputs is not None else [False] * len(tokens)
         flags[-1] = True
+        tail = self.model.checkpoint_tail if self.checkpoints else 0
+        if tail and not (all_logits or outputs is not None) and len(tokens) > tail:
+            # a prompt: decoded up to `tail` tokens before its end, its state kept, then the rest
+            kept, self.checkpoints = self.checkpoints, 0
+            try:
+                self.decode(tokens[:-tail])
+            finally:
+                self.checkpoints = kept
+            self.steps.checkpoint(self.sequence, self.n_past, self.checkpoints)
+            return self.decode(tokens[-tail:])
         chunk = self._chunk(len(tokens), all_logits or outputs is not None)
         start = 0
         while True:
@@ -304,6 +346,8 @@ class Slot:
             rows = self.steps.submit(self.sequence, _Part(self.n_past, tokens[start:end], flags[start:end]),
                                      draft=self.drafts)
             self.n_past += end - start
+            # a recurrent target's snapshots follow each of the part's tokens but its last
+            self._reach = min(self.model.max_rewind or 0, end - start - 1)
             if end == len(tokens):
                 return rows
             start = end
@@ -320,8 +364,16 @@ class Slot:
         raise NotImplementedError("a slot verifies on the host")
 
     def rewind(self, n_keep: int) -> None:
+        """Forget this sequence's positions from n_keep on. A recurrent or hybrid target's
+        state goes back only as far as the last part's snapshots: past them, to the latest
+        checkpoint at or before n_keep, else to the start, and n_past says where it stands
+        (the engine decodes the rest of its prompt from there, in the shared steps)."""
         if n_keep < self.n_past:
-            self.steps.forget(self.sequence, n_keep, draft=self.drafts)
+            if 0 < n_keep and self.model.max_rewind is not None and self.n_past - n_keep > self._reach:
+                n_keep = self.steps.restore(self.sequence, n_keep)
+            else:
+                self.steps.forget(self.sequence, n_keep, draft=self.drafts)
+            self._reach = 0  # (llama.cpp takes one snapshot back, once, until the next decode)
         self.n_past = min(self.n_past, n_keep)
 
     def _chunk(self, n: int, rows_wanted: bool) -> int:

@@ -389,6 +389,8 @@ class Model(_Vocabulary):
     with the GGUF's NextN (multi-token prediction) layers, which llama.cpp skips otherwise
     (specli.llama.mtp drafts with them)."""
 
+    checkpoint_tail = CHECKPOINT_TAIL  # where a prompt's checkpoint is taken (a slot's too)
+
     def __init__(self, path: Path | str, settings: LoadSettings = LoadSettings(), *, verbose: bool = False,
                  chat_template: str | None = None, load_mtp: bool = False) -> None:
         self.path = Path(path)
@@ -531,7 +533,7 @@ class Model(_Vocabulary):
                 self._decode(head, False)
             finally:
                 self._checkpoints_kept = kept
-            self._checkpoint()
+            self.checkpoint(0, self.n_past, self._checkpoints_kept)
         self._decodes += 1
         start = 0
         while start < len(tokens):
@@ -612,6 +614,7 @@ class Model(_Vocabulary):
         """Remove a sequence's cached positions from n_keep on (decode_sequences' rewind)."""
         if not llama.llama_memory_seq_rm(self._memory, sequence, n_keep, -1):
             raise DecodeError(-1, self.path, f"could not remove positions {n_keep}.. of sequence {sequence}")
+        self._drop_checkpoints(sequence, n_keep)
 
     # --- backend sampling (decode_argmax) --------------------------------------
 
@@ -692,7 +695,8 @@ class Model(_Vocabulary):
         self._record: list[int] = []  # a recurrent model's cached tokens, to decode again (rewind)
         self._reach = 0  # how many positions a snapshot can take back now (recurrent only)
         self._checkpoints_kept = 0  # keep_checkpoints
-        self._states: list[tuple[int, ctypes.Array]] = []  # (n_past, its recurrent state), oldest first
+        # By sequence: its checkpoints (position, its recurrent state), oldest first.
+        self._states: dict[int, list[tuple[int, ctypes.Array]]] = {}
 
     def keep_checkpoints(self, count: int) -> None:
         """A recurrent or hybrid model's states kept on the host (llama-server's context
@@ -700,38 +704,66 @@ class Model(_Vocabulary):
         decoded up to CHECKPOINT_TAIL tokens before its end, its state kept, then the rest; the
         last `count` are kept, so that a later prompt that shares the conversation restores one
         and decodes on from there, not from the first token. 0: prompts decode in one piece
-        again (an exact request's, as `run --exact` decodes them); the kept states stay."""
+        again (an exact request's, as `run --exact` decodes them); the kept states stay.
+        (Sequence 0's; a slot keeps its sequence's through `checkpoint`.)"""
         self._checkpoints_kept = count if self.recurrent else 0
         if count:
-            self._states = self._states[-count:]
+            self._states[0] = self._states.get(0, [])[-count:]
 
-    def _checkpoint(self) -> None:
-        """Keep the recurrent state at n_past on the host (the oldest goes past the number kept)."""
-        size = int(llama.llama_state_seq_get_size_ext(self._ctx, 0, _PARTIAL))
-        state = (ctypes.c_uint8 * size)()
-        if size == 0 or int(llama.llama_state_seq_get_data_ext(self._ctx, state, size, 0, _PARTIAL)) != size:
+    def checkpoint(self, sequence: int, at: int, count: int) -> None:
+        """Keep `sequence`'s recurrent state, which stands at position `at`, on the host, with
+        at most `count` - 1 kept before it (the oldest go)."""
+        state = self.sequence_state(sequence)
+        if state is None:
             return
-        kept = [(at, data) for at, data in self._states if at != self.n_past]
-        self._states = (kept + [(self.n_past, state)])[-self._checkpoints_kept:]
+        kept = [(p, data) for p, data in self._states.get(sequence, []) if p != at]
+        self._states[sequence] = (kept + [(at, state)])[-count:]
 
-    def checkpoint_positions(self) -> list[int]:
-        """Where the recurrent states kept on the host stand (keep_checkpoints), oldest first."""
-        return [at for at, _ in self._states]
-
-    def _restore(self, n_keep: int) -> int:
-        """Go back to the latest checkpoint at or before n_keep: its position (0: there is none)."""
-        for at, state in reversed(self._states):
+    def restore_checkpoint(self, sequence: int, n_keep: int) -> int:
+        """Put `sequence` back to its latest checkpoint at or before n_keep, its attention
+        cache dropped from there on: the checkpoint's position (0: there is none, or llama.cpp
+        refused it, and the sequence is to be emptied)."""
+        states = self._states.get(sequence, [])
+        for at, state in reversed(states):
             if 0 < at <= n_keep:
-                restored = int(llama.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, _PARTIAL))
-                # The recurrent state is back at `at`; the attention cache drops what follows it.
-                if restored and llama.llama_memory_seq_rm(self._memory, 0, at, -1):
-                    del self._record[at:]
-                    self.n_past, self._reach = at, 0
-                    self._states = [(p, data) for p, data in self._states if p <= at]
+                if self._restore_state(sequence, state, at):
+                    self._states[sequence] = [(p, data) for p, data in states if p <= at]
                     return at
-                self._states = []
+                self._states[sequence] = []
                 break
         return 0
+
+    def checkpoint_positions(self, sequence: int = 0) -> list[int]:
+        """Where the recurrent states kept on the host stand (keep_checkpoints), oldest first."""
+        return [at for at, _ in self._states.get(sequence, [])]
+
+    def _drop_checkpoints(self, sequence: int, n_keep: int) -> None:
+        """Forget `sequence`'s checkpoints past n_keep (its cache no longer holds them)."""
+        if self._states.get(sequence):
+            self._states[sequence] = [(at, state) for at, state in self._states[sequence] if at <= n_keep]
+
+    def sequence_state(self, sequence: int) -> ctypes.Array | None:
+        """A copy of a sequence's recurrent state (not its attention cache) on the host; None
+        where llama.cpp gives none."""
+        size = int(llama.llama_state_seq_get_size_ext(self._ctx, sequence, _PARTIAL))
+        state = (ctypes.c_uint8 * size)()
+        if size == 0 or int(llama.llama_state_seq_get_data_ext(self._ctx, state, size, sequence, _PARTIAL)) != size:
+            return None
+        return state
+
+    def _restore_state(self, sequence: int, state: ctypes.Array, at: int) -> bool:
+        """Put back a sequence's recurrent state taken at position `at` and drop its attention
+        cache from `at` on (False: llama.cpp refused)."""
+        restored = int(llama.llama_state_seq_set_data_ext(self._ctx, state, len(state), sequence, _PARTIAL))
+        return bool(restored) and bool(llama.llama_memory_seq_rm(self._memory, sequence, at, -1))
+
+    def _restore(self, n_keep: int) -> int:
+        """Sequence 0 back at its latest checkpoint at or before n_keep: its position (0: none)."""
+        at = self.restore_checkpoint(0, n_keep)
+        if at:
+            del self._record[at:]
+            self.n_past, self._reach = at, 0
+        return at
 
     def cache_memory(self) -> dict[str, int]:
         """What llama.cpp allocated for this context's caches, as it logs them: the attention
@@ -785,7 +817,7 @@ class Model(_Vocabulary):
         if self.recurrent and n_keep < self.n_past:
             del self._record[n_keep:]
             self._reach = 0  # llama.cpp restores one snapshot, at the next decode
-            self._states = [(at, state) for at, state in self._states if at <= n_keep]
+            self._drop_checkpoints(0, n_keep)
         self.n_past = min(self.n_past, n_keep)
 
     # --- lifetime -----------------------------------------------------------

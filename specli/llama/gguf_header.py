@@ -185,18 +185,6 @@ def read_metadata(path: Path | str) -> dict[str, object]:
     return _mapped(Path(path), _keys)
 
 
-# Keys that only recurrent and hybrid architectures carry: state-space (Mamba, Qwen3.5's gated
-# delta net, Nemotron-H), RWKV, short convolutions (LFM2) and Kimi's delta attention.
-_RECURRENT_KEYS = (".ssm.", ".wkv.", ".shortconv.", ".kda.")
-
-
-def has_recurrent_layers(path: Path | str) -> bool:
-    """Whether the GGUF at `path` declares recurrent layers (from its header's keys alone)."""
-    metadata = read_metadata(path)
-    arch = str(metadata.get("general.architecture", ""))
-    return any(key.startswith(arch + marker) for key in metadata for marker in _RECURRENT_KEYS)
-
-
 def metadata_from_bytes(data: bytes, name: str) -> dict[str, object]:
     """The header keys of a GGUF whose first bytes are `data` (a range request's answer):
     HeaderCutShort where they run past them."""

@@ -23,6 +23,7 @@ from typing import IO, Iterator
 import uvicorn
 
 from specli.decode.request import AUTO, GenerationRequest
+from specli.diagnostics import caches_line
 from specli.errors import Interrupted, SpecliError
 from specli.render import notifier
 from specli.serve.app import Backend, ServerInfo, create_app
@@ -127,6 +128,9 @@ def serve(spec: SessionSpec, settings: ServeSettings, err: IO[str] | None = None
                 reason = session.plain_reason(settings.defaults)
                 if reason is not None:
                     notice(reason)
+                if session.target.recurrent:  # its state is a cache of its own, by sequence and snapshot
+                    notice(f"{spec.target.name} has recurrent layers: "
+                           f"{caches_line(session.target.cache_memory(), session.target.sequences)}")
                 backend.worker = Worker(session, queue=settings.queue, memory=settings.memory,
                                         measure=settings.defaults.draft_tokens == AUTO and settings.defaults.drafts)
                 try:
