@@ -416,7 +416,8 @@ def _mtp_section(results: dict) -> list[str]:
         return []
     lines = ["## (e) MTP: the target's own NextN layer drafts (`--draft mtp` / `--spec-type draft-mtp`)", ""]
     if model:
-        lines += [f"Target: {model.get('shape')} MiMo-2 with one NextN layer, {model.get('target_mib')} MiB, "
+        lines += [f"Target: {model.get('shape')} {model.get('arch', 'MiMo-2')} with one NextN layer, "
+                  f"{model.get('target_mib')} MiB, "
                   f"written in {model.get('seconds')} s.", ""]
     if sweep:
         lines += _sweep_table("llama.cpp draft-mtp depth", sweep)

@@ -16,7 +16,8 @@
 #              draft-simple K=8 (and both plain decoders), specli -k auto against draft-simple at
 #              its best K; the same two warm, in `specli bench`
 #   plain      (d) plain decoding, specli's and llama.cpp's
-#   mtp        (e) an 8B-shaped F16 MiMo-2 with one NextN layer: specli --draft mtp against
+#   mtp        (e) an 8B-shaped F16 Qwen3.5 (hybrid, the converter's tensor names) with one
+#              NextN layer: specli --draft mtp against
 #              `llama-speculative-simple --spec-type draft-mtp` at the same depth (2, MTP alone),
 #              then each at its best (llama.cpp's best depth of 1-3; specli -k auto), with plain
 #   replay     benchmarks/replay.py: record the embedded model on the GPU, replay -k auto on
@@ -605,7 +606,7 @@ step_plain() {
 # --- (e) mtp ------------------------------------------------------------------------------
 
 mtp_target() {
-    if gpu; then echo "$MODELS/mtp-8b-n1-s0.gguf"; else echo "$MODELS/tiny-mtp1-s0.gguf"; fi
+    if gpu; then echo "$MODELS/qwen35-8b-mtp-s0.gguf"; else echo "$MODELS/qwen35-mtp-s0.gguf"; fi
 }
 
 step_mtp() {
@@ -617,13 +618,13 @@ step_mtp() {
     if [[ ! -f "$target" ]]; then
         local started
         started=$(date +%s)
-        if gpu; then  # Llama 3's vocabulary, as the synthetic pair's: an 8.0B trunk and its NextN layer
-            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS" --shape 8b --workers "$JOBS" \
+        if gpu; then  # Llama 3's vocabulary, as the synthetic pair's: an 8.1B hybrid and its NextN layer
+            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS" --shape qwen35-8b --workers "$JOBS" \
                 --vocab "$(sdist_source)/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"
-        else
-            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS"
+        else  # the tests' Qwen3.5 in the converter's layout (tied, 4 value heads over 2 key heads)
+            "$PY" "$repo/benchmarks/synthetic_mtp.py" "$MODELS" --shape qwen35
         fi
-        results put "$RESULTS/mtp-model.json" "shape=$(gpu && echo 8b || echo tiny)" \
+        results put "$RESULTS/mtp-model.json" "shape=$(gpu && echo 8b || echo tiny)" "arch=Qwen3.5 (hybrid)" \
             "target=$(basename "$target")" "seconds=$(($(date +%s) - started))" \
             "target_mib=$(($(stat -c %s "$target") / 1048576))"
     fi

@@ -323,6 +323,7 @@ class HybridSpec:
     hidden_weight: float = 0.5
     logit_scale: float = 2.0
     context_length: int = 2048
+    dtype: str = "f32"  # "f16": the matrices the converter's --outtype f16 writes in F16 (_converter_type)
 
     @property
     def head_dim(self) -> int:
@@ -384,6 +385,15 @@ class HybridSpec:
 # NextN block, predicting the same, is sometimes wrong.
 QWEN35_CONVERTED = HybridSpec(n_embd=256, n_ff=512, n_head=4, n_head_kv=1, ssm_heads=2, ssm_v_heads=4,
                               ssm_head_dim=64, tied=True, shared_head_norm=True, trunk_scale=1.2)
+# Llama 3 8B's width and depth (with Llama 3's vocabulary: 8.1B parameters) in that layout, F16
+# as the converter writes it: three gated-delta-net layers to one attention layer, 16 key and 32
+# value heads of 128, attention heads of 256 (Qwen3.5's), an output head of its own (the
+# successor map, as MIMO_8B's) and one NextN block: a memory-bound hybrid target for a GPU. Its
+# trunk_scale: at its depth and n_embd 512 on the CPU, MTP -k 3 kept 0.84-1.0 of first drafts
+# (0.76-0.85 of third) on three prompts; 0.25 kept every draft, 0.6 under half.
+QWEN35_8B = HybridSpec(n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, n_ff=12288, ssm_heads=16, ssm_v_heads=32,
+                       ssm_head_dim=128, shared_head_norm=True, trunk_scale=0.45, context_length=4096, dtype="f16")
+HYBRID_SHAPES = {"qwen35": QWEN35_CONVERTED, "qwen35-8b": QWEN35_8B}
 
 
 def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: int) -> np.ndarray:
@@ -408,14 +418,15 @@ def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: in
 
 def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = HybridSpec(), *, seed: int = 0,
                       vocab: Vocabulary | str | os.PathLike[str] | None = None, name: str | None = None,
-                      trunk_only: bool = False, sidecar: bool = False) -> Path:
+                      trunk_only: bool = False, sidecar: bool = False, workers: int = 1) -> Path:
     """A tiny Qwen3.5 (three gated-delta-net layers, one attention layer, one NextN block;
     n_embd 64, SmolLM2's vocabulary), weighted like `write_tiny_mtp`'s models: for the
     question whether a hybrid target's recurrent state can be rewound after a rejected draft.
     `spec.arch` QWEN3NEXT: a tiny Qwen3-Next instead, whose state this llama.cpp keeps no
     snapshots of. `name`: the file's name; `trunk_only` leaves the NextN block's tensors out and
     `sidecar` writes them alone, with the embeddings and the output head (the converter's
-    `--no-mtp` and `--mtp` files: the same seed, the same weights)."""
+    `--no-mtp` and `--mtp` files: the same seed, the same weights). `spec.dtype` "f16" and
+    `workers` write a large one (QWEN35_8B) as write_mtp_model writes MIMO_8B."""
     if not isinstance(vocab, Vocabulary):
         vocab = load_vocabulary(vocab)
     path = Path(out_dir) / (name or f"tiny-{spec.arch}{'-mtp' if spec.n_nextn else ''}-s{seed}.gguf")
@@ -454,31 +465,54 @@ def write_tiny_hybrid(out_dir: str | os.PathLike[str], spec: HybridSpec = Hybrid
         tensors = [(n, shape) for n, shape in tensors if (block(n) or 0) < spec.n_layer]
     if sidecar:
         tensors = [(n, shape) for n, shape in tensors if block(n) is None or block(n) >= spec.n_layer]
-    return _write_f32(writer, partial, path, vocab, tensors, spec, seed, _hybrid_values)
+    return _write_tensors(writer, partial, path, vocab, tensors, spec, seed, _hybrid_values,
+                          f16=spec.dtype == "f16", workers=workers)
 
 
-def _write_f32(writer: gguf.GGUFWriter, partial: Path, path: Path, vocab: Vocabulary,
-               tensors: list[tuple[str, tuple[int, ...]]], spec, seed: int, values: Callable) -> Path:
-    """The rest of a hybrid or GLM file, every tensor in F32: the vocabulary's keys, the
-    embeddings, the successor output head, `values(name, shape, spec, seed)` for the others;
-    the finished file moved to `path`."""
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+def _converter_type(name: str, shape: tuple[int, ...]) -> np.dtype:
+    """A tensor's type in the converter's F16 output (conversion/base.py): vectors, norms,
+    convolutions, routers and tensors not named `.weight` in F32, every other matrix in F16."""
+    kept = len(shape) <= 1 or name.endswith(("_norm.weight", "ssm_conv1d.weight", "ffn_gate_inp.weight",
+                                             "ffn_gate_inp_shexp.weight")) or not name.endswith(".weight")
+    return np.dtype(np.float32 if kept else np.float16)
+
+
+def _write_tensors(writer: gguf.GGUFWriter, partial: Path, path: Path, vocab: Vocabulary,
+                   tensors: list[tuple[str, tuple[int, ...]]], spec, seed: int, values: Callable, *,
+                   f16: bool = False, workers: int = 1) -> Path:
+    """The rest of a hybrid or GLM file: the vocabulary's keys, the embeddings, the successor
+    output head, `values(name, shape, spec, seed)` for the others, every tensor in F32 (`f16`:
+    as the converter types them); `workers` threads make the next tensors while earlier ones
+    are written (the same file); the finished file moved to `path`."""
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     for key, field in vocab.fields.items():
         writer.add_key_value(key, field.value, field.type, field.sub_type)
+    types = {name: _converter_type(name, shape) if f16 else np.dtype(np.float32) for name, shape in tensors}
     for tensor_name, shape in tensors:
-        writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        writer.add_tensor_info(tensor_name, shape, types[tensor_name], int(np.prod(shape)) * types[tensor_name].itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     embeddings = _random("token_embd.weight", (vocab.n_tokens, spec.n_embd), seed, 1.0)
-    for tensor_name, shape in tensors:
+
+    def made(tensor: tuple[str, tuple[int, ...]]) -> np.ndarray:
+        tensor_name, shape = tensor
         if tensor_name == "token_embd.weight":
-            made = embeddings
+            value = embeddings
         elif tensor_name == "output.weight":
-            made = _output_head(embeddings, vocab, spec.logit_scale, seed)
+            value = _output_head(embeddings, vocab, spec.logit_scale, seed)
         else:
-            made = values(tensor_name, shape, spec, seed)
-        writer.write_tensor_data(made.astype(np.float32, copy=False))
+            value = values(tensor_name, shape, spec, seed)
+        return value.astype(types[tensor_name], copy=False)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        pending: deque = deque()
+        for tensor in tensors:
+            pending.append(pool.submit(made, tensor))
+            if len(pending) >= 2 * max(1, workers):  # file order; a bounded look-ahead
+                writer.write_tensor_data(pending.popleft().result())
+        while pending:
+            writer.write_tensor_data(pending.popleft().result())
     writer.close()
     partial.replace(path)
     return path
@@ -614,4 +648,4 @@ def write_tiny_glm4moe(out_dir: str | os.PathLike[str], spec: Glm4MoeSpec = Glm4
     writer.add_name(path.stem.rsplit("-s", 1)[0])
     for key, (value, kind) in keys.items():
         writer.add_key_value(f"{GLM4MOE}.{key}", value, kind)
-    return _write_f32(writer, partial, path, vocab, spec.tensors(vocab.n_tokens), spec, seed, _glm_values)
+    return _write_tensors(writer, partial, path, vocab, spec.tensors(vocab.n_tokens), spec, seed, _glm_values)
