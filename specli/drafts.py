@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 from specli.decode.constraint import Matcher
 from specli.decode.draft_model import DraftModel, DraftModelProposer
-from specli.decode.mtp import MtpProposer, NextnDraft
+from specli.decode.mtp import MtpProposer, NextnDraft, NextnSlot
 from specli.decode.ngram import NGramProposer
 from specli.decode.policy import MAX_DRAFT
 from specli.decode.proposers import Proposer
@@ -77,8 +77,11 @@ class Kind:
     unavailable: Callable[[Any, Model], str | None] | None = None
     offered: Callable[[Any], bool] = lambda spec: False  # a server loads it unasked (requests may ask)
     declined: Callable[[Any], str | None] = lambda spec: None  # why a server does not, though the file has it
-    # (loaded, the session's slots): what it drafts with in each slot, one per slot, in their order.
-    in_slots: Callable[[Any, list[Slot]], list[Any]] | None = None
+    # (loaded, the session's slots): what it drafts with in each slot, one per slot, in their
+    # order; None where what was loaded drafts in one sequence only.
+    in_slots: Callable[[Any, list[Slot]], list[Any] | None] | None = None
+    # From the SessionSpec: what it loads would draft in one sequence only (in_slots gives None).
+    alone_when: Callable[[Any], bool] = lambda spec: False
     # Where its drafter's measurements are stored, beside the target's key (draft file, its load settings).
     cost_key: Callable[[StoreKey, Path | None, LoadSettings], StoreKey] | None = None
     drafter: Callable[[Any, StoreKey, Model, Any], Drafter] | None = None  # (loaded, its cost_key, target, spec)
@@ -105,10 +108,9 @@ class Kind:
             return self.unavailable(loaded, target)
         return "not loaded on this session" if self.load is not None and loaded is None else None
 
-    @property
-    def alone(self) -> bool:
-        """It loads something that drafts in one sequence only (not beside other requests)."""
-        return self.load is not None and self.in_slots is None
+    def alone(self, spec: Any) -> bool:
+        """What it loads for `spec` would draft in one sequence only (not beside other requests)."""
+        return self.load is not None and (self.in_slots is None or self.alone_when(spec))
 
     def is_wanted(self, spec: Any) -> bool:
         return self.wanted(spec) if self.wanted is not None else self.name in spec.loads
@@ -131,6 +133,15 @@ def _open_draft(spec: Any, target: Model, notice: Notice) -> DraftModel:
     except BaseException:
         draft.close()
         raise
+
+
+def _nextn_in_slots(draft: NextnDraft, slots: list[Slot]) -> list[NextnDraft] | None:
+    """The target's NextN layer beside each slot (its context takes as many sequences): their
+    drafting entries go into one MTP decode a draft position across the slots. Chained layers
+    (a context each) draft in one sequence only: None."""
+    if draft.depth is not None:
+        return None
+    return [NextnDraft(NextnSlot(draft.heads, slot)) for slot in slots]
 
 
 def _draft_in_slots(draft: DraftModel, slots: list[Slot]) -> list[DraftModel]:
@@ -233,6 +244,7 @@ MTP = Kind(DraftKind.MTP, "mtp: the target's own NextN (MTP) layers",
            cost_key=lambda key, draft, load: key.beside(f"mtp-v{MTP_COSTS_VERSION}"),
            drafter=lambda nextn, key, target, spec: nextn_drafter(key, target, nextn),
            choose=_auto_mtp, own=_nextn_layers, own_field="nextn_layers", after_images=False,
+           in_slots=_nextn_in_slots, alone_when=lambda spec: _nextn_layers(spec.target) > 1,  # chained
            auto_reach=3)  # llama.cpp's --spec-draft-n-max: a head fed its own state agrees less at each depth
 AUTO = Kind("auto", "auto: the best draft measured on this machine: the target's MTP layers, a local "
             "draft model of its vocabulary, else n-gram lookup", order=(DraftKind.MTP, DraftKind.MODEL,

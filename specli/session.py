@@ -77,9 +77,11 @@ class Session:
         self._vocabulary: Vocabulary | None = None  # the target's tokens for constraints, built when first needed
         # target_load.sequences above 1: a slot per sequence, one decode a step for all (decode/slots.py).
         self.slots: list[Slot] = open_slots(target) if target.sequences > 1 else []
-        # By draft kind: what it drafts with in each slot (drafts.Kind.in_slots), where it loads anything.
-        self._in_slots = {name: drafts.KINDS[name].in_slots(thing, self.slots)  # type: ignore[misc]
-                          for name, thing in self.loaded.items() if self.slots and drafts.KINDS[name].in_slots}
+        # By draft kind: what it drafts with in each slot (drafts.Kind.in_slots), where it loads
+        # anything and that drafts beside others.
+        in_slots = {name: drafts.KINDS[name].in_slots(thing, self.slots)  # type: ignore[misc]
+                    for name, thing in self.loaded.items() if self.slots and drafts.KINDS[name].in_slots}
+        self._in_slots = {name: things for name, things in in_slots.items() if things is not None}
 
     def exact(self) -> BatchCap:
         """The verify batches exact by position for the loaded repacking setting: measured at
@@ -132,7 +134,7 @@ class Session:
     def unavailable(self, kind: drafts.Kind) -> str | None:
         """Why `kind` cannot draft on this session (None: it can)."""
         reason = kind.why_not(self.loaded.get(kind.name), self.target)
-        if reason is None and self.slots and kind.alone:
+        if reason is None and self.slots and kind.load is not None and kind.name not in self._in_slots:
             return f"{kind.name} drafts in one sequence only, not beside others (--parallel 1)"
         return reason
 

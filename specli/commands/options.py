@@ -321,7 +321,7 @@ def default_parallel(spec: SessionSpec, *, alone: bool = False) -> int:
 def drafting_alone(spec: SessionSpec) -> list[str]:
     """The draft kinds the spec loads that draft in one sequence only (the target's NextN
     layers): beside other sequences (--parallel above 1) they cannot draft."""
-    return [kind.name for kind in drafts.KINDS.values() if kind.alone and kind.is_wanted(spec)]
+    return [kind.name for kind in drafts.KINDS.values() if kind.alone(spec) and kind.is_wanted(spec)]
 
 
 def beside_others(models: ResolvedModels, alone: list[str], parallel: int,

@@ -24,7 +24,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", metavar="HOST", rich_help_panel=SERVER, help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", metavar="PORT", callback=opt.check(lambda v: 0 <= v < 65536, "is not a port"), rich_help_panel=SERVER, help="Port (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLI_API_KEY", metavar="KEY", show_envvar=False, rich_help_panel=SERVER, help="Require this bearer key (or SPECLI_API_KEY).")] = None,
-    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where MTP layers draft).")] = None,
+    parallel: Annotated[Optional[int], typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=SERVER, help="Requests generated at once, one decode a step, each with -c positions (default 4; 1 where chained MTP layers draft).")] = None,
     queue: Annotated[int, typer.Option("--queue", metavar="N", callback=opt.not_negative, rich_help_panel=SERVER, help="Requests that may wait; more get 503.")] = 8,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", rich_help_panel=SERVER, help="N-gram lookup searches recent answers too.")] = True,
     metrics: Annotated[bool, typer.Option("--metrics", rich_help_panel=SERVER, help="Serve Prometheus metrics at /metrics.")] = False,
@@ -41,7 +41,7 @@ def serve(
     models = opt.models(ctx.params)
     # what a request may ask to draft with
     spec = drafts.for_server(opt.session_spec(models, ctx.params), notifier(sys.stderr))
-    alone = opt.drafting_alone(spec)  # the NextN layers: one sequence only
+    alone = opt.drafting_alone(spec)  # chained NextN layers: one sequence only
     parallel = parallel or opt.default_parallel(spec, alone=True)
     if parallel > 1 and alone:
         models = opt.beside_others(models, alone, parallel, notifier(sys.stderr))

@@ -25,6 +25,7 @@ import numpy as np
 from specli.decode.draft_model import DraftModelProposer
 from specli.decode.proposers import Proposal
 from specli.decode.sampling import SamplingSettings
+from specli.decode.slots import Part, Slot
 from specli.decode.text import common_prefix_length
 
 if TYPE_CHECKING:
@@ -45,6 +46,44 @@ class NextnLayers(Protocol):
                *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None: ...
     def rewind(self, layer: int, n_keep: int) -> None: ...
     def close(self) -> None: ...
+
+
+class NextnSlot:
+    """The target's NextN layer (one: chained layers draft in one sequence only) in one of the
+    target's slots, as NextnLayers: its entries go into the slots' shared draft decodes
+    (decode/slots.py, `SharedSteps.submit(drafter=...)`), one decode a draft position for every
+    slot drafting, as llama.cpp's draft-mtp drafts its sequences; its rows are the target's
+    for this slot's sequence, up to the slot's n_past."""
+
+    layers, depth = 1, None
+
+    def __init__(self, heads, slot: Slot) -> None:
+        self.heads, self.slot = heads, slot  # heads: specli.llama.mtp.MtpHeads, of as many sequences
+        self.n_embd, self.n_ctx = heads.n_embd, slot.n_ctx
+
+    def target_hidden(self, first: int, count: int) -> np.ndarray:
+        return self.heads.target_hidden(first, count, self.slot.sequence, self.slot.n_past)
+
+    def release(self, below: int) -> None:
+        self.heads.release(below, self.slot.sequence, self.slot.n_past)
+
+    def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray,
+               *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+        """As MtpHeads.decode, in the shared steps (a catch-up in pieces of the batch size)."""
+        result, size = None, self.heads.batch_size
+        for at in range(0, len(tokens), size):
+            piece = tokens[at : at + size]
+            flags = [False] * len(piece)
+            flags[-1] = logits and at + size >= len(tokens)
+            result = self.slot.steps.submit(self.slot.sequence, Part(start + at, piece, flags, hidden[at : at + size]),
+                                            drafter=self.heads)
+        return result
+
+    def rewind(self, layer: int, n_keep: int) -> None:
+        self.slot.steps.forget(self.slot.sequence, n_keep, drafter=self.heads)
+
+    def close(self) -> None:
+        pass  # the session closes the NextN layers themselves
 
 
 class NextnDraft:

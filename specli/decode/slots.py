@@ -24,7 +24,8 @@ Invariants:
 - a failed decode fails every slot that was in it, and nobody else;
 - a step's rows are in the order of their sequences, however the threads came in: the same
   slots with the same rows decode the same batch;
-- a draft model (`SharedSteps.draft`, loaded with as many sequences) drafts the same way:
+- a draft model (`SharedSteps.draft`, loaded with as many sequences), or the target's NextN
+  layer (`submit(drafter=...)`: decode/mtp.py's NextnSlot), drafts the same way:
   each slot's `DraftSlot` hands in its rows, and once every running slot has handed in rows
   for one model or the other, the draft model's rows go first, in one decode of their own
   (one draft decode per draft position across the sequences, as llama-server drafts), while
@@ -67,10 +68,13 @@ class SequenceModel(Protocol):
 
 
 @dataclass
-class _Part:
+class Part:
+    """One sequence's rows in a shared decode."""
+
     first: int  # the position of its first row
     tokens: list[int]
     outputs: list[bool]
+    hidden: np.ndarray | None = None  # the target's state beside each token (NextN layers' entries)
 
 
 class SharedSteps:
@@ -82,11 +86,11 @@ class SharedSteps:
         self.draft = draft  # a draft model with as many sequences (DraftSlot decodes on it)
         self._lock = threading.Condition()
         self._running: set[int] = set()
-        self._pending: dict[int, _Part] = {}  # the target's rows for the next step, by sequence
-        self._drafting: dict[int, _Part] = {}  # the draft model's
+        self._pending: dict[int, Part] = {}  # the target's rows for the next step, by sequence
+        self._drafting: dict[int, tuple[SequenceModel, Part]] = {}  # a drafter's (the draft model, NextN layers)
         self._results: dict[int, np.ndarray | BaseException] = {}
         # A decode for the decoding thread (which model, its parts), and whether one is in hand.
-        self._ready: tuple[SequenceModel, dict[int, _Part]] | None = None
+        self._ready: tuple[SequenceModel, dict[int, Part]] | None = None
         self._busy = False
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -131,11 +135,16 @@ class SharedSteps:
             self._run_if_ready()
             self._lock.notify_all()  # a slot waiting to start, alone or beside
 
-    def submit(self, sequence: int, part: _Part, *, draft: bool = False) -> np.ndarray:
-        """Hand in a slot's rows (for the draft model: `draft`); return its logits rows once
-        they are decoded."""
+    def submit(self, sequence: int, part: Part, *, draft: bool = False, drafter: SequenceModel | None = None) -> Any:
+        """Hand in a slot's rows (for the draft model: `draft`; for another drafter of as many
+        sequences, the target's NextN layers: `drafter`); return what its decode gives them
+        (logits rows) once they are decoded."""
+        drafter = self.draft if draft else drafter
         with self._lock:
-            (self._drafting if draft else self._pending)[sequence] = part
+            if drafter is None:
+                self._pending[sequence] = part
+            else:
+                self._drafting[sequence] = (drafter, part)
             self._run_if_ready()
             while sequence not in self._results:
                 self._lock.wait()
@@ -144,9 +153,9 @@ class SharedSteps:
             raise result
         return result
 
-    def forget(self, sequence: int, n_keep: int, *, draft: bool = False) -> None:
+    def forget(self, sequence: int, n_keep: int, *, draft: bool = False, drafter: SequenceModel | None = None) -> None:
         with self._lock:
-            model = self.draft if draft else self.model
+            model = self.draft if draft else drafter or self.model
             assert model is not None
             model.forget(sequence, n_keep)
 
@@ -192,9 +201,11 @@ class SharedSteps:
         waiting = self._pending.keys() | self._drafting.keys()
         if not waiting or not self._running <= waiting:
             return
-        if self._drafting:
-            assert self.draft is not None
-            self._ready, self._drafting = (self.draft, self._drafting), {}
+        if self._drafting:  # one drafter's rows (where two draft, the other's next time)
+            drafter = next(iter(self._drafting.values()))[0]
+            parts = {sequence: part for sequence, (model, part) in self._drafting.items() if model is drafter}
+            self._drafting = {sequence: entry for sequence, entry in self._drafting.items() if sequence not in parts}
+            self._ready = (drafter, parts)
         else:
             self._ready, self._pending = (self.model, self._pending), {}
             self._last = {sequence: (_recurring_rows(part), self._expected.pop(sequence, 1.0 if part.outputs[-1] else 0.0))
@@ -222,17 +233,18 @@ class SharedSteps:
                 self._run_if_ready()  # (rows handed in meanwhile by a slot that is not running)
                 self._lock.notify_all()
 
-    def _decode(self, model: SequenceModel, parts: dict[int, _Part]) -> dict[int, np.ndarray]:
+    def _decode(self, model: SequenceModel, parts: dict[int, Part]) -> dict[int, np.ndarray]:
         """One model's rows in as few decodes as its batch size allows (the earlier ones' rows
         copied: the next decode reuses the buffer; the last one's handed back as views)."""
         results: dict[int, np.ndarray] = {}
-        groups: list[list[tuple[int, _Part]]] = [[]]
+        groups: list[list[tuple[int, Part]]] = [[]]
         for sequence, part in sorted(parts.items()):  # by sequence, whoever handed in first
             if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > model.batch_size:
                 groups.append([])
             groups[-1].append((sequence, part))
         for index, group in enumerate(groups):
             rows = model.decode_sequences([(sequence, part.first, part.tokens, part.outputs)
+                                           + (() if part.hidden is None else (part.hidden,))
                                            for sequence, part in group])
             decoded = sum(len(part.tokens) for _, part in group)
             if model is self.model:
@@ -242,12 +254,12 @@ class SharedSteps:
                 self.draft_steps += 1
                 self.draft_rows += decoded
             last = index == len(groups) - 1
-            for (sequence, _), out in zip(group, rows):
-                results[sequence] = out if last else np.array(out)
+            for (sequence, _), out in zip(group, rows):  # (the NextN layers' come as copies)
+                results[sequence] = out if last or not isinstance(out, np.ndarray) else np.array(out)
         return results
 
 
-def _recurring_rows(part: _Part) -> int:
+def _recurring_rows(part: Part) -> int:
     """The rows a slot's part stands for in the others' next steps: a verify batch's (rows
     read past the last: a draft) as they are; a prompt's chunk (or a plain step) one, the row
     its generation decodes a step once the prompt is in. A chunk of 128 rows taken as the
@@ -343,7 +355,7 @@ class Slot:
         start = 0
         while True:
             end = min(len(tokens), start + chunk)
-            rows = self.steps.submit(self.sequence, _Part(self.n_past, tokens[start:end], flags[start:end]),
+            rows = self.steps.submit(self.sequence, Part(self.n_past, tokens[start:end], flags[start:end]),
                                      draft=self.drafts)
             self.n_past += end - start
             # a recurrent target's snapshots follow each of the part's tokens but its last

@@ -451,8 +451,10 @@ class Model(_Vocabulary):
         self._logits_address = 0
         self._decodes = 0  # decodes so far: what a DeviceChoices was read from
         self._last_batch: tuple[list[int], bool] = ([], False)  # the last llama_decode's tokens, all rows out
-        # After each llama_decode, while its outputs are readable: (first position, token count).
+        # After each llama_decode, while its outputs are readable: (first position, token count);
+        # after a decode_sequences, each part's (sequence, first position, token count), in batch order.
         self.on_decode: Callable[[int, int], None] | None = None
+        self.on_sequences: Callable[[list[tuple[int, int, int]]], None] | None = None
 
     @property
     def model_handle(self):
@@ -606,6 +608,8 @@ class Model(_Vocabulary):
             for sequence, first, _, _ in parts:
                 llama.llama_memory_seq_rm(self._memory, sequence, first, -1)
             raise DecodeError(status, self.path)
+        if self.on_sequences is not None:
+            self.on_sequences([(sequence, first, len(tokens)) for sequence, first, tokens, _ in parts])
         rows = self._logits_rows(max(1, sum(counts)))
         offsets = np.cumsum([0, *counts])
         return [rows[offsets[i] : offsets[i + 1]] for i in range(len(parts))]

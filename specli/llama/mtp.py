@@ -12,8 +12,9 @@ Invariants:
 - MTP entry q holds (token q, the target's hidden state at q - 1); entry 0 a zero state, as
   in llama.cpp's `draft-mtp`. An entry's inputs depend only on tokens 0..q, so a cache that
   matches the committed tokens up to q is valid up to q.
-- `MtpHeads` keeps the target's hidden rows by position from `low` up: the row of every such
-  position below the target's n_past is the one its current content wrote (each decode
+- `MtpHeads` keeps the target's hidden rows by sequence (its contexts take as many sequences as
+  the target: its slots), by position from `low` up: the row of every such
+  position below the sequence's n_past is the one its current content wrote (each decode
   overwrites the rows of its positions; a rewind only lowers n_past). The caches release the
   rows they have read (`release`), so the rows kept are those a catch-up still needs, not one
   per position of the context; a rewind below `low` reads zeros there (a draft's input only:
@@ -294,20 +295,27 @@ class MtpHeads:
         self.n_embd = int(llama.llama_model_n_embd_out(target.model_handle))
         self.n_vocab = target.n_vocab
         self.n_ctx = target.n_ctx
+        self.sequences = target.sequences  # a context's sequences, as many as the target's (its slots)
+        self.batch_size = target.batch_size
+        self.max_rewind = None  # (a SequenceModel of the slots' shared steps: any rewind)
         self._contexts: list = []
         self._batches: list = []
-        self._rows = np.zeros((0, self.n_embd), dtype=np.float32)  # row i: target position low + i
-        self.low = 0  # the first position whose row is kept
+        # By sequence: its rows (row i: target position low + i) and the first position kept.
+        self._rows: dict[int, np.ndarray] = {}
+        self._low: dict[int, int] = {}
         for layer in range(self.layers if self.depth else 1):
             self._open(layer)
         _ext.llama_set_embeddings_nextn(target.context_handle, True, False)  # as load_target left it
         target.on_decode = self._keep_hidden
+        target.on_sequences = self._keep_sequences
 
     def _open(self, layer: int) -> None:
         params = llama.llama_context_default_params()
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP
         params.ctx_other = self.target.context_handle
-        params.n_ctx = self.n_ctx
+        params.n_ctx = self.n_ctx * self.sequences  # each sequence's n_ctx, in one unified cache
+        params.n_seq_max = self.sequences
+        params.kv_unified = self.sequences > 1
         params.n_batch = params.n_ubatch = self.target.batch_size
         params.n_threads = llama.llama_n_threads(self.target.context_handle)
         params.n_threads_batch = llama.llama_n_threads_batch(self.target.context_handle)
@@ -323,43 +331,69 @@ class MtpHeads:
         self._batches.append(llama.llama_batch_ext_init(context))
 
     def _keep_hidden(self, first: int, count: int) -> None:
-        """After a target decode of positions [first, first + count): keep their hidden rows."""
+        """After a target decode of positions [first, first + count) of sequence 0: keep their rows."""
         pointer = _ext.llama_get_embeddings_nextn(self.target.context_handle)
-        if first < self.low:  # the target went back below what is kept: keep from there
-            self._rows = np.concatenate([np.zeros((self.low - first, self.n_embd), dtype=np.float32), self._rows])
-            self.low = first
-        end = first + count - self.low
-        if end > len(self._rows):
-            grown = np.zeros((max(end, 2 * len(self._rows), 64), self.n_embd), dtype=np.float32)
-            grown[: len(self._rows)] = self._rows
-            self._rows = grown
-        self._rows[first - self.low : end] = np.ctypeslib.as_array(pointer, shape=(count, self.n_embd))
+        self._keep(0, first, np.ctypeslib.as_array(pointer, shape=(count, self.n_embd)))
 
-    def release(self, below: int) -> None:
+    def _keep_sequences(self, parts: list[tuple[int, int, int]]) -> None:
+        """After a target decode of several sequences' rows ((sequence, first position, count),
+        in batch order: llama.cpp puts the rows out so): keep each sequence's."""
+        pointer = _ext.llama_get_embeddings_nextn(self.target.context_handle)
+        rows = np.ctypeslib.as_array(pointer, shape=(sum(count for _, _, count in parts), self.n_embd))
+        at = 0
+        for sequence, first, count in parts:
+            self._keep(sequence, first, rows[at : at + count])
+            at += count
+
+    def _keep(self, sequence: int, first: int, new: np.ndarray) -> None:
+        rows, low = self._rows.get(sequence), self._low.get(sequence, 0)
+        if rows is None:
+            rows = np.zeros((0, self.n_embd), dtype=np.float32)
+        if first < low:  # the target went back below what is kept: keep from there
+            rows = np.concatenate([np.zeros((low - first, self.n_embd), dtype=np.float32), rows])
+            low = first
+        end = first + len(new) - low
+        if end > len(rows):
+            grown = np.zeros((max(end, 2 * len(rows), 64), self.n_embd), dtype=np.float32)
+            grown[: len(rows)] = rows
+            rows = grown
+        rows[first - low : end] = new
+        self._rows[sequence], self._low[sequence] = rows, low
+
+    def release(self, below: int, sequence: int = 0, end: int | None = None) -> None:
         """The rows of positions below `below` will not be read again (each cache has read
-        them), nor any KEEP_BEHIND behind the target's end (a chained layer that seldom drafts
-        and lags that far reads zeros there): free them, once they are at least half of what
-        is held."""
-        below = min(max(below, self.target.n_past - KEEP_BEHIND), self.target.n_past)
-        if below - self.low >= max(64, len(self._rows) // 2):
-            self._rows = np.array(self._rows[below - self.low :])
-            self.low = below
+        them), nor any KEEP_BEHIND behind the sequence's end (`end`: the target's n_past, or
+        a slot's), which a chained layer that seldom drafts and lags that far reads as zeros:
+        free them, once they are at least half of what is held."""
+        end = self.target.n_past if end is None else end
+        below = min(max(below, end - KEEP_BEHIND), end)
+        rows, low = self._rows.get(sequence), self._low.get(sequence, 0)
+        if rows is not None and below - low >= max(64, len(rows) // 2):
+            self._rows[sequence], self._low[sequence] = np.array(rows[below - low :]), below
+
+    @property
+    def low(self) -> int:
+        """Sequence 0's first position whose row is kept."""
+        return self._low.get(0, 0)
 
     @property
     def rows_kept(self) -> int:
-        """Hidden rows held (n_embd float32 each)."""
-        return len(self._rows)
+        """Hidden rows held for sequence 0 (n_embd float32 each)."""
+        return len(self._rows.get(0, ()))
 
-    def target_hidden(self, first: int, count: int) -> np.ndarray:
-        """The target's hidden rows at positions [first, first + count) (position -1, and any
-        released: zeros), each one the target wrote for what its cache holds there now."""
-        if first + count > self.target.n_past:
-            raise RuntimeError(f"the target holds {self.target.n_past} positions, not {first + count}")
-        rows = np.zeros((count, self.n_embd), dtype=np.float32)
-        start = max(first, self.low)
-        if start < first + count:
-            rows[start - first :] = self._rows[start - self.low : first + count - self.low]
-        return rows
+    def target_hidden(self, first: int, count: int, sequence: int = 0, end: int | None = None) -> np.ndarray:
+        """The target's hidden rows of `sequence` at positions [first, first + count) (position
+        -1, and any released: zeros), each one the target wrote for what its cache holds there
+        now; `end`: the sequence's n_past (None: the target's)."""
+        end = self.target.n_past if end is None else end
+        if first + count > end:
+            raise RuntimeError(f"the target holds {end} positions, not {first + count}")
+        out = np.zeros((count, self.n_embd), dtype=np.float32)
+        rows, low = self._rows.get(sequence), self._low.get(sequence, 0)
+        start = max(first, low)
+        if rows is not None and start < first + count:
+            out[start - first :] = rows[start - low : first + count - low]
+        return out
 
     def decode(self, layer: int, tokens: list[int], start: int, hidden: np.ndarray,
                *, logits: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
@@ -390,8 +424,48 @@ class MtpHeads:
         state = np.ctypeslib.as_array(_ext.llama_get_embeddings_nextn_ith(context, index), shape=(self.n_embd,))
         return logits.copy(), state.copy()
 
-    def _add(self, batch, token: int, position: int, row: np.ndarray, output: bool) -> None:
-        index = llama.llama_batch_ext_add_token(batch, 0, token)
+    def decode_sequences(self, parts) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """One NextN layer's entries for several sequences (the slots' shared draft decodes):
+        each part is (sequence, first position, tokens, which want a row (the last at most),
+        their hidden rows), at most batch_size entries in all. Each part's (logits, state)
+        after its last entry, copies (None: it wanted none). The parts that want no row (the
+        catch-ups) go first, in a decode of their own; then the rest, one entry each, in
+        another: Qwen3.5's, GLM's and DeepSeek's graphs put out the batch's first rows as
+        the states (see decode), which are then the outputs' own."""
+        if self.depth is not None:
+            raise RuntimeError("chained NextN layers draft in one sequence only")
+        context, batch = self._contexts[0], self._batches[0]
+        results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(parts)
+        reading = [i for i, part in enumerate(parts) if not any(part[3])]
+        writing = [i for i, part in enumerate(parts) if any(part[3])]
+        for group in (reading, writing):
+            if not group:
+                continue
+            llama.llama_batch_ext_clear(batch)
+            outputs = []
+            for i in group:
+                sequence, first, tokens, flags, hidden = parts[i]
+                if group is writing and len(tokens) != 1:
+                    raise ValueError("a part that wants a row from the NextN layer holds one entry")
+                hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+                for j, token in enumerate(tokens):
+                    self._add(batch, token, first + j, hidden[j], bool(flags[j]), sequence)
+                outputs += [i] if group is writing else []
+            status = llama.llama_process(context, llama.LLAMA_PROCESS_TYPE_DECODE, batch)
+            if status != 0:
+                raise DecodeError(status, self.target.path, "failed to decode a batch of its MTP layers")
+            for index, i in enumerate(outputs):
+                logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(context, index), shape=(self.n_vocab,))
+                state = np.ctypeslib.as_array(_ext.llama_get_embeddings_nextn_ith(context, index), shape=(self.n_embd,))
+                results[i] = (logits.copy(), state.copy())
+        return results
+
+    def forget(self, sequence: int, n_keep: int) -> None:
+        """Forget a sequence's entries from position n_keep on (one NextN layer's context)."""
+        self.rewind(0, n_keep, sequence)
+
+    def _add(self, batch, token: int, position: int, row: np.ndarray, output: bool, sequence: int = 0) -> None:
+        index = llama.llama_batch_ext_add_token(batch, sequence, token)
         if index < 0:
             raise DecodeError(index, self.target.path, "could not add a token to an MTP batch")
         # The row is copied into the batch at once (llama_batch_ext keeps its own embeddings).
@@ -400,16 +474,18 @@ class MtpHeads:
         llama.llama_batch_ext_set_embd_token(batch, index, embedding)
         llama.llama_batch_ext_set_output_logits(batch, index, output)
 
-    def rewind(self, layer: int, n_keep: int) -> None:
-        """Forget `layer`'s entries from position n_keep on."""
+    def rewind(self, layer: int, n_keep: int, sequence: int = 0) -> None:
+        """Forget `layer`'s entries (of `sequence`) from position n_keep on."""
         memory = llama.llama_get_memory(self._contexts[layer])
-        if not llama.llama_memory_seq_rm(memory, 0, n_keep, -1):
+        if not llama.llama_memory_seq_rm(memory, sequence, n_keep, -1):
             raise DecodeError(-1, self.target.path, f"could not remove MTP positions {n_keep}..")
 
     def close(self) -> None:
         """Free the MTP contexts (before the target they read)."""
         if self.target.on_decode == self._keep_hidden:
             self.target.on_decode = None
+        if self.target.on_sequences == self._keep_sequences:
+            self.target.on_sequences = None
         for batch in self._batches:
             llama.llama_batch_ext_free(batch)
         for context in self._contexts:
