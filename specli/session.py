@@ -29,7 +29,7 @@ from specli.decode.shapes import GPU_SIZES
 from specli.decode.slots import Slot, open_slots
 from specli.errors import UsageError
 from specli.llama import mtp, vision
-from specli.llama.backend import LoadSettings, Model
+from specli.llama.backend import LoadSettings, Model, release_threads
 from specli.pricing import Pricing, exact_caps
 
 
@@ -239,6 +239,7 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
             session.pricing.costs()
             for name in loaded:  # and each drafter's, with the target's
                 session.pricing.costs(kind=name if drafts.KINDS[name].drafter is not None else None)
+            release_threads()  # (the slots decode on a thread of their own)
     except BaseException:
         if projector is not None:
             projector.close()

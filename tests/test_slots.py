@@ -327,3 +327,25 @@ def test_a_draft_model_of_another_vocabulary_drafts_through_text_beside_others(g
     request = GenerationRequest(max_tokens=MAX_TOKENS, draft="model", draft_tokens=3, lookup=False, seed=0)
     with open_session(SessionSpec(gemma_path, draft_model=smollm_path, target_load=load, draft_load=load)) as session:
         _drafted_side_by_side(session, gemma_model, PROMPTS[:2], request)
+
+
+@pytest.mark.slow
+def test_letting_go_of_a_threads_openmp_team_changes_no_logits(gemma_model):
+    """release_threads (called once a command's loading thread is done decoding: its OpenMP team
+    would throttle the decoding thread's) frees the calling thread's team; the next decode, on
+    this thread or another, makes one again and computes the same rows bit for bit."""
+    from specli.llama.backend import release_threads
+
+    tokens = gemma_model.tokenize(PROMPTS[0])
+
+    def rows() -> np.ndarray:
+        gemma_model.rewind(0)
+        return np.array(gemma_model.decode(tokens, all_logits=True))
+
+    before = rows()
+    release_threads()
+    assert np.array_equal(rows(), before)
+    elsewhere: list[np.ndarray] = []
+    assert in_threads(lambda: elsewhere.append(rows())) == []
+    release_threads()
+    assert np.array_equal(elsewhere[0], before)

@@ -35,6 +35,7 @@ from specli.decode.media import PromptMedia
 from specli.decode.ngram import TokenIndex
 from specli.decode.request import GenerationRequest
 from specli.decode.slots import slot_for
+from specli.llama.backend import release_threads
 from specli.serve.totals import Totals
 from specli.session import Session
 from specli.stream import Outcome, stream
@@ -171,6 +172,7 @@ class Worker:
         session.pricing.costs(measure=measure, keep=True)
         for kind in session.pricing.drafters:  # and each loaded drafter's, which a request may draft with
             session.pricing.costs(measure=measure, keep=True, kind=kind)
+        release_threads()  # this thread decodes no more: the generations do, on their own threads
         self.parallel = max(1, len(session.slots))  # generations at once
         self._thread = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="specli-generate")
         self._turn: asyncio.Semaphore | None = None  # made in the event loop, on first use
