@@ -130,3 +130,15 @@ def test_the_summary_compares_mtp_at_the_same_depth_and_at_each_side_s_best(tmp_
     text = (tmp_path / "out" / "summary.md").read_text()
     assert "## (e) MTP" in text and "| same depth, MTP alone | K=2 | 80.0 | 100.0 |" in text
     assert "| each at its best (specli -k auto) | K=3 |" in text
+
+
+def test_the_summary_tables_each_pairs_clients_at_once(tmp_path):
+    found = tmp_path / "results"
+    found.mkdir()
+    figures = {"aggregate": 250.0, "over_it": 1.25, "request_p50": 60.0, "first_p50": 0.2, "rows_per_step": 2.5}
+    report = {"16": {"specli --parallel 16": figures, "llama-server -np 16 --spec-type draft-mtp": figures}}
+    (found / "parallel-mtp.json").write_text(json.dumps(report))
+    results.summary(found, tmp_path / "out")
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "## (f) the Qwen3.5, its NextN layer in every slot" in text and "parallel-draft" not in text
+    assert "| 16 | llama-server -np 16 --spec-type draft-mtp | 250.0 | 1.25 | 60.0 | 0.20 | 2.50 |" in text

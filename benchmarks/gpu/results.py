@@ -458,6 +458,24 @@ def _replay_section(results: dict) -> list[str]:
         ["curve", "verify costs", "auto, geometric mean", "clairvoyant bound", "Python's share of auto's time"], rows)
 
 
+def _parallel_section(results: dict) -> list[str]:
+    """(f): parallel_bench.py's reports, {clients: {side: figures}}, one table per pair."""
+    lines: list[str] = []
+    for name, label in (("parallel-draft", "the synthetic pair, its draft model in every slot"),
+                        ("parallel-mtp", "the Qwen3.5, its NextN layer in every slot")):
+        report = results.get(name)
+        if not report:
+            continue
+        lines += [f"## (f) {label}: C clients at once", "",
+                  "ratio: specli `--parallel C` over the side, median of in-round ratios", ""]
+        rows = [[clients, side, _f(figures["aggregate"], 1), _f(figures["over_it"]), _f(figures["request_p50"], 1),
+                 _f(figures["first_p50"]), _f(figures["rows_per_step"])]
+                for clients, sides in report.items() for side, figures in sides.items()]
+        lines += _table(["C", "side", "tok/s in all", "ratio", "request tok/s p50", "first token p50 s",
+                         "drafted rows a step"], rows)
+    return lines
+
+
 def summary(results_dir: Path, out_dir: Path) -> None:
     results = {}
     for path in sorted(results_dir.glob("*.json")):
@@ -472,7 +490,7 @@ def summary(results_dir: Path, out_dir: Path) -> None:
         lines += _table(["step", "state", "seconds"], [[name, s.get("state"), s.get("seconds")]
                                                        for name, s in steps.items()])
     for section in (_environment_section, _tests_section, _bench_section, _synthetic_section, _plain_section,
-                    _mtp_section, _replay_section):
+                    _mtp_section, _replay_section, _parallel_section):
         try:
             lines += section(results)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:  # a result of another shape

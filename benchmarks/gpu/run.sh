@@ -22,6 +22,10 @@
 #              then each at its best (llama.cpp's best depth of 1-3; specli -k auto), with plain
 #   replay     benchmarks/replay.py: record the embedded model on the GPU, replay -k auto on
 #              measured verify costs and on the paper model's
+#   parallel   (f) 4 and 16 clients at once (benchmarks/parallel_bench.py): specli serve
+#              --parallel C against llama-server -np C, plain and drafting, on the synthetic
+#              pair (its draft model; llama-server's draft-simple -md) and on the mtp step's
+#              Qwen3.5 (its NextN layer; llama-server's draft-mtp); about 8 minutes
 #   all        every step above, in that order
 #
 # A step runs the steps it needs first and skips work already done (a stamp per step, a
@@ -51,7 +55,8 @@
 #   SWEEP_RUNS     timed runs per llama.cpp setting while looking for its best (default: 3)
 #   FORCE=1        redo the named steps (not the steps they need) even if stamped
 #   TESTS, COMPARE_WORKLOADS, NGRAM_GRID, DRAFT_K_GRID, BENCH_K, BENCH_TOKENS, SYNTHETIC_TOKENS,
-#   PLAIN_TOKENS, MTP_K_GRID, MTP_TOKENS, MTP_RUNS   what the steps run (defaults below)
+#   PLAIN_TOKENS, MTP_K_GRID, MTP_TOKENS, MTP_RUNS, PARALLEL_CLIENTS, PARALLEL_TOKENS,
+#   PARALLEL_ROUNDS   what the steps run (defaults below)
 #   LLAMA_BIN_DIR  GPU=0 only: use the llama.cpp tools in this folder instead of building them
 set -euo pipefail
 
@@ -121,6 +126,9 @@ if gpu; then
     MTP_K_GRID="${MTP_K_GRID:-1 3}"                  # besides 2, which both tools run
     MTP_TOKENS="${MTP_TOKENS:-128}"
     MTP_RUNS="${MTP_RUNS:-3}"                         # about 2 minutes in all, writing the model included
+    PARALLEL_CLIENTS="${PARALLEL_CLIENTS:-4,16}"      # the issue's; each side started afresh for each
+    PARALLEL_TOKENS="${PARALLEL_TOKENS:-64}"
+    PARALLEL_ROUNDS="${PARALLEL_ROUNDS:-1}"
     WARMUP=1
     GPU_LAYERS=999                                    # every layer of every model, in both tools
 else
@@ -134,6 +142,9 @@ else
     MTP_K_GRID="${MTP_K_GRID:-1}"
     MTP_TOKENS="${MTP_TOKENS:-16}"
     MTP_RUNS="${MTP_RUNS:-1}"
+    PARALLEL_CLIENTS="${PARALLEL_CLIENTS:-2}"
+    PARALLEL_TOKENS="${PARALLEL_TOKENS:-8}"
+    PARALLEL_ROUNDS="${PARALLEL_ROUNDS:-1}"
     WARMUP=0
     GPU_LAYERS=0
 fi
@@ -379,7 +390,7 @@ install_models() {
 
 # --- tools --------------------------------------------------------------------------------
 
-TOOL_TARGETS="llama-speculative-simple llama-completion llama-bench"
+TOOL_TARGETS="llama-speculative-simple llama-completion llama-bench llama-server"
 
 step_tools() {
     local bin
@@ -520,10 +531,7 @@ synthetic_pair() {
     fi
 }
 
-step_synthetic() {
-    CURRENT_STEP=synthetic
-    run_step install
-    run_step tools
+write_synthetic_pair() {  # the synthetic pair, written once (its shape: the GPU's 8B, or tiny)
     local target draft
     read -r target draft <<<"$(synthetic_pair)"
     if [[ ! -f "$target" || ! -f "$draft" ]]; then
@@ -541,6 +549,15 @@ step_synthetic() {
             "target=$(basename "$target")" "draft=$(basename "$draft")" "seconds=$(($(date +%s) - started))" \
             "target_mib=$(($(stat -c %s "$target") / 1048576))" "draft_mib=$(($(stat -c %s "$draft") / 1048576))"
     fi
+}
+
+step_synthetic() {
+    CURRENT_STEP=synthetic
+    run_step install
+    run_step tools
+    local target draft
+    read -r target draft <<<"$(synthetic_pair)"
+    write_synthetic_pair
 
     # The target's cost of one decode of 1 to 49 tokens after 512 tokens of context: the
     # verify-cost curve of this GPU at this shape, for benchmarks/replay.py --costs.
@@ -609,11 +626,8 @@ mtp_target() {
     if gpu; then echo "$MODELS/qwen35-8b-mtp-s0.gguf"; else echo "$MODELS/qwen35-mtp-s0.gguf"; fi
 }
 
-step_mtp() {
-    CURRENT_STEP=mtp
-    run_step install
-    run_step tools
-    local target prompt="The quick brown fox"
+write_mtp_target() {  # the mtp step's Qwen3.5, written once
+    local target
     target="$(mtp_target)"
     if [[ ! -f "$target" ]]; then
         local started
@@ -628,6 +642,15 @@ step_mtp() {
             "target=$(basename "$target")" "seconds=$(($(date +%s) - started))" \
             "target_mib=$(($(stat -c %s "$target") / 1048576))"
     fi
+}
+
+step_mtp() {
+    CURRENT_STEP=mtp
+    run_step install
+    run_step tools
+    local target prompt="The quick brown fox"
+    target="$(mtp_target)"
+    write_mtp_target
     # The same depth: both tools' NextN layer alone drafting 2 tokens a step.
     compare mtp-same-k2 -m "$target" --mtp -p "$prompt" -n "$MTP_TOKENS" -k 2 --specli-arg=--no-ngram \
         --runs "$MTP_RUNS"
@@ -676,6 +699,32 @@ step_replay() {
     done
 }
 
+# --- (f) parallel -------------------------------------------------------------------------
+
+step_parallel() {
+    CURRENT_STEP=parallel
+    run_step install
+    run_step tools
+    local target draft
+    read -r target draft <<<"$(synthetic_pair)"
+    write_synthetic_pair
+    write_mtp_target
+    local common=(--llama-server "$(tool llama-server)" --clients "$PARALLEL_CLIENTS" --rounds "$PARALLEL_ROUNDS"
+                  --per-client 1 --max-tokens "$PARALLEL_TOKENS" -c 1024)
+    # A draft model in every slot, against llama-server's draft-simple with the same draft (-md).
+    if [[ ! -f "$RESULTS/parallel-draft.json" ]] || forced parallel; then
+        "$PY" "$repo/benchmarks/parallel_bench.py" --target "$target" --draft-model "$draft" \
+            --llama-modes plain,draft-simple "${common[@]}" --json "$RESULTS/parallel-draft.json.partial"
+        mv "$RESULTS/parallel-draft.json.partial" "$RESULTS/parallel-draft.json"
+    fi
+    # The NextN layer in every slot, against llama-server's draft-mtp.
+    if [[ ! -f "$RESULTS/parallel-mtp.json" ]] || forced parallel; then
+        "$PY" "$repo/benchmarks/parallel_bench.py" --target "$(mtp_target)" --llama-modes plain,draft-mtp \
+            "${common[@]}" --json "$RESULTS/parallel-mtp.json.partial"
+        mv "$RESULTS/parallel-mtp.json.partial" "$RESULTS/parallel-mtp.json"
+    fi
+}
+
 # --- main ---------------------------------------------------------------------------------
 
 report() {
@@ -685,7 +734,7 @@ report() {
     log "report: $OUTPUT_DIR/summary.md"
 }
 
-ALL="build install tools tests bench synthetic plain mtp replay"
+ALL="build install tools tests bench synthetic plain mtp replay parallel"
 REQUESTED=""
 for name in "${@:-all}"; do
     [[ "$name" == all ]] && name="$ALL"
