@@ -288,6 +288,8 @@ class Worker:
                 with slot.running(exclusive=job.request.exact or job.media is not None):
                     outcome = stream(engine, job.tokens, sink, cancelled=cancelled, media=job.media)
             finally:
+                if job.media is not None:  # (this thread decoded the images: the shared steps decode the rest)
+                    release_threads()
                 with self._slots:
                     self._free.append(slot)
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
