@@ -121,8 +121,9 @@ def supports_gpu_offload() -> bool:
     return bool(devices.local_accelerators())
 
 
-# The OpenMP runtimes a llama.cpp build may link (GCC's, LLVM's, Intel's), as the process has them.
-_OPENMP_LIBRARIES = ("libgomp.so.1", "libomp.so", "libomp.dylib", "libiomp5.so")
+# GCC's OpenMP runtime, whose pause frees the calling thread's team alone (LLVM's pauses the
+# whole runtime, which another thread's decode may be using: left alone).
+_LIBGOMP = "libgomp.so.1"
 
 
 def release_threads() -> None:
@@ -137,14 +138,12 @@ def release_threads() -> None:
     this thread makes a team again."""
     if "OPENMP = 1" not in library_versions()["system_info"]:
         return
-    for name in _OPENMP_LIBRARIES:
-        try:
-            pause = ctypes.CDLL(name).omp_pause_resource_all
-        except (OSError, AttributeError):
-            continue
-        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-        pause(2)  # omp_pause_hard: the calling thread's team (it runs no parallel region now)
+    try:
+        pause = ctypes.CDLL(_LIBGOMP, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY).omp_pause_resource_all
+    except (OSError, AttributeError):  # not GCC's runtime, or not loaded
         return
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    pause(1)  # omp_pause_soft: libgomp frees the calling thread's team (no parallel region runs here)
 
 
 def library_versions() -> dict[str, str]:
@@ -743,7 +742,7 @@ class Model(_Vocabulary):
     def checkpoint(self, sequence: int, at: int, count: int) -> None:
         """Keep `sequence`'s recurrent state, which stands at position `at`, on the host, with
         at most `count` - 1 kept before it (the oldest go)."""
-        state = self.sequence_state(sequence)
+        state = self._sequence_state(sequence)
         if state is None:
             return
         kept = [(p, data) for p, data in self._states.get(sequence, []) if p != at]
@@ -772,7 +771,7 @@ class Model(_Vocabulary):
         if self._states.get(sequence):
             self._states[sequence] = [(at, state) for at, state in self._states[sequence] if at <= n_keep]
 
-    def sequence_state(self, sequence: int) -> ctypes.Array | None:
+    def _sequence_state(self, sequence: int) -> ctypes.Array | None:
         """A copy of a sequence's recurrent state (not its attention cache) on the host; None
         where llama.cpp gives none."""
         size = int(llama.llama_state_seq_get_size_ext(self._ctx, sequence, _PARTIAL))
