@@ -205,3 +205,11 @@ def specli_run(*args: object) -> str:
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+# Four short prompts for generations side by side (a slot each): tests/test_recurrent_slots.py,
+# tests/test_mtp_slots.py.
+SIDE_BY_SIDE = ["The quick brown fox jumps over the lazy dog. Then",
+                "List three colours: red, green, blue. List three colours again: red,",
+                "1, 2, 3, 4, 5, 6, 7, 8,",
+                "Once upon a time there was a"]

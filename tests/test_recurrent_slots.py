@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_lossless, plain_with_margins
+from helpers import SIDE_BY_SIDE, assert_lossless, plain_with_margins
 from typer.testing import CliRunner
 
 from specli.commands.cli import app
@@ -20,10 +20,7 @@ from specli.session import SessionSpec, open_session
 
 pytestmark = pytest.mark.slow  # loads models
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. Then",
-           "List three colours: red, green, blue. List three colours again: red,",
-           "1, 2, 3, 4, 5, 6, 7, 8,",
-           "Once upon a time there was a"]
+PROMPTS = SIDE_BY_SIDE
 N = 48
 
 

@@ -251,11 +251,18 @@ def write_mtp_model(
             made = _block_values(tensor_name, shape, spec, seed)
         return made.astype(np.float32 if len(shape) == 1 else matrix_dtype, copy=False)
 
+    return _write_in_order(writer, tensors, values, workers, partial, path)
+
+
+def _write_in_order(writer: gguf.GGUFWriter, tensors: list[tuple[str, tuple[int, ...]]], made: Callable,
+                    workers: int, partial: Path, path: Path) -> Path:
+    """Each tensor's data, `made(tensor)`, written in file order while `workers` threads make the
+    next ones (a bounded look-ahead); the finished file moved from `partial` to `path`."""
     with ThreadPoolExecutor(max(1, workers)) as pool:
         pending: deque = deque()
         for tensor in tensors:
-            pending.append(pool.submit(values, tensor))
-            if len(pending) >= 2 * max(1, workers):  # file order; a bounded look-ahead
+            pending.append(pool.submit(made, tensor))
+            if len(pending) >= 2 * max(1, workers):
                 writer.write_tensor_data(pending.popleft().result())
         while pending:
             writer.write_tensor_data(pending.popleft().result())
@@ -505,17 +512,7 @@ def _write_tensors(writer: gguf.GGUFWriter, partial: Path, path: Path, vocab: Vo
             value = values(tensor_name, shape, spec, seed)
         return value.astype(types[tensor_name], copy=False)
 
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        pending: deque = deque()
-        for tensor in tensors:
-            pending.append(pool.submit(made, tensor))
-            if len(pending) >= 2 * max(1, workers):  # file order; a bounded look-ahead
-                writer.write_tensor_data(pending.popleft().result())
-        while pending:
-            writer.write_tensor_data(pending.popleft().result())
-    writer.close()
-    partial.replace(path)
-    return path
+    return _write_in_order(writer, tensors, made, workers, partial, path)
 
 
 @functools.lru_cache(maxsize=2)
