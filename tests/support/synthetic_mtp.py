@@ -411,15 +411,26 @@ def _hybrid_values(name: str, shape: tuple[int, ...], spec: HybridSpec, seed: in
         return np.full(shape, -1.0, dtype=np.float32)  # -exp(A_log)
     if name.endswith("ssm_dt.bias"):
         return np.zeros(shape, dtype=np.float32)
+    return _trunk_values(name, shape, spec, seed, spec.trunk_scale)
+
+
+# The projections that write into the residual stream: their outputs are scaled (_trunk_values).
+_OUTPUT_PROJECTIONS = ("attn_output.weight", "ffn_down.weight", "ssm_out.weight", "ffn_down_exps.weight",
+                       "ffn_down_shexp.weight")
+
+
+def _trunk_values(name: str, shape: tuple[int, ...], spec, seed: int, scale: float) -> np.ndarray:
+    """A hybrid or GLM block's tensor: unit vectors, the NextN input projection [I, hidden_weight
+    * I], and random projections, those writing into the residual stream adding terms of RMS
+    about `scale`."""
     if len(shape) == 1:
         return np.ones(shape, dtype=np.float32)
     if name.endswith("nextn.eh_proj.weight"):
         eye = np.eye(spec.n_embd, dtype=np.float32)
         return np.hstack([eye, spec.hidden_weight * eye])
     std = 1.0 / np.sqrt(shape[-1])
-    if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight", "ffn_down_exps.weight",
-                      "ffn_down_shexp.weight")):
-        std *= spec.trunk_scale * 2.0
+    if name.endswith(_OUTPUT_PROJECTIONS):
+        std *= scale * 2.0
     return _random(name, shape, seed, std)
 
 
@@ -608,15 +619,8 @@ def _glm_values(name: str, shape: tuple[int, ...], spec: Glm4MoeSpec, seed: int)
     projections whose outputs add terms of the block's scale to the residual stream."""
     if name.endswith(".bias"):
         return np.zeros(shape, dtype=np.float32)
-    if len(shape) == 1:
-        return np.ones(shape, dtype=np.float32)
-    if name.endswith("nextn.eh_proj.weight"):
-        eye = np.eye(spec.n_embd, dtype=np.float32)
-        return np.hstack([eye, spec.hidden_weight * eye])
-    std = 1.0 / np.sqrt(shape[-1])
-    if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")):
-        std *= 2.0 * (spec.trunk_scale if int(name.split(".")[1]) < spec.n_layer else spec.head_scale)
-    return _random(name, shape, seed, std)
+    block = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    return _trunk_values(name, shape, spec, seed, spec.trunk_scale if block < spec.n_layer else spec.head_scale)
 
 
 def write_tiny_glm4moe(out_dir: str | os.PathLike[str], spec: Glm4MoeSpec = Glm4MoeSpec(), *, seed: int = 0,
