@@ -224,3 +224,24 @@ def test_what_llama_cpp_would_abort_on_is_refused_first(tmp_path, name, options,
     result = run_target(path)
     assert result.returncode == 1
     assert result.stderr.decode().startswith("specli: error: ") and message in result.stderr.decode()
+
+
+def test_a_header_is_parsed_again_once_its_file_changes(tmp_path):
+    """read_header hands a settled file's header out again (a command asks several times),
+    and parses anew a file rewritten in place, or one written within the last second (whose
+    rewrite could keep size and modification time)."""
+    from specli.llama.gguf_header import read_header
+
+    path = write_tiny_model(tmp_path / "model.gguf")
+    fresh = read_header(path)
+    assert read_header(path) is not fresh  # written just now: not trusted yet
+    settled = os.stat(path).st_mtime_ns - 5_000_000_000
+    os.utime(path, ns=(settled, settled))
+    kept = read_header(path)
+    assert read_header(path) is kept and kept.metadata == fresh.metadata
+    data = bytearray(path.read_bytes())
+    data[4:8] = (99).to_bytes(4, "little")  # an unknown version, the same size, in place
+    with path.open("r+b") as handle:
+        handle.write(data)
+    with pytest.raises(ModelFileError, match="version"):
+        read_header(path)

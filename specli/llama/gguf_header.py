@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,8 +175,33 @@ class _Reader:
 
 
 def read_header(path: Path | str) -> GGUFHeader:
-    """Parse and check the header of the GGUF file at `path`; raise ModelFileError if it is bad."""
-    return _mapped(Path(path), _parse)
+    """Parse and check the header of the GGUF file at `path`; raise ModelFileError if it is bad.
+
+    A command reads one file's header several times (the check before loading, MTP's and the
+    projector's questions): a header parsed before is handed out again while the file is the
+    one it was read from (same inode, size and modification time). A file modified within a
+    second of its parse is parsed again, as git treats a racily clean file: a rewrite inside
+    the clock's granularity could keep all three.
+    """
+    path = Path(path)
+    try:
+        facts = path.stat()
+    except OSError:
+        return _mapped(path, _parse)  # (its one-line error)
+    key = (str(path.absolute()), facts.st_dev, facts.st_ino, facts.st_size, facts.st_mtime_ns)
+    kept = _HEADERS.get(key)
+    if kept is not None and kept[0] - facts.st_mtime_ns > _RACY_NS:
+        return kept[1]
+    header = _mapped(path, _parse)
+    if len(_HEADERS) >= _HEADERS_KEPT:
+        _HEADERS.pop(next(iter(_HEADERS)))
+    _HEADERS[key] = (time.time_ns(), header)
+    return header
+
+
+_HEADERS: dict[tuple, tuple[int, GGUFHeader]] = {}  # read_header's: by file, (when parsed, header)
+_HEADERS_KEPT = 16
+_RACY_NS = 1_000_000_000
 
 
 def read_metadata(path: Path | str) -> dict[str, object]:
