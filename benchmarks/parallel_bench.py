@@ -13,6 +13,11 @@ once. Sides, each started afresh for every measurement, in an order rotated roun
 With `--draft-model FILE` both specli sides that draft draft with it (n-gram lookup in front,
 as `--draft FILE` does), and llama-server's `draft-simple` mode drafts with it (`-md FILE`).
 
+With `--exact`, one more specli `--parallel C` side, where the first client asks every one of
+its requests for `exact: true` (which runs alone: the others wait while it decodes). It shows
+what an exact request costs the others (its `over_it`) and what the exact requests get
+(`exact_p50`: their tokens per second).
+
 Reported per side and C: aggregate tokens per second (all completion tokens over the wall
 time of the whole run), each request's tokens per second and time to its first token (p50,
 p95), and, where the server says, drafted and kept tokens and the mean drafted rows per
@@ -20,7 +25,7 @@ request per step (drafted / (tokens - accepted): a step writes one token of the 
 besides the kept ones). Medians over rounds; the ratios are taken within each round.
 
     python benchmarks/parallel_bench.py --target gemma.gguf --llama-server PATH [--clients 1,2,4,8] [--rounds 3]
-        [--draft-model smollm.gguf --llama-modes plain,draft-simple]
+        [--draft-model smollm.gguf --llama-modes plain,draft-simple] [--exact]
 
 Build llama-server from the llama.cpp that llama-cpp-python vendors:
     TARGETS=llama-server benchmarks/build_llama_cpp.sh
@@ -42,11 +47,16 @@ from benchmarks.serve_bench import Result, complete, llama_server, specli_server
 from specli.comparison import load_workloads  # noqa: E402
 
 
+EXACT_SIDE = "specli --parallel {clients}, client 1 exact"
+
+
 def sides(target: Path, binary: Path | None, clients: int, ctx: int, draft: Path | None = None,
-          modes: Sequence[str] = ("plain", "ngram-simple", "ngram-mod")):
+          modes: Sequence[str] = ("plain", "ngram-simple", "ngram-mod"), exact: bool = False):
     """(name, server factory) for every side at `clients` concurrent clients."""
     common = ("-c", str(ctx), "--no-memory", "--queue", "64", *(("--draft", str(draft)) if draft else ()))
     yield f"specli --parallel {clients}", lambda: specli_server(target, "--parallel", str(clients), *common)
+    if exact:
+        yield EXACT_SIDE.format(clients=clients), lambda: specli_server(target, "--parallel", str(clients), *common)
     yield f"specli --parallel {clients} --draft none", lambda: specli_server(
         target, "--parallel", str(clients), *common, "--draft", "none")
     if clients > 1:
@@ -64,19 +74,23 @@ def prompts(max_tokens: int) -> list[tuple[str, int]]:
     return [(workload.prompt, min(max_tokens, workload.max_tokens)) for workload in load_workloads()]
 
 
-def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[str, int]]) -> dict:
-    """Every client's requests, all clients at once; the figures of the whole run."""
+def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[str, int]], exact_clients: int = 0) -> dict:
+    """Every client's requests, all clients at once (the first `exact_clients` asking for
+    `exact: true`); the figures of the whole run."""
     results = [Result() for _ in range(clients)]
     per_request: list[tuple[float, float]] = []  # (tokens per second, time to the first token)
+    exact_rates: list[float] = []
     lock = threading.Lock()
 
     def client(index: int) -> None:
         for n in range(per_client):
             prompt, max_tokens = requests[(index + n * clients) % len(requests)]
             one = Result()
-            complete(url, prompt, max_tokens, one)
+            complete(url, prompt, max_tokens, one, {"exact": True} if index < exact_clients else None)
             with lock:
                 per_request.append((one.tokens_per_second, one.first_token[0]))
+                if index < exact_clients:
+                    exact_rates.append(one.tokens_per_second)
                 for name in ("seconds", "tokens", "drafted", "accepted"):
                     setattr(results[index], name, getattr(results[index], name) + getattr(one, name))
 
@@ -93,7 +107,7 @@ def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[st
     return {"aggregate": tokens / wall, "tokens": tokens, "wall": wall,
             "request_p50": _quantile(rates, 0.5), "request_p95": _quantile(rates, 0.05),  # the slow tail
             "first_p50": _quantile(firsts, 0.5), "first_p95": _quantile(firsts, 0.95),
-            "drafted": drafted, "accepted": accepted,
+            "drafted": drafted, "accepted": accepted, "exact_p50": _quantile(sorted(exact_rates), 0.5),
             "rows_per_step": drafted / max(1, tokens - accepted)}
 
 
@@ -104,7 +118,7 @@ def _quantile(values: list[float], q: float) -> float:
 def measure(target: Path, binary: Path | None, clients: int, args, progress: Callable[[str], None]) -> dict:
     """Every side at `clients`, `args.rounds` rounds in rotated order; medians and in-round ratios."""
     requests = prompts(args.max_tokens)
-    named = list(sides(target, binary, clients, args.ctx, args.draft_model, args.llama_modes.split(",")))
+    named = list(sides(target, binary, clients, args.ctx, args.draft_model, args.llama_modes.split(","), args.exact))
     rounds: list[dict[str, dict]] = []
     for round_index in range(args.rounds):
         shift = round_index % len(named)
@@ -112,7 +126,8 @@ def measure(target: Path, binary: Path | None, clients: int, args, progress: Cal
         for name, server in named[shift:] + named[:shift]:
             with server() as url:
                 complete(url, "Hello", 4, Result())  # a warm-up request, not counted
-                figures[name] = run_clients(url, clients, args.per_client, requests)
+                figures[name] = run_clients(url, clients, args.per_client, requests,
+                                            1 if name == EXACT_SIDE.format(clients=clients) else 0)
             progress(f"C={clients} round {round_index + 1} {name}: {figures[name]['aggregate']:.1f} tok/s in all")
         rounds.append(figures)
     report = {}
@@ -137,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-c", "--ctx", type=int, default=2048, help="context per request")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument("--exact", action="store_true", help="a side where the first client's requests are exact")
     args = parser.parse_args(argv)
     report = {}
     for clients in (int(c) for c in args.clients.split(",")):
@@ -146,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, figures in report[clients].items():
             print(f"{'':12}{name:<52} {figures['aggregate']:9.1f} {figures['over_it']:6.2f} {figures['request_p50']:8.1f} "
                   f"{figures['request_p95']:8.1f} {figures['first_p50']:8.2f} {figures['first_p95']:8.2f} "
-                  f"{figures['rows_per_step']:9.2f}")
+                  f"{figures['rows_per_step']:9.2f}"
+                  + (f"  (exact requests: {figures['exact_p50']:.1f} tok/s p50)" if figures["exact_p50"] else ""))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
