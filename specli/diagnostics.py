@@ -92,6 +92,7 @@ class ModelState:
     # The target's caches as llama.cpp allocated them for these options (Model.cache_memory):
     # kv_cache_bytes, and on a recurrent or hybrid target recurrent_bytes and recurrent_snapshots.
     memory: dict[str, int] = field(default_factory=dict)
+    sequences: int = 1  # the sequences they hold (--parallel N)
 
 
 @dataclass
@@ -254,7 +255,8 @@ def check_model(spec, calibrate: bool = False, notice=None) -> ModelState:
     named = {"repack": exact.get(True), "no_repack": exact.get(False)}
     return ModelState(spec.target.name, costs.source, absolute, relative,
                       {name: cap.report() for name, cap in named.items() if cap is not None},
-                      nextn_layers(spec.target), nextn_problem(spec.target), problem, memory)
+                      nextn_layers(spec.target), nextn_problem(spec.target), problem, memory,
+                      spec.target_load.sequences)
 
 
 def check_backend() -> Backend:

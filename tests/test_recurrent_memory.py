@@ -107,6 +107,16 @@ def test_doctor_names_the_caches_of_the_options_given(mtp_files):
     result = CliRunner().invoke(app, ["doctor", "--target", str(mtp_files["hybrid"]), "--draft", "mtp"])
     line = next(line for line in result.stdout.splitlines() if line.startswith("caches"))
     assert "recurrent state" in line and "3 snapshots a sequence" in line, line
+    # as serve --parallel 4 sizes them: four sequences' KV cells and states
+    result = CliRunner().invoke(app, ["doctor", "--target", str(mtp_files["hybrid"]), "--draft", "none", "--json",
+                                      "--parallel", "4"])
+    four = json.loads(result.stdout)["model"]
+    assert four["sequences"] == 4
+    assert four["memory"]["recurrent_bytes"] == pytest.approx(4 * model["memory"]["recurrent_bytes"], abs=4)
+    assert four["memory"]["kv_cache_bytes"] > model["memory"]["kv_cache_bytes"]
+    result = CliRunner().invoke(app, ["doctor", "--target", str(mtp_files["hybrid"]), "--draft", "mtp", "-np", "4"])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("caches"))
+    assert "for 4 sequences (3 snapshots a sequence" in line, line
 
 
 def test_a_checkpoint_restores_the_state_a_replay_of_the_same_batches_has(mtp_files):

@@ -25,6 +25,7 @@ def doctor(
     *,
     calibrate: Annotated[bool, typer.Option("--calibrate", rich_help_panel=opt.MODEL, help="Measure a model's costs now and store them (the embedded model without -m/--target).")] = False,
     as_json: Annotated[bool, typer.Option("--json", rich_help_panel=opt.OUTPUT, help="Print the report as one JSON object, for scripts.")] = False,
+    parallel: Annotated[int, typer.Option("-np", "--parallel", metavar="N", callback=opt.positive, rich_help_panel=opt.HARDWARE, help="Sequences the caches are sized for, as serve --parallel N (default 1).")] = 1,
 ) -> None:
     """Check the installation: llama.cpp build and GPU support, devices, caches, registry; with a model, its costs."""
     from specli.diagnostics import check_model, diagnose
@@ -179,7 +180,8 @@ def print_model(model: ModelState, console) -> None:
         f"not usable: {model.nextn_problem}" if model.nextn_problem else "none (--draft mtp needs a GGUF with its MTP layers)"
     facts.add_row("NextN layers", Text(nextn))
     if model.memory:
-        facts.add_row("caches", Text(caches_line(model.memory) + " (as llama.cpp allocated them for these options)"))
+        facts.add_row("caches", Text(caches_line(model.memory, model.sequences)
+                                     + " (as llama.cpp allocated them for these options)"))
     if model.rewind_problem:
         facts.add_row("drafting", Text(f"no: {model.rewind_problem}; it decodes plainly", style="yellow"))
     console.print(facts)
