@@ -353,4 +353,6 @@ def caches_line(memory: dict[str, int], sequences: int = 1) -> str:
                 if snapshots else "no snapshots: nothing drafts")
         line += f", recurrent state {format_size(memory.get('recurrent_bytes', 0))}"
         line += f" for {sequences} sequences ({kept})" if sequences > 1 else f" ({kept})"
+    elif sequences > 1:
+        line += f" for {sequences} sequences"
     return line

@@ -198,3 +198,10 @@ def test_a_hybrid_chat_decodes_each_turn_from_a_checkpoint_not_from_the_start(mt
     # An exact conversation decodes each prompt in one piece, as `specli run --exact` does: no checkpoints.
     exact = chat(mtp_files["hybrid"], STATE_CHECKPOINTS, exact=True)
     assert all(decoded == prompt for prompt, _, decoded in exact), exact
+
+
+def test_the_caches_line_names_its_sequences():
+    from specli.diagnostics import caches_line
+
+    assert caches_line({"kv_cache_bytes": 75_500_000}, 4) == "KV 75.5 MB for 4 sequences"
+    assert caches_line({"kv_cache_bytes": 75_500_000}) == "KV 75.5 MB"
