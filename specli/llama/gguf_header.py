@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,17 +190,21 @@ def read_header(path: Path | str) -> GGUFHeader:
     except OSError:
         return _mapped(path, _parse)  # (its one-line error)
     key = (str(path.absolute()), facts.st_dev, facts.st_ino, facts.st_size, facts.st_mtime_ns)
-    kept = _HEADERS.get(key)
+    with _HEADERS_LOCK:
+        kept = _HEADERS.get(key)
     if kept is not None and kept[0] - facts.st_mtime_ns > _RACY_NS:
         return kept[1]
+    parsed = time.time_ns()
     header = _mapped(path, _parse)
-    if len(_HEADERS) >= _HEADERS_KEPT:
-        _HEADERS.pop(next(iter(_HEADERS)))
-    _HEADERS[key] = (time.time_ns(), header)
+    with _HEADERS_LOCK:
+        if len(_HEADERS) >= _HEADERS_KEPT:
+            _HEADERS.pop(next(iter(_HEADERS)))
+        _HEADERS[key] = (parsed, header)
     return header
 
 
 _HEADERS: dict[tuple, tuple[int, GGUFHeader]] = {}  # read_header's: by file, (when parsed, header)
+_HEADERS_LOCK = threading.Lock()  # (servers and the finder read headers from several threads)
 _HEADERS_KEPT = 16
 _RACY_NS = 1_000_000_000
 
