@@ -182,7 +182,8 @@ def read_header(path: Path | str) -> GGUFHeader:
     projector's questions): a header parsed before is handed out again while the file is the
     one it was read from (same inode, size and modification time). A file modified within a
     second of its parse is parsed again, as git treats a racily clean file: a rewrite inside
-    the clock's granularity could keep all three.
+    the clock's granularity could keep all three. The header handed out is shared: read it,
+    never change it.
     """
     path = Path(path)
     try:
