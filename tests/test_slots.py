@@ -20,11 +20,16 @@ class Recorder:
 
     sequences, n_ctx, batch_size, n_vocab = 3, 64, 16, 4
     max_rewind = None  # an attention cache: any rewind
+    n_swa = 0
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.decodes: list[list[tuple[int, int, int]]] = []  # (sequence, first position, rows) per part
         self.forgotten: list[tuple[int, int]] = []
+        self.shared: list[tuple[int, int, int]] = []  # (source, sequence, positions)
         self.fail_on = fail_on
+
+    def share(self, source: int, sequence: int, n: int) -> None:
+        self.shared.append((source, sequence, n))
 
     def decode_sequences(self, parts):
         self.decodes.append([(sequence, first, len(tokens)) for sequence, first, tokens, _ in parts])
@@ -159,6 +164,44 @@ def test_an_exclusive_slot_runs_alone_on_an_emptied_cache():
     steps.close()
 
 
+def test_a_prompt_starts_from_the_longest_prefix_any_sequence_holds_as_its_cells_stand_now():
+    model = Recorder()
+    slots = open_slots(model)
+    steps: SharedSteps = slots[0].steps
+    with slots[0].running():
+        slots[0].decode([1, 2, 3, 4, 5, 6])
+        slots[0].decode([7, 8], all_logits=True)  # a verify batch: its rows are cells too
+        slots[0].rewind(7)  # the last drafted token rejected: its cell is gone
+        # Slot 1 borrows while slot 0 runs: what slot 0 holds now, not what it once held.
+        slots[1].borrow([1, 2, 3, 4, 5, 6, 7, 8, 9])
+        assert model.shared == [(0, 1, 7)] and (1, 0) in model.forgotten
+        assert slots[1].n_past == 7 and slots[1].cache.tokens == [1, 2, 3, 4, 5, 6, 7]
+        slots[0].decode([9])
+    # A prompt no sequence holds more of than the slot itself: nothing shared.
+    slots[1].cache.tokens = [1, 2, 3, 4, 5, 6, 7]
+    slots[1].borrow([1, 2, 3, 4, 5, 6, 7, 10])
+    assert len(model.shared) == 1
+    # A sliding window the source reached: its first cells may be gone, so nothing is lent.
+    model.n_swa = 7  # (slot 0 has held 9 positions, slot 1 7)
+    slots[2].borrow([1, 2, 3, 4])
+    assert len(model.shared) == 1 and slots[2].n_past == 0
+    model.n_swa = 0
+    # A failed decode's positions are not lent.
+    model.fail_on = 0
+    with slots[0].running():
+        slots[0].rewind(3)
+        with pytest.raises(RuntimeError):
+            slots[0].decode([30, 31])
+    model.fail_on = None
+    slots[2].borrow([1, 2, 3, 30, 31])
+    assert model.shared[-1] == (0, 2, 3) and slots[2].n_past == 3
+    # Where lending is off (a recurrent target, the target's NextN layers), nothing is shared.
+    steps.lend = False
+    slots[2].borrow([1, 2, 3, 4, 5, 6, 7])
+    assert len(model.shared) == 2
+    steps.close()
+
+
 def test_a_draft_model_drafts_for_every_slot_in_one_decode_a_position():
     target, draft = Recorder(), Recorder()
     slots = open_slots(target)
@@ -253,6 +296,50 @@ def test_a_generation_alone_in_a_slot_writes_the_one_sequence_text(gemma_session
         alone = stream(gemma_session.engine_for(request), tokens, Quiet()).tokens
         (done,) = run_jobs(parallel_session, [Job(tokens, request)])
         assert done.outcome.tokens == alone
+
+
+@pytest.mark.slow
+def test_a_prompt_that_begins_as_a_running_ones_does_starts_from_its_cells(gemma_model, parallel_session):
+    """Two prompts with one long opening: the second, in another slot, starts while the first
+    generates, takes the first's cells of that opening and decodes only the rest, and writes
+    the target's text for its whole prompt."""
+    from specli.parallel import Quiet
+    from specli.stream import stream
+
+    session = parallel_session
+    opening = "Instructions: answer in one short sentence, plainly, without lists.\n" * 3
+    first, second = (session.target.tokenize(opening + ask) for ask in ("Question: what is rain?\nAnswer:",
+                                                                        "Question: what is snow?\nAnswer:"))
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared > 40
+    request = GenerationRequest(max_tokens=MAX_TOKENS, draft="ngram", seed=0)
+    one, two = session.slots[:2]
+    for slot in session.slots:
+        slot.rewind(0)
+    answering = threading.Event()
+
+    class Answering(Quiet):
+        def token(self, event) -> None:
+            answering.set()
+
+    def generate_first() -> None:
+        with one.running():
+            stream(session.engine_for(request, slot=one), first, Answering())
+
+    got = {}
+
+    def generate_second() -> None:
+        answering.wait(60)  # the first's prompt is in: it generates
+        two.borrow(second)
+        got["held"] = two.n_past
+        with two.running():
+            got["outcome"] = stream(session.engine_for(request, slot=two), second, Quiet())
+
+    assert in_threads(generate_first, generate_second) == []
+    outcome = got["outcome"]
+    assert got["held"] == shared and outcome.stats.prompt_cached == shared
+    plain, margins = plain_with_margins(gemma_model, second, MAX_TOKENS)
+    assert_lossless(plain, margins, outcome.tokens)
 
 
 @pytest.mark.slow

@@ -59,6 +59,7 @@ class NextnSlot:
 
     def __init__(self, heads, slot: Slot) -> None:
         self.heads, self.slot = heads, slot  # heads: specli.llama.mtp.MtpHeads, of as many sequences
+        slot.steps.lend = False  # its entries read the target's hidden rows, which shared cells do not bring
         self.n_embd, self.n_ctx = heads.n_embd, slot.n_ctx
 
     def target_hidden(self, first: int, count: int) -> np.ndarray:

@@ -32,7 +32,16 @@ Invariants:
   the slots already done drafting wait for the target's step;
 - what a slot's draft-length policy reads of the others (`Slot.others`: their rows and the
   tokens they expected from them) is the last step's, fixed when it was decoded, so it reads
-  the same whatever the threads' timing.
+  the same whatever the threads' timing;
+- a prompt starts from the longest prefix of it that any sequence's cache holds, running or
+  not (`Slot.borrow`): the cells are shared, not decoded again, so requests that begin
+  alike (a system prompt, a batch file's instructions, the same conversation) prefill it once.
+  What SharedSteps knows each sequence holds (`_held`) is a prefix of its cells' tokens,
+  changed only under the lock, with the decodes and rewinds that change the cells. Not on a
+  recurrent or hybrid target (a state is one, at its end), nor beside the target's NextN
+  layers (they read the target's hidden rows of each position); on a sliding window, only
+  from a sequence that never reached the window's length (past it, cells at the start may
+  have been written over).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ class SequenceModel(Protocol):
 
     sequences: int
     n_ctx: int  # each sequence's
+    n_swa: int  # a sliding window's length (0: none)
     batch_size: int
     # A recurrent or hybrid model's snapshots a sequence: how far a rewind takes a sequence's
     # state back after a decode (None: an attention cache, any rewind).
@@ -63,6 +73,7 @@ class SequenceModel(Protocol):
 
     def decode_sequences(self, parts: Sequence[tuple[int, int, list[int], Sequence[bool]]]) -> list[np.ndarray]: ...
     def forget(self, sequence: int, n_keep: int) -> None: ...
+    def share(self, source: int, sequence: int, n: int) -> None: ...
     def checkpoint(self, sequence: int, at: int, count: int) -> None: ...
     def restore_checkpoint(self, sequence: int, n_keep: int) -> int: ...
 
@@ -98,6 +109,11 @@ class SharedSteps:
         self._expected: dict[int, float] = {}  # by sequence: the tokens its next step's rows should bring
         self._last: dict[int, tuple[int, float]] = {}  # by sequence: its rows and expected tokens, last step
         self._waiting_alone = 0  # exclusive slots waiting for the others to end
+        # By sequence: the target's tokens its cache holds from position 0 (a prefix of them),
+        # and the most positions it has held since it was last emptied.
+        self._held: dict[int, list[int]] = {}
+        self._peak: dict[int, int] = {}
+        self.lend = model.max_rewind is None  # whether a prompt may start from another sequence's cells
         self.slots: list[Slot] = []
         self.steps = 0
         self.rows = 0
@@ -158,6 +174,39 @@ class SharedSteps:
             model = self.draft if draft else drafter or self.model
             assert model is not None
             model.forget(sequence, n_keep)
+            if model is self.model:
+                self._forgotten(sequence, n_keep)
+
+    def _forgotten(self, sequence: int, n_keep: int) -> None:
+        del self._held.setdefault(sequence, [])[n_keep:]
+        if n_keep == 0:
+            self._peak[sequence] = 0
+
+    def took(self, sequence: int, first: int) -> None:
+        """Another binding decoded positions from `first` on into `sequence` (an image's)."""
+        with self._lock:
+            del self._held.setdefault(sequence, [])[first:]  # (what follows is not lent)
+
+    def share(self, sequence: int, prompt: Sequence[int], own: int) -> int:
+        """Where another sequence's cache holds more of `prompt` than the `own` positions
+        `sequence` keeps of it, `sequence` holds that prefix now, its own cells forgotten (a
+        sequence no generation runs in): the positions of `prompt` it holds."""
+        with self._lock:
+            if not self.lend:
+                return own
+            best, source = own, None
+            for other, held in self._held.items():
+                if other == sequence or (self.model.n_swa and self._peak.get(other, 0) >= self.model.n_swa):
+                    continue  # (past a sliding window, its first cells may have been written over)
+                n = common_prefix_length(held, prompt)
+                if n > best:
+                    best, source = n, other
+            if source is None:
+                return own
+            self.model.forget(sequence, 0)
+            self.model.share(source, sequence, best)
+            self._held[sequence], self._peak[sequence] = list(prompt[:best]), best
+            return best
 
     def checkpoint(self, sequence: int, at: int, count: int) -> None:
         """Keep a recurrent target's state of `sequence` (at position `at`) on the host, between decodes."""
@@ -171,6 +220,7 @@ class SharedSteps:
             at = self.model.restore_checkpoint(sequence, n_keep)
             if at == 0:
                 self.model.forget(sequence, 0)
+            self._forgotten(sequence, at)
             return at
 
     def expect(self, sequence: int, tokens: float) -> None:
@@ -250,6 +300,11 @@ class SharedSteps:
             if model is self.model:
                 self.steps += 1
                 self.rows += decoded
+                for sequence, part in group:
+                    held = self._held.setdefault(sequence, [])
+                    if len(held) >= part.first:  # (else a gap: what follows is not lent)
+                        held[part.first :] = part.tokens
+                    self._peak[sequence] = max(self._peak.get(sequence, 0), part.first + len(part.tokens))
             else:
                 self.draft_steps += 1
                 self.draft_rows += decoded
@@ -318,6 +373,7 @@ class Slot:
         if first != self.n_past or not self.exclusive:
             raise ValueError(f"sequence {self.sequence}: positions decoded at {first} beside others or not at "
                              f"n_past ({self.n_past})")
+        self.steps.took(self.sequence, first)
         self.n_past += positions
         self._reach = 0
 
@@ -363,6 +419,16 @@ class Slot:
             if end == len(tokens):
                 return rows
             start = end
+
+    def borrow(self, prompt: Sequence[int]) -> None:
+        """Before a generation here (not running yet): where another sequence's cache,
+        running or not, holds a longer prefix of `prompt` than this one's, take its cells
+        (SharedSteps.share); the engine decodes the rest of the prompt."""
+        own = min(self.n_past, common_prefix_length(self.cache.tokens, prompt))
+        held = self.steps.share(self.sequence, prompt, own)
+        if held > own:
+            self.n_past, self._reach = held, 0
+            self.cache.tokens, self.cache.prompt, self.cache.prompt_row = list(prompt[:held]), None, None
 
     def others(self) -> tuple[int, float]:
         """The other requests' rows in the step, and the tokens they expect from them."""

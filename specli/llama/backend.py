@@ -448,6 +448,7 @@ class Model(_Vocabulary):
         self.on_gpu = supports_gpu_offload() and (settings.gpu_layers < 0 or settings.gpu_layers > layers)
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama.llama_model_n_ctx_train(self._model))
+        self.n_swa = int(llama.llama_model_n_swa(self._model))  # a sliding window's length (0: none)
         ctx_params = _context_params(settings, self.n_ctx_train)
         _buffers.clear()
         self._ctx = llama.llama_init_from_model(self._model, ctx_params)
@@ -644,6 +645,12 @@ class Model(_Vocabulary):
         if not llama.llama_memory_seq_rm(self._memory, sequence, n_keep, -1):
             raise DecodeError(-1, self.path, f"could not remove positions {n_keep}.. of sequence {sequence}")
         self._drop_checkpoints(sequence, n_keep)
+
+    def share(self, source: int, sequence: int, n: int) -> None:
+        """`sequence` holds `source`'s positions [0, n) too: the same cells of the one unified
+        cache, tagged with both sequences (llama.cpp copies no data), kept while either holds
+        them. For an attention cache only (a recurrent state is one, at its end)."""
+        llama.llama_memory_seq_cp(self._memory, source, sequence, 0, n)
 
     # --- backend sampling (decode_argmax) --------------------------------------
 

@@ -8,9 +8,10 @@ generation has ended, whatever ended it. With slots, a generation runs in the fr
 whose cache holds the longest prefix of its prompt, and every running generation's rows go
 into one target decode a step (decode/slots.py). The session keeps what each KV cache
 holds, so a request decodes only what its prompt adds to the longest prefix it shares with
-an earlier one (an agent that resends its conversation prefills only the new turn); an
-exact request decodes its whole prompt, and among others runs alone (its text is
-`specli run --exact`'s).
+an earlier one (an agent that resends its conversation prefills only the new turn), and
+where another slot, running or not, holds more of it, the slot takes those cells
+(`Slot.borrow`: requests with one system prompt prefill it once); an exact request decodes
+its whole prompt, and among others runs alone (its text is `specli run --exact`'s).
 Drafting is priced with the costs stored when the server started: it never changes midway.
 
 Fair under pressure: a request refused because the queue is full (Busy, 503 with
@@ -283,6 +284,8 @@ class Worker:
                 slot = slot_for(job.tokens, self._free)
                 self._free.remove(slot)
             try:
+                if not job.request.exact and job.media is None:  # (those start from an empty cache)
+                    slot.borrow(job.tokens)
                 engine = self.session.engine_for(job.request, memory=memory, slot=slot, images=job.media is not None)
                 # (an image is decoded by mtmd, outside the shared step: its request runs alone)
                 with slot.running(exclusive=job.request.exact or job.media is not None):
