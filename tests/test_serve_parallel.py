@@ -78,6 +78,36 @@ def test_a_slow_reader_holds_back_no_one(gemma_path):
         assert done["fast"] < done["slow"], "the fast answer did not wait for the slow reader"
 
 
+def test_a_request_that_opens_as_a_running_one_does_decodes_only_the_rest(gemma_path, gemma_model):
+    """A long opening (a system prompt's part) in a running request's slot: a second request
+    sent meanwhile starts from those cells (`cached_tokens`) and still writes the target's text."""
+    opening = "Instructions: answer in one short sentence, plainly, without lists.\n" * 3
+    first, second = opening + "Question: what is rain?\nAnswer:", opening + "Question: what is snow?\nAnswer:"
+    a, b = gemma_model.tokenize(first), gemma_model.tokenize(second)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    with serving("--target", gemma_path, "--parallel", "2", "--no-memory") as server:
+        answering = threading.Event()
+
+        def long_answer() -> None:
+            body = {"prompt": first, "max_tokens": 400, "stream": True, "temperature": 0}
+            with httpx.stream("POST", server.url + "/completions", json=body, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        answering.set()
+
+        runner = threading.Thread(target=long_answer)
+        runner.start()
+        assert answering.wait(60)
+        reply = httpx.post(server.url + "/completions", json={"prompt": second, "max_tokens": N, "temperature": 0},
+                           timeout=120).json()
+        busy = health(server)["slots_processing"]
+        runner.join(timeout=120)
+    assert busy == 1, "the first request was still running"
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
+    plain, margins = plain_with_margins(gemma_model, b, N)
+    assert_lossless_text(gemma_model, plain, margins, reply["choices"][0]["text"])
+
+
 def test_a_hundred_requests_from_sixteen_clients_that_come_and_go(gemma_path):
     """0 × 5xx, every request that stayed complete, the server healthy after and its memory
     back near where it started: measured after a first round of 32 such requests, which brings
