@@ -13,6 +13,11 @@ once. Sides, each started afresh for every measurement, in an order rotated roun
 With `--draft-model FILE` both specli sides that draft draft with it (n-gram lookup in front,
 as `--draft FILE` does), and llama-server's `draft-simple` mode drafts with it (`-md FILE`).
 
+With `--opening CHARS`, every prompt opens with the same text of about that many characters
+(benchmarks/heldout.toml's prompts, as reference material): the system prompt and tools that
+agents fired at once share. specli decodes it once and lends its cells to the slots that start
+alike; llama-server finds it only in an idle slot.
+
 With `--exact`, one more specli `--parallel C` side, where the first client asks every one of
 its requests for `exact: true` (which runs alone: the others wait while it decodes). It shows
 what an exact request costs the others (its `over_it`) and what the exact requests get
@@ -39,6 +44,7 @@ import statistics
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -70,8 +76,16 @@ def sides(target: Path, binary: Path | None, clients: int, ctx: int, draft: Path
                                                                                         clients, md))
 
 
-def prompts(max_tokens: int) -> list[tuple[str, int]]:
-    return [(workload.prompt, min(max_tokens, workload.max_tokens)) for workload in load_workloads()]
+HELD_OUT = Path(__file__).with_name("heldout.toml")
+
+
+def prompts(max_tokens: int, opening: int = 0) -> list[tuple[str, int]]:
+    """The workloads' prompts, each opening with the same `opening` characters of reference text."""
+    head = ""
+    if opening:
+        texts = [entry["prompt"] for entry in tomllib.loads(HELD_OUT.read_text(encoding="utf-8"))["workload"]]
+        head = "Reference material:\n\n" + "\n\n".join(texts)[:opening] + "\n\nTask:\n\n"
+    return [(head + workload.prompt, min(max_tokens, workload.max_tokens)) for workload in load_workloads()]
 
 
 def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[str, int]], exact_clients: int = 0) -> dict:
@@ -117,7 +131,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 def measure(target: Path, binary: Path | None, clients: int, args, progress: Callable[[str], None]) -> dict:
     """Every side at `clients`, `args.rounds` rounds in rotated order; medians and in-round ratios."""
-    requests = prompts(args.max_tokens)
+    requests = prompts(args.max_tokens, args.opening)
     named = list(sides(target, binary, clients, args.ctx, args.draft_model, args.llama_modes.split(","), args.exact))
     rounds: list[dict[str, dict]] = []
     for round_index in range(args.rounds):
@@ -152,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-c", "--ctx", type=int, default=2048, help="context per request")
     parser.add_argument("--json", type=Path, help="write the report here too")
+    parser.add_argument("--opening", type=int, default=0, help="characters of one opening every prompt shares")
     parser.add_argument("--exact", action="store_true", help="a side where the first client's requests are exact")
     args = parser.parse_args(argv)
     report = {}

@@ -107,7 +107,6 @@ def _run(session: Session, index: int, job: Job, slot: Slot | None, sink: Sink,
             return Done(index, stream(session.engine_for(job.request), job.prompt, sink, cancelled=cancelled))
         engine = session.engine_for(job.request, slot=slot)
         if not job.request.exact:  # the slot is in the step already (run_jobs)
-            slot.borrow(job.prompt)  # a prefix another prompt decoded (a file's instructions): not again
             return Done(index, stream(engine, job.prompt, sink, cancelled=cancelled))
         with slot.running(exclusive=True):
             return Done(index, stream(engine, job.prompt, sink, cancelled=cancelled))

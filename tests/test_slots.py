@@ -4,6 +4,7 @@ specli/parallel.py): the lock step on a stand-in model, then the real thing on G
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -200,6 +201,40 @@ def test_a_prompt_starts_from_the_longest_prefix_any_sequence_holds_as_its_cells
     slots[2].borrow([1, 2, 3, 4, 5, 6, 7])
     assert len(model.shared) == 2
     steps.close()
+
+
+def test_a_prompt_that_begins_as_one_being_decoded_waits_for_it_then_shares_its_cells():
+    class Slow(Recorder):
+        def decode_sequences(self, parts):
+            time.sleep(0.3)
+            return super().decode_sequences(parts)
+
+    model = Slow()
+    slots = open_slots(model)
+    opening = list(range(10, 40))
+    waited = {}
+
+    def first() -> None:
+        slots[0].borrow(opening + [1])
+        time.sleep(0.2)  # (its engine is being built)
+        with slots[0].running():
+            slots[0].decode(opening + [1])
+            slots[0].decode([2])
+
+    def second() -> None:
+        time.sleep(0.05)  # it comes before the first's prompt is decoded
+        started = time.monotonic()
+        slots[1].borrow(opening + [3])
+        waited["seconds"], waited["held"] = time.monotonic() - started, slots[1].n_past
+
+    assert in_threads(first, second) == []
+    assert waited["held"] == len(opening) and model.shared == [(0, 1, len(opening))]
+    # A prompt whose generation never starts is waited for no longer than COMING_GRACE.
+    slots[2].borrow([50] * 20)
+    started = time.monotonic()
+    slots[1].borrow([50] * 10 + [4])
+    assert len(model.shared) == 1 and 0.3 < time.monotonic() - started < 2
+    slots[0].steps.close()
 
 
 def test_a_draft_model_drafts_for_every_slot_in_one_decode_a_position():

@@ -47,6 +47,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol, Sequence
@@ -57,6 +58,7 @@ from specli.decode.engine import TargetCache
 from specli.decode.text import common_prefix_length
 
 PREFILL_CHUNK = 128  # a prompt's rows a step, while other slots run
+COMING_GRACE = 0.5  # seconds a generation may take from its borrow to its first step before nobody waits for it
 
 
 class SequenceModel(Protocol):
@@ -113,6 +115,7 @@ class SharedSteps:
         # and the most positions it has held since it was last emptied.
         self._held: dict[int, list[int]] = {}
         self._peak: dict[int, int] = {}
+        self._coming: dict[int, tuple[list[int], float]] = {}  # by sequence: the prompt it decodes, since when
         self.lend = model.max_rewind is None  # whether a prompt may start from another sequence's cells
         self.slots: list[Slot] = []
         self.steps = 0
@@ -146,6 +149,7 @@ class SharedSteps:
         with self._lock:
             self._running.discard(sequence)
             self._pending.pop(sequence, None)
+            self._coming.pop(sequence, None)
             if self._exclusive == sequence:
                 self._exclusive = None
             self._run_if_ready()
@@ -190,23 +194,48 @@ class SharedSteps:
     def share(self, sequence: int, prompt: Sequence[int], own: int) -> int:
         """Where another sequence's cache holds more of `prompt` than the `own` positions
         `sequence` keeps of it, `sequence` holds that prefix now, its own cells forgotten (a
-        sequence no generation runs in): the positions of `prompt` it holds."""
+        sequence no generation runs in): the positions of `prompt` it holds. Where another is
+        decoding a prompt that begins as this one does (it started a moment before), first
+        wait for that prompt's decode: the opening is decoded once. From here on, `prompt` is
+        what `sequence` is coming to hold, for the requests that start after it."""
         with self._lock:
             if not self.lend:
                 return own
-            best, source = own, None
-            for other, held in self._held.items():
-                if other == sequence or (self.model.n_swa and self._peak.get(other, 0) >= self.model.n_swa):
-                    continue  # (past a sliding window, its first cells may have been written over)
-                n = common_prefix_length(held, prompt)
-                if n > best:
-                    best, source = n, other
+            self._coming.pop(sequence, None)
+            while True:
+                best, source = own, None
+                for other, held in self._held.items():
+                    n = common_prefix_length(held, prompt)
+                    if n > best and other != sequence and self._lends(other, n):
+                        best, source = n, other
+                if not self._awaited(sequence, prompt, best):
+                    break
+                self._lock.wait(COMING_GRACE)
+            self._coming[sequence] = (list(prompt), time.monotonic())
             if source is None:
                 return own
             self.model.forget(sequence, 0)
             self.model.share(source, sequence, best)
             self._held[sequence], self._peak[sequence] = list(prompt[:best]), best
             return best
+
+    def _lends(self, sequence: int, n: int) -> bool:
+        """Whether `sequence`'s first cells are all there, once it has held n positions (past a
+        sliding window's length, llama.cpp may have written over them)."""
+        return not self.model.n_swa or max(self._peak.get(sequence, 0), n) < self.model.n_swa
+
+    def _awaited(self, sequence: int, prompt: Sequence[int], best: int) -> bool:
+        """Whether another sequence is coming to hold more of `prompt` than `best` (the lock
+        held): it runs, or it started less than COMING_GRACE seconds ago (a generation that
+        never starts, or stops, is waited for no longer)."""
+        now = time.monotonic()
+        for other, (coming, since) in self._coming.items():
+            n = common_prefix_length(coming, prompt)
+            if n > best and other != sequence and self._lends(other, len(coming)) \
+                    and len(self._held.get(other, ())) < len(coming) \
+                    and (other in self._running or now - since < COMING_GRACE):
+                return True
+        return False
 
     def checkpoint(self, sequence: int, at: int, count: int) -> None:
         """Keep a recurrent target's state of `sequence` (at position `at`) on the host, between decodes."""
