@@ -33,9 +33,11 @@ Invariants:
 - what a slot's draft-length policy reads of the others (`Slot.others`: their rows and the
   tokens they expected from them) is the last step's, fixed when it was decoded, so it reads
   the same whatever the threads' timing;
-- a prompt starts from the longest prefix of it that any sequence's cache holds, running or
-  not (`Slot.borrow`): the cells are shared, not decoded again, so requests that begin
-  alike (a system prompt, a batch file's instructions, the same conversation) prefill it once.
+- a served prompt starts from the longest prefix of it that any sequence's cache holds,
+  running or not (`Slot.borrow`; where another is decoding a prompt that opens alike, once
+  that is in): the cells are shared, not decoded again, so requests that begin alike (a
+  system prompt, the same conversation) prefill it once (`run --batch` keeps to each slot's
+  own cache: what another holds when a job starts hangs on the threads' timing).
   What SharedSteps knows each sequence holds (`_held`) is a prefix of its cells' tokens,
   changed only under the lock, with the decodes and rewinds that change the cells. Not on a
   recurrent or hybrid target (a state is one, at its end), nor beside the target's NextN
