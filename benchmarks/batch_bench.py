@@ -20,21 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
-from benchmarks.parallel_bench import run_clients  # noqa: E402
+from benchmarks.parallel_bench import held_out_prompts, run_clients  # noqa: E402
 from benchmarks.serve_bench import llama_server  # noqa: E402
 from specli.comparison import load_workloads  # noqa: E402
 
-HELD_OUT = Path(__file__).with_name("heldout.toml")
-
-
 def prompts(count: int) -> list[str]:
     texts = [workload.prompt for workload in load_workloads()]
-    texts += [entry["prompt"] for entry in tomllib.loads(HELD_OUT.read_text(encoding="utf-8"))["workload"]]
+    texts += held_out_prompts()
     return [texts[i % len(texts)] for i in range(count)]
 
 

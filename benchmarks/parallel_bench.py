@@ -79,12 +79,13 @@ def sides(target: Path, binary: Path | None, clients: int, ctx: int, draft: Path
 HELD_OUT = Path(__file__).with_name("heldout.toml")
 
 
+def held_out_prompts() -> list[str]:
+    return [entry["prompt"] for entry in tomllib.loads(HELD_OUT.read_text(encoding="utf-8"))["workload"]]
+
+
 def prompts(max_tokens: int, opening: int = 0) -> list[tuple[str, int]]:
     """The workloads' prompts, each opening with the same `opening` characters of reference text."""
-    head = ""
-    if opening:
-        texts = [entry["prompt"] for entry in tomllib.loads(HELD_OUT.read_text(encoding="utf-8"))["workload"]]
-        head = "Reference material:\n\n" + "\n\n".join(texts)[:opening] + "\n\nTask:\n\n"
+    head = "Reference material:\n\n" + "\n\n".join(held_out_prompts())[:opening] + "\n\nTask:\n\n" if opening else ""
     return [(head + workload.prompt, min(max_tokens, workload.max_tokens)) for workload in load_workloads()]
 
 
