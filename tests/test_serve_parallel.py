@@ -110,10 +110,13 @@ def test_a_request_that_opens_as_a_running_one_does_decodes_only_the_rest(gemma_
 
 def test_a_hundred_requests_from_sixteen_clients_that_come_and_go(gemma_path):
     """0 × 5xx, every request that stayed complete, the server healthy after and its memory
-    back near where it started: measured after a first round of 32 such requests, which brings
-    llama.cpp's output buffer and the allocator's arenas to their size (bounded: 132 requests,
-    300 s)."""
-    with serving("--target", gemma_path, "--parallel", "4", "--queue", "16", "-c", "512") as server:
+    back near where it started: measured after a first round of 32 such requests (bounded: 132
+    requests, 300 s). llama.cpp's output buffer grows to the most logits rows one decode has
+    had and never shrinks (n_vocab × 4 B a row, 1 MiB at Gemma's 262k): `-k 4` bounds what it may
+    still grow by at 4 slots × 5 rows, 20 MiB, inside the 32 allowed (`-k auto` drafts up to 48
+    a request, as the timing lets it). What the generations free goes back to the system when none
+    runs (glibc's arenas keep it otherwise)."""
+    with serving("--target", gemma_path, "--parallel", "4", "--queue", "16", "-c", "512", "-k", "4") as server:
         rss = lambda: int(next(line.split()[1] for line in open(f"/proc/{server.process.pid}/status")  # noqa: E731
                                if line.startswith("VmRSS")))
         rng = random.Random(7)

@@ -24,6 +24,7 @@ request keeps its place, and its turn comes after those refused before it, whoev
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
 import time
 from collections import OrderedDict
@@ -50,6 +51,26 @@ WAIT_POLL = 0.2  # seconds between asking whether a waiting request's client has
 # without a place, as before the line).
 LINE_HOLD = 10.0
 LINE_SIZE = 1024
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (AttributeError, OSError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def give_back_freed_memory() -> None:
+    """Hand the pages the generations freed back to the system. glibc keeps freed blocks in
+    its arenas, one per thread that allocated, and after a large block is freed it serves
+    blocks that size from them too (its mmap threshold rises): the logits rows a step copies
+    (a MiB each at a 262k vocabulary) stay the server's otherwise. Called when no generation
+    runs; where the C library has no malloc_trim, nothing to do."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 class Busy(Exception):
@@ -279,6 +300,7 @@ class Worker:
             engine = self.session.engine_for(job.request, memory=memory, images=job.media is not None)
             outcome = stream(engine, job.tokens, sink, cancelled=cancelled, media=job.media)
             self.session.pricing.review(outcome.stats)  # stale costs: measured again when the server next starts
+            idle = True
         else:  # (a shared step's time is the batch's: no review of the costs)
             with self._slots:
                 slot = slot_for(job.tokens, self._free)
@@ -295,11 +317,14 @@ class Worker:
                     release_threads()
                 with self._slots:
                     self._free.append(slot)
+                    idle = len(self._free) == len(self.session.slots)
         if self.memory is not None and outcome.stats.finish_reason != "cancelled":
             with self._slots:
                 self.memory.add(outcome.tokens)
         outcome.waited = max(0.0, started - admitted) if admitted else 0.0
         self.totals.add(outcome.stats)
+        if idle:
+            give_back_freed_memory()
         return outcome
 
     def close(self) -> None:
