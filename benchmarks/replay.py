@@ -17,6 +17,8 @@ those costs; `-k auto` does not see them, so it moves the timing only.
     python benchmarks/replay.py replay benchmarks/out/replay.json --seeds 12
     python benchmarks/replay.py hazard benchmarks/out/replay.json   # the data behind the n-gram prior
     python benchmarks/replay.py native replay-200.json --rows native-rows.jsonl --equal equal-rows.jsonl
+    python benchmarks/replay.py beside benchmarks/out/replay.json --others 1,3,7 --max-tokens 64 \
+        --prompts specli/workloads.toml --prompts benchmarks/heldout.toml
 
 For each workload the report gives the speedup over plain decoding of `-k auto`, of an
 ngram-simple-like policy (llama.cpp's defaults: draft 48 tokens after a 12-token match,
@@ -41,6 +43,14 @@ batch size, such as the one benchmarks/gpu/run.sh measures with llama-bench:
 
 The report then also gives the draft lengths `-k auto` chose and Python's share of its
 time (the loop's `--loop-ms` per step plus `--row-us` per logits row read).
+
+`beside` replays `-k auto` as a slot of `serve --parallel` (decode/slots.py) beside N other
+requests that each write a token a step: every step is priced with their rows, and it reports
+the batch's tokens a second over the same batch without drafting, the drafted rows a step, and
+the share of drafted rows kept against the share the policy foresaw (whether its acceptance
+estimates hold where a row must clear the higher bar of a shared batch). It leaves out what a
+shared batch costs beyond the one-sequence curve (attention over every sequence's cells) and
+each slot's Python time.
 
 `native` sets llama.cpp's best n-gram mode per prompt (compare_llamacpp.py's `--native-modes`
 and `--equal-length` rows) beside specli measured, `-k auto` replayed, and both bounds, over
@@ -101,6 +111,7 @@ class Replayed:
     tokens: int  # generated tokens after the first (the prompt's decode writes that one)
     seconds: float
     steps: list[tuple[object, int, int]]  # (proposal key, drafted, accepted) per step
+    expected: list[float] = dataclasses.field(default_factory=list)  # beside others: the tokens -k auto expected a step
 
     @property
     def tokens_per_second(self) -> float:
@@ -213,38 +224,59 @@ class RecordedTarget:
         return token == self.eog
 
 
+class Beside:
+    """Other requests in every step of a shared decode (decode/slots.py), each writing one token
+    of its own a step (a plain step): what a slot's policy reads of them, and what it expects."""
+
+    def __init__(self, others: int) -> None:
+        self.rows = others
+        self.expected = 1.0  # the policy's last expectation of its own step's tokens
+
+    def others(self) -> tuple[int, float]:
+        return self.rows, float(self.rows)
+
+    def expect(self, tokens: float) -> None:
+        self.expected = tokens
+
+
 def replay(case: Case, policy: str | int, costs: Costs, calibration: dict[int, float] | None = None, *,
            noise: float = 0.0, seed: int | None = None, loop_seconds: float = LOOP_SECONDS,
-           row_seconds: float = ROW_SECONDS) -> Replayed:
+           row_seconds: float = ROW_SECONDS, beside: int = 0) -> Replayed:
     """One generation run by the engine itself against the recorded text, each step priced
     at the recorded verify cost (times lognormal noise, if any), Python's loop and the rows read.
 
     policy: "auto" (`-k auto` with n-gram lookup, priced with `calibration`), "ngram-simple"
-    (a draft of LLAMA_M after an LLAMA_N-token match), or a fixed K (n-gram lookup, every length)."""
+    (a draft of LLAMA_M after an LLAMA_N-token match), or a fixed K (n-gram lookup, every length).
+    beside: other requests in every step's decode (Beside), their rows priced in the step;
+    the steps then record what `-k auto` expected of each besides what it drafted and kept."""
     if not case.output:
         return Replayed(0, 0.0, [])
     target = RecordedTarget(case)
     proposer = NGramProposer((LLAMA_N,)) if policy == "ngram-simple" else NGramProposer()
+    batch = Beside(beside) if beside else None
     if policy == "auto":
         calibrated = StepCosts(calibration or {size: costs(size) for size in CALIBRATION_SIZES}, 0.0, loop_seconds)
-        draft_length = AdaptiveDraftPolicy(calibrated, prior=proposer.prior)
+        draft_length = AdaptiveDraftPolicy(calibrated, prior=proposer.prior, batch=batch)
     else:
         draft_length = FixedDraftPolicy(LLAMA_M if policy == "ngram-simple" else int(policy))
     # The one engine built outside Session.engine_for: its target is a recording, not a loaded
     # model, and its policy is the one under test.
     engine = Engine(target, proposer, draft_length, GenerationRequest(max_tokens=case.max_tokens))
     rng = random.Random(seed)
-    seconds, steps = 0.0, []
+    seconds, steps, expected = 0.0, [], []
     finished = None
     for event in engine.generate([target.compact[t] for t in case.prompt]):
         if isinstance(event, StepRecord):
-            verify = costs(event.drafted + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
+            verify = costs(beside + event.drafted + 1) * (rng.lognormvariate(0.0, noise) if noise > 0 else 1.0)
             seconds += verify + loop_seconds + row_seconds * event.rows_read
             steps.append((event.key if event.drafted else None, event.drafted, event.accepted))
+            if batch is not None:
+                expected.append(batch.expected)
+                batch.expected = 1.0
         elif isinstance(event, Finished):
             finished = event
     assert finished is not None
-    return Replayed(finished.stats.generated_after_first, seconds, steps)
+    return Replayed(finished.stats.generated_after_first, seconds, steps, expected)
 
 
 def clairvoyant(case: Case, costs: Costs, *, loop_seconds: float = LOOP_SECONDS,
@@ -490,6 +522,53 @@ def report(recording: dict, seeds: int, noise: float, fixed_ks: list[int], loop_
     return rows
 
 
+# --- beside -------------------------------------------------------------------------
+
+def beside_rows(recording: dict, others: int, loop_seconds: float = LOOP_SECONDS,
+                row_seconds: float = ROW_SECONDS, max_tokens: int | None = None) -> list[dict]:
+    """Per workload, `-k auto` in a shared decode beside `others` requests that each write a
+    token a step: the batch's tokens a second over the same batch's with no drafting, and what
+    -k auto expected its drafting steps to keep against what they kept."""
+    costs = Costs({int(k): v for k, v in recording["costs"].items()})
+    calibration = {int(k): v for k, v in recording["calibration"].items()}
+    rows = []
+    for data in recording["workloads"]:
+        case = Case(**data)
+        if max_tokens is not None:  # as a benchmark's requests are capped (parallel_bench.py's --max-tokens)
+            case = dataclasses.replace(case, output=case.output[:max_tokens], max_tokens=min(case.max_tokens, max_tokens))
+        if len(case.output) < 2:
+            continue
+        options = dict(loop_seconds=loop_seconds, row_seconds=row_seconds, beside=others)
+        runs = {policy: replay(case, policy, costs, calibration, **options) for policy in (0, "auto")}
+        rate = {policy: (run.tokens + others * len(run.steps)) / run.seconds for policy, run in runs.items()}
+        auto = runs["auto"]
+        expected = auto.expected or [1.0] * len(auto.steps)  # alone: no expectations recorded
+        drafting = [(step, hope) for step, hope in zip(auto.steps, expected) if step[1]]
+        rows.append(dict(name=case.name, gain=rate["auto"] / rate[0],
+                         drafted=sum(step[1] for step, _ in drafting), kept=sum(step[2] for step, _ in drafting),
+                         foreseen=sum(hope - 1.0 for _, hope in drafting),
+                         steps=len(auto.steps), drafting_steps=len(drafting)))
+    return rows
+
+
+def beside_report(recording: dict, besides: list[int], sets: list[tuple[str, set[str]]], loop_seconds: float,
+                  row_seconds: float, max_tokens: int | None = None) -> None:
+    print(f"{'prompts':12} {'others':>6} {'batch gain: geomean':>20} {'lowest':>7} {'rows drafted a step':>20} "
+          f"{'kept':>6} {'foreseen kept':>14}")
+    for others in besides:
+        rows = beside_rows(recording, others, loop_seconds, row_seconds, max_tokens)
+        for label, names in sets:
+            chosen = [row for row in rows if row["name"] in names]
+            if not chosen:
+                continue
+            gains = [row["gain"] for row in chosen]
+            drafted = sum(row["drafted"] for row in chosen)
+            share = (lambda value: f"{value / drafted:.0%}" if drafted else "-")
+            print(f"{label:12} {others:6} {statistics.geometric_mean(gains):19.3f}x {min(gains):6.2f}x "
+                  f"{drafted / sum(row['steps'] for row in chosen):20.2f} {share(sum(row['kept'] for row in chosen)):>6} "
+                  f"{share(sum(row['foreseen'] for row in chosen)):>14}")
+
+
 # --- native -------------------------------------------------------------------------
 
 def against_native(recording: dict, native_rows: dict[str, dict], equal_rows: dict[str, dict], costs: Costs,
@@ -574,6 +653,15 @@ def main(argv: list[str] | None = None) -> int:
     haz = commands.add_parser("hazard", help="how often a drafted n-gram token is rejected, by context length, "
                                              "and the fit behind NGramProposer.prior")
     haz.add_argument("recording", type=Path)
+    bes = commands.add_parser("beside", help="-k auto in a shared decode beside other requests' rows: the batch's "
+                                             "gain, and the kept share it foresaw against what was kept")
+    bes.add_argument("recording", type=Path)
+    bes.add_argument("--others", default="1,3,7", help="other requests in the decode, each writing a token a step")
+    bes.add_argument("--prompts", type=Path, action="append", default=[],
+                     help="a prompt set (TOML) to report apart (repeatable; default: all together)")
+    bes.add_argument("--max-tokens", type=int, help="each workload's output cut to this many tokens")
+    bes.add_argument("--loop-ms", type=float, default=LOOP_SECONDS * 1e3)
+    bes.add_argument("--row-us", type=float, default=ROW_SECONDS * 1e6)
     nat = commands.add_parser("native", help="llama.cpp's best n-gram mode against specli measured, replayed, "
                                              "and its bounds, over the same tokens")
     nat.add_argument("recording", type=Path)
@@ -596,6 +684,12 @@ def main(argv: list[str] | None = None) -> int:
     recording = json.loads(args.recording.read_text())
     if args.command == "hazard":
         hazard_report(recording)
+        return 0
+    if args.command == "beside":
+        sets = [(path.stem, {name for name, _ in prompt_set(path)}) for path in args.prompts] \
+            or [("all", {data["name"] for data in recording["workloads"]})]
+        beside_report(recording, [int(n) for n in args.others.split(",")], sets, args.loop_ms / 1e3, args.row_us / 1e6,
+                      args.max_tokens)
         return 0
     if args.command == "native":
         # As `replay` does: the recorded calibration (what `specli run` read from its stored

@@ -12,6 +12,7 @@ from benchmarks.replay import (
     Case,
     Costs,
     against_native,
+    beside_rows,
     clairvoyant,
     copy_bound,
     load_costs,
@@ -75,6 +76,33 @@ def test_auto_replay_beats_plain_on_a_copy_and_is_reproducible():
     assert first == again
     assert first.tokens == plain.tokens
     assert first.tokens_per_second > 1.5 * plain.tokens_per_second
+
+
+def test_beside_others_a_step_is_priced_with_their_rows_and_drafting_shrinks_where_rows_cost():
+    plain = replay(copy_case(), 0, COSTS, loop_seconds=0.0, row_seconds=0.0, beside=3)
+    assert plain.seconds == pytest.approx(len(plain.steps) * COSTS(4))
+    assert plain.expected == [1.0] * len(plain.steps)  # a plain step expects its one token
+    alone = replay(copy_case(), "auto", COSTS, beside=0)
+    crowded = replay(copy_case(), "auto", COSTS, beside=7)
+    assert crowded.tokens == alone.tokens
+    assert len(crowded.expected) == len(crowded.steps) and not alone.expected
+    drafted = (lambda run: sum(step[1] for step in run.steps))
+    # Every row costs here (3 ms on a 10 ms step): beside 7 others a drafted row is worth less
+    # of the batch's rate, so fewer are drafted, and only where the copy is likeliest kept.
+    assert 0 < drafted(crowded) < drafted(alone)
+    cheap = Costs({size: 0.010 + 0.0001 * (size - 1) for size in (1, 2, 4, 8, 16, 32, 48, 49)})
+    assert drafted(replay(copy_case(), "auto", cheap, beside=7)) > drafted(crowded)  # a GPU-like curve drafts on
+
+
+def test_the_beside_report_compares_the_batch_with_and_without_drafting():
+    recording = {"costs": {str(k): v for k, v in COSTS.by_size.items()},
+                 "calibration": {str(k): COSTS(k) for k in (1, 2, 4, 8, 16)},
+                 "workloads": [dataclasses.asdict(copy_case())]}
+    [row] = beside_rows(recording, 3)
+    assert row["gain"] > 1.0  # the copy pays beside three others too
+    assert 0 < row["kept"] <= row["drafted"] and row["drafting_steps"] > 0
+    [short] = beside_rows(recording, 3, max_tokens=20)
+    assert short["steps"] < row["steps"]
 
 
 def test_auto_trusts_a_copy_more_the_longer_it_runs():
