@@ -542,11 +542,11 @@ def beside_rows(recording: dict, others: int, loop_seconds: float = LOOP_SECONDS
         runs = {policy: replay(case, policy, costs, calibration, **options) for policy in (0, "auto")}
         rate = {policy: (run.tokens + others * len(run.steps)) / run.seconds for policy, run in runs.items()}
         auto = runs["auto"]
-        expected = auto.expected or [1.0] * len(auto.steps)  # alone: no expectations recorded
+        expected = auto.expected or [None] * len(auto.steps)  # alone (others 0): no expectations recorded
         drafting = [(step, hope) for step, hope in zip(auto.steps, expected) if step[1]]
         rows.append(dict(name=case.name, gain=rate["auto"] / rate[0],
                          drafted=sum(step[1] for step, _ in drafting), kept=sum(step[2] for step, _ in drafting),
-                         foreseen=sum(hope - 1.0 for _, hope in drafting),
+                         foreseen=sum(hope - 1.0 for _, hope in drafting) if auto.expected else None,
                          steps=len(auto.steps), drafting_steps=len(drafting)))
     return rows
 
@@ -563,10 +563,10 @@ def beside_report(recording: dict, besides: list[int], sets: list[tuple[str, set
                 continue
             gains = [row["gain"] for row in chosen]
             drafted = sum(row["drafted"] for row in chosen)
-            share = (lambda value: f"{value / drafted:.0%}" if drafted else "-")
+            share = (lambda value: f"{value / drafted:.0%}" if drafted and value is not None else "-")
             print(f"{label:12} {others:6} {statistics.geometric_mean(gains):19.3f}x {min(gains):6.2f}x "
                   f"{drafted / sum(row['steps'] for row in chosen):20.2f} {share(sum(row['kept'] for row in chosen)):>6} "
-                  f"{share(sum(row['foreseen'] for row in chosen)):>14}")
+                  f"{share(None if others == 0 else sum(row['foreseen'] for row in chosen)):>14}")
 
 
 # --- native -------------------------------------------------------------------------
