@@ -146,3 +146,43 @@ def test_the_draft_model_knows_how_far_behind_the_text_it_is():
     assert model.behind(PROMPT + [1, 2, 3]) == 0
     # The last committed token is decoded as the draft starts in any case: only those before it count.
     assert LookupThenModel(NGramProposer(), model).behind(PROMPT + [1, 2, 3, 9, 5]) == 1
+
+
+# Rows that cost what they cost one at a time, and a draft token as dear as a target step: a
+# draft model of the target's size on a compute-bound CPU (SmolLM2 drafting for itself).
+LINEAR = StepCosts({1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0, 32: 32.0, 49: 49.0}, 1.0, 0.02, "calibrated",
+                   draft_acceptance=1.0, draft_catch_up=0.3)
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_a_draft_model_that_cannot_pay_even_always_right_is_not_given_the_prompt(lookup):
+    assert not AdaptiveDraftPolicy(LINEAR, max_draft=16).model_pays()
+    assert AdaptiveDraftPolicy(costs(), max_draft=16).model_pays(), "a cheap draft on a curve with room pays"
+    assert FixedDraftPolicy(4).model_pays(), "-k N drafts whatever it costs"
+    target = FakeModel(seed=5, order=1, n_vocab=9)
+    reference = plain_greedy(target, PROMPT, 40)
+    decodes = {}
+    for name, policy in {"cannot pay": AdaptiveDraftPolicy(LINEAR, NGramProposer.prior, max_draft=16),
+                         "pays": AdaptiveDraftPolicy(costs(), NGramProposer.prior, max_draft=16)}.items():
+        draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
+        proposer = DraftModelProposer(DraftModel(draft), SamplingSettings())
+        output, _, _ = generate(LookupThenModel(NGramProposer(), proposer) if lookup else proposer, policy,
+                                FakeModel(seed=5, order=1, n_vocab=9), max_tokens=40)
+        assert output == reference
+        decodes[name] = draft.batch_sizes
+    assert decodes["cannot pay"] == [], "it never drafts with it, so it does not decode the prompt either"
+    assert decodes["pays"][0] == len(PROMPT) - 1, "the prompt, before the first step"
+    assert lookup or len(decodes["pays"]) > 1, "then its drafts"
+
+
+def test_a_draft_model_not_given_the_prompt_catches_up_where_it_drafts():
+    draft = FakeModel(seed=0)
+    model = DraftModelProposer(DraftModel(draft), SamplingSettings())
+    model.prepare(PROMPT[:8])
+    model.prepare(PROMPT, catch_up=False)
+    assert draft.batch_sizes == [7] and model.behind(PROMPT) == len(PROMPT) - 8, "what it held of it is kept"
+    drafted = model.propose(PROMPT, 2).tokens
+    assert draft.batch_sizes[1] == len(PROMPT) - 7 and model.behind(PROMPT) == 0
+    fresh = DraftModelProposer(DraftModel(FakeModel(seed=0)), SamplingSettings())
+    fresh.prepare(PROMPT)
+    assert fresh.propose(PROMPT, 2).tokens == drafted, "the same draft as a model given the whole prompt"

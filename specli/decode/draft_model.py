@@ -43,7 +43,7 @@ class Drafter(Protocol):
     on_gpu: bool  # its greedy choices can be taken on the device (choice_after, extend_choice)
 
     def behind(self, tokens: list[int]) -> int: ...
-    def prepare(self, prompt: list[int]) -> None: ...
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None: ...
     def row_after(self, tokens: list[int]) -> np.ndarray: ...
     def extend(self, token: int) -> np.ndarray: ...
     def choice_after(self, tokens: list[int]) -> int: ...
@@ -111,13 +111,14 @@ class DraftModel:
         self.model.rewind(0)
         self.cached.clear()
 
-    def prepare(self, prompt: list[int]) -> None:
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
         """Bring its cache to the prompt but its last token, keeping what it already holds of
-        it (an earlier turn of a chat)."""
+        it (an earlier turn of a chat); `catch_up` False: only keep that, and decode the rest
+        where it first drafts (`behind` counts it)."""
         keep = min(common_prefix_length(self.cached, prompt), max(len(prompt) - 1, 0))
         self.model.rewind(keep)
         del self.cached[keep:]
-        if len(prompt) - 1 > keep:
+        if catch_up and len(prompt) - 1 > keep:
             self._decode(prompt[keep:-1])
             self.cached.extend(prompt[keep:-1])
 
@@ -201,8 +202,8 @@ class DraftModelProposer:
     def behind(self, tokens: list[int]) -> int:
         return self.draft.behind(tokens)
 
-    def prepare(self, prompt: list[int]) -> None:
-        self.draft.prepare(prompt)
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+        self.draft.prepare(prompt, catch_up)
 
     def propose(self, tokens: list[int], most: int) -> Proposal:
         if not tokens:

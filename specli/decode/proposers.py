@@ -39,8 +39,11 @@ class Proposer(Protocol):
     prior: Callable[[object, int], float] | None
     depth: int | None  # the most tokens `propose` drafts a step (chained NextN layers); None: any
 
-    def prepare(self, prompt: list[int]) -> None:
-        """Take in the prompt before the first step (counted as prefill time)."""
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+        """Take in the prompt before the first step (counted as prefill time). `catch_up`
+        False: a draft model's cache is not brought to the prompt now (the draft-length
+        policy finds that its tokens cannot pay: DraftPolicy.model_pays); it catches up, at
+        its price, where it first drafts."""
         ...
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
@@ -67,7 +70,7 @@ class NoProposer:
     prior = None
     depth = None
 
-    def prepare(self, prompt: list[int]) -> None:
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
         pass
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
@@ -97,9 +100,9 @@ class LookupThenModel:
         self.prior = lookup.prior  # lookup's keys; the model's (None): the policy's own
         self.depth = model.depth  # the model's; lookup's matches are as long as they are
 
-    def prepare(self, prompt: list[int]) -> None:
+    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
         self.ngram.prepare(prompt)
-        self.model.prepare(prompt)
+        self.model.prepare(prompt, catch_up)
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
         return self.ngram.propose(tokens, most)
