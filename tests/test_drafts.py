@@ -36,7 +36,7 @@ class Echo:
     prior = None
     depth = None
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+    def prepare(self, prompt: list[int]) -> None:
         pass
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:

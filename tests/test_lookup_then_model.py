@@ -140,12 +140,21 @@ def test_the_draft_model_knows_how_far_behind_the_text_it_is():
     draft = FakeModel(seed=0)
     model = DraftModelProposer(DraftModel(draft), SamplingSettings())
     model.prepare(PROMPT)
-    assert model.behind(PROMPT) == 0, "prepared: all but the last prompt token decoded"
+    assert model.behind(PROMPT) == 0, "the prompt it owes is not counted: it is priced as decoded up front"
     assert model.behind(PROMPT + [1, 2, 3]) == 3
     model.propose(PROMPT + [1, 2, 3], 2)
     assert model.behind(PROMPT + [1, 2, 3]) == 0
     # The last committed token is decoded as the draft starts in any case: only those before it count.
     assert LookupThenModel(NGramProposer(), model).behind(PROMPT + [1, 2, 3, 9, 5]) == 1
+
+
+class UpFront(DraftModel):
+    """A draft model that decodes the prompt as it takes it in (as DraftModel did before it
+    owed it)."""
+
+    def prepare(self, prompt: list[int]) -> None:
+        super().prepare(prompt)
+        self._settle()
 
 
 # Rows that cost what they cost one at a time, and a draft token as dear as a target step: a
@@ -155,34 +164,45 @@ LINEAR = StepCosts({1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0, 32: 32.0, 49: 49.0
 
 
 @pytest.mark.parametrize("lookup", [True, False])
-def test_a_draft_model_that_cannot_pay_even_always_right_is_not_given_the_prompt(lookup):
-    assert not AdaptiveDraftPolicy(LINEAR, max_draft=16).model_pays()
-    assert AdaptiveDraftPolicy(costs(), max_draft=16).model_pays(), "a cheap draft on a curve with room pays"
-    assert FixedDraftPolicy(4).model_pays(), "-k N drafts whatever it costs"
+def test_a_draft_model_decodes_the_prompt_only_where_it_first_drafts(lookup):
+    """Owed, the prompt is decoded where the model first drafts, in the decode it had up front:
+    the same decodes, drafts and text; a generation that never drafts with it decodes nothing."""
     target = FakeModel(seed=5, order=1, n_vocab=9)
     reference = plain_greedy(target, PROMPT, 40)
-    decodes = {}
-    for name, policy in {"cannot pay": AdaptiveDraftPolicy(LINEAR, NGramProposer.prior, max_draft=16),
-                         "pays": AdaptiveDraftPolicy(costs(), NGramProposer.prior, max_draft=16)}.items():
-        draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
-        proposer = DraftModelProposer(DraftModel(draft), SamplingSettings())
-        output, _, _ = generate(LookupThenModel(NGramProposer(), proposer) if lookup else proposer, policy,
-                                FakeModel(seed=5, order=1, n_vocab=9), max_tokens=40)
-        assert output == reference
-        decodes[name] = draft.batch_sizes
-    assert decodes["cannot pay"] == [], "it never drafts with it, so it does not decode the prompt either"
-    assert decodes["pays"][0] == len(PROMPT) - 1, "the prompt, before the first step"
-    assert lookup or len(decodes["pays"]) > 1, "then its drafts"
+    drafted = {}
+    for name, policy in {"cannot pay": lambda: AdaptiveDraftPolicy(LINEAR, NGramProposer.prior, max_draft=16),
+                         "pays": lambda: AdaptiveDraftPolicy(costs(), NGramProposer.prior, max_draft=16),
+                         "-k 4": lambda: FixedDraftPolicy(4)}.items():
+        runs = {}
+        for kind in (DraftModel, UpFront):
+            draft = FakeModel(seed=5, order=1, n_vocab=9, noise_seed=1, noise=0.2)
+            proposer = DraftModelProposer(kind(draft), SamplingSettings())
+            output, stats, events = generate(LookupThenModel(NGramProposer(), proposer) if lookup else proposer,
+                                             policy(), FakeModel(seed=5, order=1, n_vocab=9), max_tokens=40)
+            assert output == reference
+            drafts = [(e.id, e.proposer) for e in events if isinstance(e, Token) and e.source == "draft"]
+            runs[kind] = (draft.batch_sizes, stats.drafted_by, drafts)
+        owed, up_front = runs[DraftModel], runs[UpFront]
+        assert owed[1:] == up_front[1:], f"{name}: the same drafts"
+        drafted[name] = owed[1].get("draft", 0) > 0
+        if drafted[name]:
+            assert owed[0] == up_front[0] and owed[0][0] == len(PROMPT) - 1, f"{name}: the same decodes, the prompt first"
+        else:
+            assert owed[0] == [] and up_front[0] == [len(PROMPT) - 1], f"{name}: no draft, so the prompt stays owed"
+    # Alone the model drafts where it pays; with lookup in front, -k auto copies this periodic text instead.
+    assert drafted == ({"cannot pay": False, "pays": False, "-k 4": True} if lookup
+                       else {"cannot pay": False, "pays": True, "-k 4": True})
 
 
-def test_a_draft_model_not_given_the_prompt_catches_up_where_it_drafts():
+def test_a_draft_model_keeps_what_it_holds_of_the_prompt_and_owes_the_rest():
     draft = FakeModel(seed=0)
     model = DraftModelProposer(DraftModel(draft), SamplingSettings())
     model.prepare(PROMPT[:8])
-    model.prepare(PROMPT, catch_up=False)
-    assert draft.batch_sizes == [7] and model.behind(PROMPT) == len(PROMPT) - 8, "what it held of it is kept"
+    model.propose(PROMPT[:8], 1)  # an earlier turn, drafted in
+    model.prepare(PROMPT)
+    assert draft.batch_sizes == [7, 1] and model.behind(PROMPT) == 0, "nothing decoded in prepare"
     drafted = model.propose(PROMPT, 2).tokens
-    assert draft.batch_sizes[1] == len(PROMPT) - 7 and model.behind(PROMPT) == 0
-    fresh = DraftModelProposer(DraftModel(FakeModel(seed=0)), SamplingSettings())
+    assert draft.batch_sizes[2:] == [len(PROMPT) - 9, 1, 1], "what it held of it is kept: the rest owed, then the draft"
+    fresh = DraftModelProposer(UpFront(FakeModel(seed=0)), SamplingSettings())
     fresh.prepare(PROMPT)
     assert fresh.propose(PROMPT, 2).tokens == drafted, "the same draft as a model given the whole prompt"

@@ -296,18 +296,6 @@ class AdaptiveDraftPolicy:
             k += 1
         return k
 
-    def model_pays(self) -> bool:
-        """Whether a draft model's tokens could pay at all: alone, caught up with the text and
-        every token kept (where its tokens earn the most), some draft length beats a plain step.
-        Where none does, `choose` never drafts with the model nor probes it (a same-size draft
-        on a CPU), so the prompt is not decoded into it for nothing."""
-        others, behind = self._others, self._behind
-        self._others, self._behind = (0, 0.0), 0
-        try:
-            return self._could_pay(None, self.max_draft, 1.0 / self._step_cost(0))
-        finally:
-            self._others, self._behind = others, behind
-
     def _could_pay(self, key: object, most: int, plain_rate: float) -> bool:
         """Whether some draft length beats a plain step if every drafted token is accepted."""
         return any((k + 1 + self._others[1]) / self._step_cost(k, key) > plain_rate for k in range(1, most + 1))

@@ -43,7 +43,7 @@ class Drafter(Protocol):
     on_gpu: bool  # its greedy choices can be taken on the device (choice_after, extend_choice)
 
     def behind(self, tokens: list[int]) -> int: ...
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None: ...
+    def prepare(self, prompt: list[int]) -> None: ...
     def row_after(self, tokens: list[int]) -> np.ndarray: ...
     def extend(self, token: int) -> np.ndarray: ...
     def choice_after(self, tokens: list[int]) -> int: ...
@@ -69,6 +69,8 @@ class DraftModel:
         self.on_gpu = on_gpu
         self.through_text = through_text  # its vocabulary is not the target's: it drafts through text
         self.cached: list[int] = []  # tokens in its KV cache, in order
+        # The prompt's tokens after `cached`, to decode where it first drafts (prepare).
+        self.owed: list[int] = []
         self.decode_seconds = 0.0  # inside its model's decodes, all told
 
     def _decode(self, tokens: list[int]) -> np.ndarray:
@@ -103,24 +105,33 @@ class DraftModel:
         return self.model.n_ctx
 
     def behind(self, tokens: list[int]) -> int:
-        """Tokens it must decode before it can draft after `tokens`."""
-        return max(len(tokens) - 1 - common_prefix_length(self.cached, tokens), 0)
+        """Tokens it must decode before it can draft after `tokens`, beyond the prompt it owes
+        (prepare): the committed ones since it last drafted."""
+        return max(len(tokens) - 1 - common_prefix_length(self.cached + self.owed if self.owed else self.cached, tokens), 0)
 
     def forget(self) -> None:
         """Empty its cache (before its decode is timed)."""
         self.model.rewind(0)
         self.cached.clear()
+        self.owed.clear()
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
-        """Bring its cache to the prompt but its last token, keeping what it already holds of
-        it (an earlier turn of a chat); `catch_up` False: only keep that, and decode the rest
-        where it first drafts (`behind` counts it)."""
+    def prepare(self, prompt: list[int]) -> None:
+        """Keep what its cache holds of the prompt (an earlier turn of a chat) and owe the rest
+        but the prompt's last token: decoded where it first drafts, in the one decode this made
+        when it decoded the prompt up front, so its drafts are those, and a generation that
+        never drafts with it (a draft that does not pay) never pays for the prompt. The
+        draft-length policy prices its steps as it did then (`behind` leaves the prompt out)."""
         keep = min(common_prefix_length(self.cached, prompt), max(len(prompt) - 1, 0))
         self.model.rewind(keep)
         del self.cached[keep:]
-        if catch_up and len(prompt) - 1 > keep:
-            self._decode(prompt[keep:-1])
-            self.cached.extend(prompt[keep:-1])
+        self.owed = prompt[keep:-1]
+
+    def _settle(self) -> None:
+        """Decode the prompt it owes (before anything after it)."""
+        if self.owed:
+            owed, self.owed = self.owed, []
+            self._decode(owed)
+            self.cached.extend(owed)
 
     def row_after(self, tokens: list[int]) -> np.ndarray:
         """The logits row for the token after `tokens`: its cache rewound to what it shares
@@ -134,6 +145,7 @@ class DraftModel:
     def _rewind_to(self, tokens: list[int]) -> list[int]:
         """Rewind its cache to what it shares with `tokens` (all but the last, at most), and
         take the rest as cached: the tokens to decode now."""
+        self._settle()
         keep = common_prefix_length(self.cached, tokens)
         if keep == len(tokens):
             keep -= 1
@@ -202,8 +214,8 @@ class DraftModelProposer:
     def behind(self, tokens: list[int]) -> int:
         return self.draft.behind(tokens)
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
-        self.draft.prepare(prompt, catch_up)
+    def prepare(self, prompt: list[int]) -> None:
+        self.draft.prepare(prompt)
 
     def propose(self, tokens: list[int], most: int) -> Proposal:
         if not tokens:

@@ -219,7 +219,7 @@ class Engine:
         # What proposers read: the text, images left out (the same list where there are none).
         tokens = list(prompt)  # the committed sequence: prompt + output
         seen = tokens if media is None else text_only(prompt)
-        self.proposer.prepare(seen, self.proposer.cheap or self.policy.model_pays())
+        self.proposer.prepare(seen)
         if media is not None:
             stats.images = media.count
             stats.encode_seconds = media.encode_seconds - encoded

@@ -130,10 +130,10 @@ class NextnDraft:
         """Committed tokens the first layer must read before it can draft after `tokens`."""
         return max(len(tokens) - 1 - common_prefix_length(self.cached[0], tokens), 0)
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
-        """Bring every cache to the prompt (the target has decoded all of it), `catch_up` or
-        not: the layers read the target's hidden rows of each position, which are let go of
-        once every cache has read them."""
+    def prepare(self, prompt: list[int]) -> None:
+        """Bring every cache to the prompt (the target has decoded all of it): now, not where
+        the layers first draft, as they read the target's hidden rows of each position, which
+        are let go of once every cache has read them."""
         for layer in range(len(self.cached)):
             self._catch_up(layer, prompt)
         self._release()

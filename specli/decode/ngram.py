@@ -61,7 +61,7 @@ class NGramProposer:
         self._indexed = 0  # n-grams ending before this position are in the index
         self.last_match_extent = 0  # how many tokens the last proposal's match really spans
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+    def prepare(self, prompt: list[int]) -> None:
         self._index = {n: {} for n in self.lengths}
         self._indexed = 0
         self._extend_index(prompt)

@@ -32,11 +32,6 @@ class DraftPolicy(Protocol):
         of the draft model (`behind` the committed text by that many tokens)."""
         ...
 
-    def model_pays(self) -> bool:
-        """Whether a draft model's tokens may pay at all in this generation (False: its cache
-        is not brought to the prompt before the first step, Proposer.prepare)."""
-        ...
-
     def price(self, drafted: int) -> float:
         """The seconds the policy priced the verify of `drafted` draft tokens at (0: it prices
         nothing). Set beside the measured time, it shows whether the stored costs still hold."""
@@ -57,9 +52,6 @@ class FixedDraftPolicy:
 
     def prefers(self, free: Proposal, most: int, behind: int = 0) -> bool:
         return free.extent > 0  # a copy in progress (a match of lookup's longest n)
-
-    def model_pays(self) -> bool:
-        return self.max_draft > 0  # (drafts whatever they cost)
 
     def price(self, drafted: int) -> float:
         return 0.0

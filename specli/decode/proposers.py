@@ -39,11 +39,10 @@ class Proposer(Protocol):
     prior: Callable[[object, int], float] | None
     depth: int | None  # the most tokens `propose` drafts a step (chained NextN layers); None: any
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
-        """Take in the prompt before the first step (counted as prefill time). `catch_up`
-        False: a draft model's cache is not brought to the prompt now (the draft-length
-        policy finds that its tokens cannot pay: DraftPolicy.model_pays); it catches up, at
-        its price, where it first drafts."""
+    def prepare(self, prompt: list[int]) -> None:
+        """Take in the prompt before the first step (counted as prefill time). A draft model
+        decodes it where it first drafts (DraftModel.prepare), so a generation that never
+        drafts with it never pays for it."""
         ...
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
@@ -70,7 +69,7 @@ class NoProposer:
     prior = None
     depth = None
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+    def prepare(self, prompt: list[int]) -> None:
         pass
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
@@ -100,9 +99,9 @@ class LookupThenModel:
         self.prior = lookup.prior  # lookup's keys; the model's (None): the policy's own
         self.depth = model.depth  # the model's; lookup's matches are as long as they are
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+    def prepare(self, prompt: list[int]) -> None:
         self.ngram.prepare(prompt)
-        self.model.prepare(prompt, catch_up)
+        self.model.prepare(prompt)
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
         return self.ngram.propose(tokens, most)

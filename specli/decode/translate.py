@@ -125,7 +125,7 @@ class TranslatedDraft:
         self._lead = [self.draft.bos] if self.draft.add_bos and self.draft.bos >= 0 else []
         self._target_bos = target.bos
 
-    def prepare(self, prompt: list[int], catch_up: bool = True) -> None:
+    def prepare(self, prompt: list[int]) -> None:
         self._text.clear()
         self._target_count = 0
         self._tokens.clear()
@@ -133,7 +133,7 @@ class TranslatedDraft:
         self._settled = 0
         sequence = self._read(prompt)
         if sequence and self._fits(sequence):
-            self.model.prepare(sequence, catch_up)
+            self.model.prepare(sequence)
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
