@@ -206,3 +206,7 @@ def test_a_draft_model_keeps_what_it_holds_of_the_prompt_and_owes_the_rest():
     fresh = DraftModelProposer(UpFront(FakeModel(seed=0)), SamplingSettings())
     fresh.prepare(PROMPT)
     assert fresh.propose(PROMPT, 2).tokens == drafted, "the same draft as a model given the whole prompt"
+    model.prepare(PROMPT[:4] + [9] * 8)
+    assert model.draft.owed and model.draft.cached == PROMPT[:4]
+    model.draft.forget()
+    assert model.draft.owed == [] and model.behind(PROMPT) == len(PROMPT) - 1, "forgotten: nothing held, nothing owed"

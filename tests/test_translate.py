@@ -128,6 +128,38 @@ def test_no_draft_while_the_committed_text_ends_inside_an_emoji(gemma_model, smo
     assert bridge.propose(tokens, 4).tokens, "once the character is whole it drafts again"
 
 
+@pytest.mark.slow
+def test_through_text_the_draft_owes_the_prompt_until_it_first_drafts(gemma_model, smollm_model, monkeypatch):
+    """The draft's tokens for the prompt are decoded where it first drafts, not in prepare, and
+    it drafts what it drafts when it decoded them up front; a prompt it cannot take in leaves
+    nothing of the last one owed."""
+    for target, draft in pairs(gemma_model, smollm_model):
+        prompt = target.tokenize(GROUNDED)
+        drafts = []
+        for up_front in (False, True):
+            model = DraftModel(draft)
+            bridge = TranslatedDraft(target, DraftModelProposer(model, SamplingSettings(), keyed=False))
+            decoded: list[int] = []
+            decode = draft.decode
+            monkeypatch.setattr(draft, "decode", lambda tokens, **kw: decoded.append(len(tokens)) or decode(tokens, **kw))
+            bridge.prepare(prompt)
+            owed = len(model.owed)
+            if up_front:
+                model._settle()
+            assert decoded == ([owed] if up_front else []) and owed > 10, draft.path.name
+            drafts.append(bridge.propose(prompt, 4).tokens)
+            assert decoded[0] == owed and not model.owed, "the prompt first, in one decode, then the draft"
+            monkeypatch.undo()
+        assert drafts[0] == drafts[1] and drafts[0], f"{draft.path.name}: the same draft as up front"
+        other = target.tokenize("Boats, tides and the long grey sea: a different prompt altogether.")
+        bridge.prepare(other)
+        assert model.owed, "another prompt: owed past what the cache holds of it"
+        monkeypatch.setattr(bridge, "_fits", lambda sequence: False)
+        bridge.prepare(other)
+        assert model.owed == []
+        monkeypatch.undo()
+
+
 def generate(target, proposer, prompt, *, sampling=SamplingSettings(), seed=0, k=4, max_tokens=40):
     engine = Engine(target, proposer, FixedDraftPolicy(k), GenerationRequest(max_tokens, sampling, seed=seed))
     return generated(engine, prompt)

@@ -155,12 +155,14 @@ class DraftModel:
         return tokens[keep:]
 
     def extend(self, token: int) -> np.ndarray:
-        """Decode one more token; the logits row after it."""
+        """Decode one more token; the logits row after it (after row_after: nothing owed)."""
+        assert not self.owed, "extend after row_after, which decodes what is owed"
         self.cached.append(token)
         return self._decode([token])[0]
 
     def extend_choice(self, token: int) -> int:
         """extend's argmax, taken on the device (on_gpu only)."""
+        assert not self.owed, "extend_choice after choice_after, which decodes what is owed"
         self.cached.append(token)
         return self._choose([token])
 

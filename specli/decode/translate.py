@@ -134,6 +134,8 @@ class TranslatedDraft:
         sequence = self._read(prompt)
         if sequence and self._fits(sequence):
             self.model.prepare(sequence)
+        else:  # nothing to take in (or more than it holds): nothing of an earlier prompt stays owed
+            self.model.draft.owed.clear()  # type: ignore[attr-defined]
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
