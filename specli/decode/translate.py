@@ -132,10 +132,9 @@ class TranslatedDraft:
         self._ends.clear()
         self._settled = 0
         sequence = self._read(prompt)
-        if sequence and self._fits(sequence):
-            self.model.prepare(sequence)
-        else:  # nothing to take in (or more than it holds): nothing of an earlier prompt stays owed
-            self.model.draft.owed.clear()  # type: ignore[attr-defined]
+        # Nothing to take in, or more than its context holds (it never drafts for this prompt):
+        # its cache is emptied, so nothing of an earlier prompt stays owed.
+        self.model.prepare(sequence if sequence and self._fits(sequence) else [])
 
     def lookup(self, tokens: list[int], most: int) -> Proposal:
         return Proposal()  # every draft token costs a decode
