@@ -82,7 +82,7 @@ def test_running_slots_share_each_decode_and_get_their_own_rows():
     slots[0].steps.close()
 
 
-def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_fills_steps_in_chunks(monkeypatch):
+def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_goes_in_chunks(monkeypatch):
     monkeypatch.setattr("specli.decode.slots.PREFILL_CHUNK", 4)
     model = Recorder()
     slots = open_slots(model)
@@ -100,14 +100,11 @@ def test_a_slot_that_is_not_running_is_not_waited_for_and_a_long_prompt_fills_st
     def long(slot: Slot) -> None:
         with slot.running():
             both.wait()
-            slot.decode(list(range(10)))  # a chunk a step beside the other
+            slot.decode(list(range(10)))  # 4 + 4 + 2 rows, a chunk a step beside the other
 
     assert in_threads(lambda: short(slots[0]), lambda: long(slots[1])) == []
     chunks = [rows for parts in model.decodes for sequence, _, rows in parts if sequence == 1]
-    # The first step knows nobody's rows yet (4 of the prompt); after it, each chunk brings the
-    # step to PREFILL_CHUNK rows with the other's one.
-    assert chunks == [4, 3, 3] and slots[1].n_past == 10
-    assert [sum(rows for _, _, rows in parts) for parts in model.decodes][1:] == [4, 4]
+    assert chunks == [4, 4, 2] and slots[1].n_past == 10
     # What the other's chunks stand for beside it: the one row it will decode a step, not 4.
     assert [rows for rows, _ in seen] == [1, 1, 1]
     # Slot 2 never ran: every step went ahead without it.
@@ -474,19 +471,3 @@ def test_letting_go_of_a_threads_openmp_team_changes_no_logits(gemma_model):
     assert in_threads(lambda: elsewhere.append(rows())) == []
     release_threads()
     assert np.array_equal(elsewhere[0], before)
-
-
-def test_what_waits_for_the_next_decode_runs_as_each_decode_starts():
-    model = Recorder()
-    slots = open_slots(model)
-    seen: list[int] = []  # the decodes done when before_decode was called
-    slots[0].steps.before_decode = lambda: seen.append(len(model.decodes))
-
-    def generation(slot: Slot) -> None:
-        with slot.running():
-            slot.decode([1, 2])
-            slot.decode([3], all_logits=True)
-
-    assert in_threads(lambda: generation(slots[0])) == []
-    assert seen == [0, 1] and len(model.decodes) == 2
-    slots[0].steps.close()

@@ -15,9 +15,8 @@ Invariants:
 - everything that touches the context (the decodes, a slot's rewind) runs under one lock, and
   every decode on one thread of its own, whichever slot's thread handed in last (the context
   is driven from one thread, as llama-server drives its own);
-- a prompt goes in chunks, a chunk a step, while other slots run (a slot alone decodes it
-  whole, as a one-sequence run does), so nobody stalls behind it: with the others' rows a
-  step comes to PREFILL_CHUNK rows;
+- a prompt goes in chunks of PREFILL_CHUNK rows, a chunk a step, while other slots run (a
+  slot alone decodes it whole, as a one-sequence run does), so nobody stalls behind it;
 - an `exclusive` slot (an exact request) runs alone: it waits for the running slots to end,
   holds new ones back, and finds the cache empty (every sequence forgotten, its own too), so
   its decodes are those of a fresh one-sequence run (the same cells, the same batches:
@@ -53,14 +52,14 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from specli.decode.engine import TargetCache
 from specli.decode.text import common_prefix_length
 
-PREFILL_CHUNK = 128  # a step's rows, a prompt's chunk with the others', while other slots run
+PREFILL_CHUNK = 128  # a prompt's rows a step, while other slots run
 COMING_GRACE = 0.5  # seconds a generation may take from its borrow to its first step before nobody waits for it
 
 
@@ -125,10 +124,6 @@ class SharedSteps:
         self.rows = 0
         self.draft_steps = 0  # the draft model's decodes, and their rows
         self.draft_rows = 0
-        # Called on the decoding thread as each decode starts (the lock held): work that can
-        # wait for it runs beside the decode rather than between steps, where every slot's
-        # host work stands between one decode and the next (the server's events: worker.Outbox).
-        self.before_decode: Callable[[], None] | None = None
 
     @property
     def running(self) -> int:
@@ -311,8 +306,6 @@ class SharedSteps:
                 (model, parts), self._ready = self._ready, None
                 self._busy = True
                 try:
-                    if self.before_decode is not None:
-                        self.before_decode()
                     self._results.update(self._decode(model, parts))
                 except BaseException as error:  # every slot in the step hears of it
                     for sequence in parts:
@@ -445,9 +438,10 @@ class Slot:
                 self.checkpoints = kept
             self.steps.checkpoint(self.sequence, self.n_past, self.checkpoints)
             return self.decode(tokens[-tail:])
+        chunk = self._chunk(len(tokens), all_logits or outputs is not None)
         start = 0
         while True:
-            end = start + self._chunk(len(tokens) - start, all_logits or outputs is not None)
+            end = min(len(tokens), start + chunk)
             rows = self.steps.submit(self.sequence, Part(self.n_past, tokens[start:end], flags[start:end]),
                                      draft=self.drafts)
             self.n_past += end - start
@@ -493,14 +487,11 @@ class Slot:
 
     def _chunk(self, n: int, rows_wanted: bool) -> int:
         """Rows a step for a decode of n: whole where the slot is alone or wants rows from
-        more than the last (a verify batch); else what brings the step to PREFILL_CHUNK rows
-        with the others' (as they stood last step; at least half of it), within the batch.
-        On a CPU a batch of 128 rows costs what one of 124 does and less than one of 131
-        (Gemma 3 270M: 191, 190 and 258 ms beside 3 rows; docs/design.md)."""
+        more than the last (a verify batch); else PREFILL_CHUNK, within the batch."""
         whole = min(n, self.model.batch_size)
         if rows_wanted or self.exclusive or self.steps.running <= 1:
             return whole
-        return min(whole, max(PREFILL_CHUNK // 2, PREFILL_CHUNK - self.others()[0]))
+        return min(whole, PREFILL_CHUNK)
 
 
 class DraftSlot(Slot):

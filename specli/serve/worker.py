@@ -98,50 +98,16 @@ class Job:
     media: PromptMedia | None = None  # its prompt's images (their positions hold placeholders in `tokens`)
 
 
-class Outbox:
-    """The events of the generations in slots, held until the next shared decode starts
-    (SharedSteps.before_decode calls `send`) or a generation ends. Woken by each event, the
-    event loop's work on a request's chunks took the interpreter from the slots still readying
-    their rows, between one decode and the next; woken as the decode starts, it runs beside it
-    (docs/design.md). A token reaches its client no later than the next step's decode begins."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: list[tuple[asyncio.AbstractEventLoop, Callable[[object], None], object]] = []
-
-    def put(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[object], None], event: object) -> None:
-        with self._lock:
-            self._held.append((loop, on_event, event))
-
-    def send(self) -> None:
-        """Hand every held event to its loop, in the order they came."""
-        with self._lock:
-            held, self._held = self._held, []
-        for loop, on_event, event in held:
-            try:
-                loop.call_soon_threadsafe(on_event, event)
-            except RuntimeError:  # its loop has closed (the server stopped): nobody left to hear it
-                pass
-
-
 class Relay:
     """A stream.Sink that hands events to the event loop: `on_event` runs there, for each Token
-    and StepRecord, in order, and with None once the generation has ended. With an `outbox`
-    (a generation in a slot), through it: all of them by the end's None at the latest."""
+    and StepRecord, in order, and with None once the generation has ended."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[object], None] | None,
-                 outbox: Outbox | None = None) -> None:
-        self._loop, self._on_event, self._outbox = loop, on_event, outbox
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[object], None] | None) -> None:
+        self._loop, self._on_event = loop, on_event
 
     def _send(self, event: object) -> None:
-        if self._on_event is None:
-            return
-        if self._outbox is None:
+        if self._on_event is not None:
             self._loop.call_soon_threadsafe(self._on_event, event)
-            return
-        self._outbox.put(self._loop, self._on_event, event)
-        if event is None:
-            self._outbox.send()
 
     def start(self) -> None:
         pass
@@ -235,10 +201,6 @@ class Worker:
         self._admitted = 0  # requests generating or waiting for the turn
         self.line = Line()  # requests refused for a full queue, whose clients may retry
         self._free = list(session.slots)  # the slots no generation runs in
-        self._outbox: Outbox | None = None  # the slots' events, sent as each shared decode starts
-        if session.slots:
-            self._outbox = Outbox()
-            session.slots[0].steps.before_decode = self._outbox.send
         self._slots = threading.Lock()  # over _free and the memory
         self.totals = Totals()  # what the generations did, all told (/metrics)
 
@@ -285,8 +247,7 @@ class Worker:
             loop = asyncio.get_running_loop()
             cancel = threading.Event()
             try:
-                future = loop.run_in_executor(self._thread, self._generate, job,
-                                                  Relay(loop, on_event, self._outbox), cancel,
+                future = loop.run_in_executor(self._thread, self._generate, job, Relay(loop, on_event), cancel,
                                               admitted)
             except BaseException:
                 self._turn.release()
@@ -352,8 +313,6 @@ class Worker:
                 with slot.running(exclusive=job.request.exact or job.media is not None):
                     outcome = stream(engine, job.tokens, sink, cancelled=cancelled, media=job.media)
             finally:
-                if self._outbox is not None:  # (a generation that raised sent no end)
-                    self._outbox.send()
                 if job.media is not None:  # (this thread decoded the images: the shared steps decode the rest)
                     release_threads()
                 with self._slots:
