@@ -103,7 +103,8 @@ def run_clients(url: str, clients: int, per_client: int, requests: list[tuple[st
             one = Result()
             complete(url, prompt, max_tokens, one, {"exact": True} if index < exact_clients else None)
             with lock:
-                per_request.append((one.tokens_per_second, one.first_token[0]))
+                if one.tokens:  # (a request that ends at once, at an end of generation, has no rate)
+                    per_request.append((one.tokens_per_second, one.first_token[0]))
                 if index < exact_clients:
                     exact_rates.append(one.tokens_per_second)
                 for name in ("seconds", "tokens", "drafted", "accepted"):
