@@ -236,7 +236,9 @@ def open_session(spec: SessionSpec, notice: Callable[[str], None] | None = None)
         session = Session(spec, target, loaded, exact_cap=exact_cap, notice=notice, projector=projector)
         _warm_up(target, loaded.values())
         if session.slots:  # read (or measured) now: a calibration decodes sequence 0, which a slot runs in
-            session.pricing.costs()
+            costs = session.pricing.costs()
+            if costs.source not in ("prior", "conservative"):  # measured: what a shared step pads by
+                session.slots[0].steps.curve = VerifyCurve(costs.verify)
             for name in loaded:  # and each drafter's, with the target's
                 session.pricing.costs(kind=name if drafts.KINDS[name].drafter is not None else None)
             release_threads()  # (the slots decode on a thread of their own)

@@ -11,6 +11,7 @@ import pytest
 
 from helpers import assert_lossless, plain_with_margins
 from specli.decode.request import GenerationRequest
+from specli.decode.costs import VerifyCurve
 from specli.decode.slots import SharedSteps, Slot, draft_slots, open_slots
 
 # --- the lock step, on a stand-in model -----------------------------------------------------
@@ -471,3 +472,33 @@ def test_letting_go_of_a_threads_openmp_team_changes_no_logits(gemma_model):
     assert in_threads(lambda: elsewhere.append(rows())) == []
     release_threads()
     assert np.array_equal(elsewhere[0], before)
+
+
+def test_a_step_of_several_sequences_pads_to_the_size_its_curve_prices_lower():
+    model = Recorder()
+    slots = open_slots(model)
+    # As Gemma 3 270M's on a CPU: 3 rows with logits cost more than 4, 2 less than 4.
+    slots[0].steps.curve = VerifyCurve({1: 1.0, 2: 2.1, 3: 3.6, 4: 2.7, 5: 3.9, 8: 3.1, 9: 4.4})
+    started = threading.Barrier(3)
+    got: dict[int, list[int]] = {}
+
+    def generation(slot: Slot) -> None:
+        with slot.running():
+            started.wait()
+            slot.decode([1, 2, 3])  # a prompt: rows without logits, never padded
+            got[slot.sequence] = [len(slot.decode([5], all_logits=True)) for _ in range(2)]
+
+    assert in_threads(*(lambda slot=slot: generation(slot) for slot in slots)) == []
+    assert got == {0: [1, 1], 1: [1, 1], 2: [1, 1]}  # each slot its own row, not the padding's
+    # The prompt step as it came; each one-row step with a row more, in the last sequence, after its own.
+    assert model.decodes == [[(0, 0, 3), (1, 0, 3), (2, 0, 3)]] + [[(0, p, 1), (1, p, 1), (2, p, 2)] for p in (3, 4)]
+    assert [(2, 4), (2, 5)] == [f for f in model.forgotten if f[0] == 2]  # and its cell forgotten at once
+    assert [slot.n_past for slot in slots] == [5, 5, 5] and slots[0].steps.padded_rows == 2
+    slots[0].steps.close()
+
+    alone = open_slots(Recorder())  # one sequence alone (as --parallel 1 writes): never padded
+    alone[0].steps.curve = VerifyCurve({1: 1.0, 2: 2.1, 3: 3.6, 4: 2.7, 5: 3.9, 8: 3.1, 9: 4.4})
+    with alone[0].running():
+        alone[0].decode([1, 2, 3], all_logits=True)
+    assert alone[0].steps.model.decodes == [[(0, 0, 3)]] and alone[0].steps.padded_rows == 0
+    alone[0].steps.close()

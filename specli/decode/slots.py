@@ -56,10 +56,15 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from specli.decode.costs import VerifyCurve
 from specli.decode.engine import TargetCache
 from specli.decode.text import common_prefix_length
 
 PREFILL_CHUNK = 128  # a prompt's rows a step, while other slots run
+# A step of several sequences pads with up to PAD_MOST rows where its curve prices the larger
+# step at least PAD_GAIN below its own (SharedSteps._padding).
+PAD_MOST = 3
+PAD_GAIN = 0.05
 COMING_GRACE = 0.5  # seconds a generation may take from its borrow to its first step before nobody waits for it
 
 
@@ -124,6 +129,10 @@ class SharedSteps:
         self.rows = 0
         self.draft_steps = 0  # the draft model's decodes, and their rows
         self.draft_rows = 0
+        # What a target step of b rows, each with logits, costs where it was measured (the
+        # session's stored or first-run curve; None: never padded), and the rows padded so far.
+        self.curve: VerifyCurve | None = None
+        self.padded_rows = 0
 
     @property
     def running(self) -> int:
@@ -323,10 +332,19 @@ class SharedSteps:
             if groups[-1] and sum(len(p.tokens) for _, p in groups[-1]) + len(part.tokens) > model.batch_size:
                 groups.append([])
             groups[-1].append((sequence, part))
+        pad = self._padding(groups[0]) if model is self.model and len(groups) == 1 else 0
         for index, group in enumerate(groups):
-            rows = model.decode_sequences([(sequence, part.first, part.tokens, part.outputs)
-                                           + (() if part.hidden is None else (part.hidden,))
-                                           for sequence, part in group])
+            decoding = [(sequence, part.first, part.tokens, part.outputs) + (() if part.hidden is None else (part.hidden,))
+                        for sequence, part in group]
+            if pad:  # rows that repeat the last part's last token, after its own, their logits never read
+                sequence, first, tokens, outputs = decoding[-1]
+                decoding[-1] = (sequence, first, tokens + tokens[-1:] * pad, list(outputs) + [True] * pad)
+            rows = model.decode_sequences(decoding)
+            if pad:
+                sequence, first, tokens, _ = decoding[-1]
+                model.forget(sequence, first + len(tokens) - pad)
+                rows[-1] = rows[-1][:-pad]
+                self.padded_rows += pad
             decoded = sum(len(part.tokens) for _, part in group)
             if model is self.model:
                 self.steps += 1
@@ -343,6 +361,27 @@ class SharedSteps:
             for (sequence, _), out in zip(group, rows):  # (the NextN layers' come as copies)
                 results[sequence] = out if last or not isinstance(out, np.ndarray) else np.array(out)
         return results
+
+
+    def _padding(self, group: list[tuple[int, Part]]) -> int:
+        """The rows to add to a target step of several sequences where the measured curve prices
+        a step of more rows lower: on a CPU, llama.cpp's kernels take logits rows in fours, and
+        Gemma 3 270M's step of 3 rows costs 1.3x one of 4 (docs/design.md). None where the
+        step is one sequence's or an exact request's (its batches are --exact's measured
+        ones), holds rows that want no logits (a prompt's chunk: the curve times rows that all
+        want them), the target is recurrent or hybrid (its state would take the rows in) or
+        beside NextN layers, or the last sequence has no room past its rows."""
+        curve = self.curve
+        if curve is None or len(group) < 2 or self._exclusive is not None or self.model.max_rewind is not None:
+            return 0
+        if any(part.hidden is not None or not all(part.outputs) for _, part in group):
+            return 0
+        rows = sum(len(part.tokens) for _, part in group)
+        last = group[-1][1]
+        room = min(PAD_MOST, self.model.batch_size - rows, self.model.n_ctx - last.first - len(last.tokens))
+        costs = {extra: curve.cost(rows + extra) for extra in range(room + 1)}
+        best = min(costs, key=costs.__getitem__)
+        return best if costs[best] <= (1.0 - PAD_GAIN) * costs[0] else 0
 
 
 def _recurring_rows(part: Part) -> int:
