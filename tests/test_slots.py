@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import assert_lossless, plain_with_margins
-from specli.decode.request import GenerationRequest
 from specli.decode.costs import VerifyCurve
+from specli.decode.request import GenerationRequest
 from specli.decode.slots import SharedSteps, Slot, draft_slots, open_slots
 
 # --- the lock step, on a stand-in model -----------------------------------------------------

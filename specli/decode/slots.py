@@ -22,6 +22,10 @@ Invariants:
   its decodes are those of a fresh one-sequence run (the same cells, the same batches:
   --exact's measured sizes hold);
 - a failed decode fails every slot that was in it, and nobody else;
+- a target step of several sequences whose rows all want logits may carry up to PAD_MOST rows
+  more, the last part's last token again, where the session's measured curve prices that step
+  lower (`SharedSteps._padding`): their logits are never read and their cells are forgotten
+  before any slot gets its rows;
 - a step's rows are in the order of their sequences, however the threads came in: the same
   slots with the same rows decode the same batch;
 - a draft model (`SharedSteps.draft`, loaded with as many sequences), or the target's NextN
@@ -362,15 +366,14 @@ class SharedSteps:
                 results[sequence] = out if last or not isinstance(out, np.ndarray) else np.array(out)
         return results
 
-
     def _padding(self, group: list[tuple[int, Part]]) -> int:
         """The rows to add to a target step of several sequences where the measured curve prices
         a step of more rows lower: on a CPU, llama.cpp's kernels take logits rows in fours, and
         Gemma 3 270M's step of 3 rows costs 1.3x one of 4 (docs/design.md). None where the
-        step is one sequence's or an exact request's (its batches are --exact's measured
-        ones), holds rows that want no logits (a prompt's chunk: the curve times rows that all
-        want them), the target is recurrent or hybrid (its state would take the rows in) or
-        beside NextN layers, or the last sequence has no room past its rows."""
+        curve was not measured, the step is one sequence's or an exact request's (its batches
+        are --exact's measured ones), holds rows that want no logits (a prompt's chunk: the
+        curve times rows that all want them), the target is recurrent or hybrid (its state
+        would take the rows in) or beside NextN layers, or the last sequence has no room."""
         curve = self.curve
         if curve is None or len(group) < 2 or self._exclusive is not None or self.model.max_rewind is not None:
             return 0
