@@ -496,6 +496,14 @@ def test_a_step_of_several_sequences_pads_to_the_size_its_curve_prices_lower():
     assert [slot.n_past for slot in slots] == [5, 5, 5] and slots[0].steps.padded_rows == 2
     slots[0].steps.close()
 
+    model = Recorder()  # beside NextN layers or on a recurrent target (nothing lent): never padded
+    slots = open_slots(model)
+    slots[0].steps.curve, slots[0].steps.lend = VerifyCurve({1: 1.0, 2: 2.1, 3: 3.6, 4: 2.7, 5: 3.9, 8: 3.1, 9: 4.4}), False
+    assert in_threads(*(lambda slot=slot: generation(slot) for slot in slots)) == []
+    assert slots[0].steps.padded_rows == 0 and all(len(parts) == 3 and sum(rows for *_, rows in parts) == 3
+                                                   for parts in model.decodes[1:])
+    slots[0].steps.close()
+
     alone = open_slots(Recorder())  # one sequence alone (as --parallel 1 writes): never padded
     alone[0].steps.curve = VerifyCurve({1: 1.0, 2: 2.1, 3: 3.6, 4: 2.7, 5: 3.9, 8: 3.1, 9: 4.4})
     with alone[0].running():

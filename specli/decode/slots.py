@@ -375,9 +375,9 @@ class SharedSteps:
         curve times rows that all want them), the target is recurrent or hybrid (its state
         would take the rows in) or beside NextN layers, or the last sequence has no room."""
         curve = self.curve
-        if curve is None or len(group) < 2 or self._exclusive is not None or self.model.max_rewind is not None:
-            return 0
-        if any(part.hidden is not None or not all(part.outputs) for _, part in group):
+        if curve is None or len(group) < 2 or self._exclusive is not None or not self.lend:
+            return 0  # (`lend` is off where anything but the cells reads a position: a state, NextN layers)
+        if any(not all(part.outputs) for _, part in group):
             return 0
         rows = sum(len(part.tokens) for _, part in group)
         last = group[-1][1]
